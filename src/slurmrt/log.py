@@ -1,0 +1,129 @@
+"""Log lines that never interleave across ranks and nodes: each record is written whole under an exclusive flock.
+
+Which lock file: when writing to a file, the file itself (every writer of that file sees it, and on a shared
+filesystem so does every node). When writing to a stream (stdout under srun), a lock file beside the job's output:
+``$SLURM_SUBMIT_DIR/.slurmrt-<job id>.lock`` -- the submit directory is where sbatch puts the job's output by
+default, so it is a filesystem every node of the job can reach. Outside SLURM, a file in the temp directory (one
+machine). ``SLURMRT_LOCK_FILE`` overrides both. On NFS, Linux implements flock with byte-range locks that work
+across clients; Lustre needs the ``flock`` mount option.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import socket
+import sys
+import tempfile
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import IO, Any
+
+__all__ = ["FlockHandler", "default_lock_path", "install", "printflock"]
+
+_lock_fds: dict[str, int] = {}
+_lock_guard = threading.Lock()  # flock is per open file description: threads of one process share it
+
+
+def default_lock_path(env: Mapping[str, str] | None = None) -> Path:
+    env = os.environ if env is None else env
+    if env.get("SLURMRT_LOCK_FILE"):
+        return Path(env["SLURMRT_LOCK_FILE"])
+    job = env.get("SLURM_JOB_ID")
+    if job and env.get("SLURM_SUBMIT_DIR"):
+        return Path(env["SLURM_SUBMIT_DIR"]) / f".slurmrt-{job}.lock"
+    return Path(tempfile.gettempdir()) / f"slurmrt-{os.getuid()}.lock"
+
+
+def _prefix(env: Mapping[str, str] | None = None) -> str:
+    env = os.environ if env is None else env
+    host = env.get("SLURMD_NODENAME") or socket.gethostname()
+    rank = env.get("RANK") or env.get("SLURM_PROCID") or "0"
+    return f"[{host}:{rank}]"
+
+
+def _fd_for(path: Path) -> int:
+    key = str(path)
+    fd = _lock_fds.get(key)
+    if fd is None:
+        fd = os.open(key, os.O_RDWR | os.O_CREAT, 0o666)
+        _lock_fds[key] = fd
+    return fd
+
+
+def write_locked(text: str, stream: IO[str], lock_path: Path) -> None:
+    """Write ``text`` to ``stream`` and flush it while holding an exclusive flock on ``lock_path``."""
+    with _lock_guard:
+        fd = _fd_for(lock_path)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            stream.write(text)
+            stream.flush()
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+
+
+def printflock(*args: Any, sep: str = " ", file: IO[str] | None = None, lock_path: str | Path | None = None) -> None:
+    """``print(*args)`` prefixed with ``[host:rank]``, written whole under the job's flock."""
+    text = sep.join(str(a) for a in args)
+    prefix = _prefix()
+    body = "".join(f"{prefix} {line}\n" for line in text.split("\n"))
+    write_locked(body, file or sys.stdout, Path(lock_path) if lock_path else default_lock_path())
+
+
+class FlockHandler(logging.Handler):
+    """A handler that writes each record whole, prefixed with host and rank, under an exclusive flock.
+
+    With ``path``, appends to that file and locks the file itself; otherwise writes to ``stream`` (stdout by default)
+    and locks :func:`default_lock_path`.
+    """
+
+    def __init__(self, stream: IO[str] | None = None, *, path: str | Path | None = None,
+                 lock_path: str | Path | None = None, level: int = logging.NOTSET) -> None:
+        super().__init__(level)
+        self._path = Path(path) if path is not None else None
+        self._stream = stream
+        self._file: IO[str] | None = None
+        if self._path is not None:
+            self._lock_path = Path(lock_path) if lock_path else self._path
+        else:
+            self._lock_path = Path(lock_path) if lock_path else default_lock_path()
+        self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+
+    def _target(self) -> IO[str]:
+        if self._path is None:
+            return self._stream or sys.stdout
+        if self._file is None:
+            # O_APPEND: every write lands at the current end even when another node appended meanwhile.
+            self._file = open(self._path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        return self._file
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            prefix = _prefix()
+            body = "".join(f"{prefix} {line}\n" for line in self.format(record).split("\n"))
+            write_locked(body, self._target(), self._lock_path)
+        except Exception:
+            self.handleError(record)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        super().close()
+
+
+def install(level: int | str = logging.INFO, *, stream: IO[str] | None = None, path: str | Path | None = None,
+            logger: logging.Logger | None = None) -> FlockHandler:
+    """Attach a :class:`FlockHandler` to ``logger`` (the root logger by default) and return it.
+
+    Only the handler gets ``level``; the logger's own level is lowered to it if needed, never raised.
+    """
+    handler = FlockHandler(stream, path=path, level=logging.getLevelName(level) if isinstance(level, str) else level)
+    target = logger or logging.getLogger()
+    target.addHandler(handler)
+    if target.level == logging.NOTSET or target.level > handler.level:
+        target.setLevel(handler.level)
+    return handler

@@ -1,0 +1,98 @@
+"""init() options: keyword arguments, each with a ``SLURMRT_*`` environment variable (documented in the README).
+
+An explicit argument wins over the environment, which wins over the default.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from ._env import truthy
+from ._errors import ConfigError
+from .signals import DEFAULT_SIGNALS, parse_signal
+
+__all__ = ["Options"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Options:
+    #: Where checkpoints go; a directory every node sees. Required for save() and load_latest().
+    checkpoint_dir: Path | None = None
+    #: A path anyone may create to stop the job (or every task of an array) cleanly, without requeue.
+    kill_switch: Path | None = None
+    keep_last: int = 3
+    signals: tuple[signal.Signals, ...] = DEFAULT_SIGNALS
+    requeue: bool = True
+    max_restarts: int | None = None
+    deadline: bool = True
+    #: Safety margin kept free before the job's end time, on top of the steps and the save.
+    deadline_margin_s: float = 30.0
+    #: Save time assumed until one has been measured.
+    save_time_s: float = 30.0
+    #: Slurm's KillWait: time between SIGTERM and SIGKILL.
+    kill_wait_s: float = 30.0
+    kill_switch_poll_s: float = 5.0
+    end_time_refresh_s: float = 900.0
+    #: With the kill switch present and no step boundary for this long, the job is hung: cancel it. None: never.
+    hang_timeout_s: float | None = 600.0
+    event_log: Path | None = None
+    # Launch checks and the CUDA rule.
+    nnodes: int | None = None
+    gpus_per_node: int | None = None
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    fsdp: bool = False
+    moe_overlap: bool = False
+    megatron_args: tuple[str, ...] | None = field(default=None)
+
+    @classmethod
+    def resolve(cls, given: Mapping[str, Any], env: Mapping[str, str]) -> Options:
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(given) - names)
+        if unknown:
+            raise TypeError(f"slurmrt.init() got unknown options {unknown}; known: {sorted(names)}")
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            if f.name in given and given[f.name] is not None:
+                values[f.name] = given[f.name]
+                continue
+            raw = env.get(f"SLURMRT_{f.name.upper()}")
+            if raw is not None and raw != "":
+                values[f.name] = raw
+        return cls(**{k: _convert(k, v) for k, v in values.items()})
+
+
+_PATHS = {"checkpoint_dir", "kill_switch", "event_log"}
+_INTS = {"keep_last", "max_restarts", "nnodes", "gpus_per_node", "tp", "pp", "cp"}
+_FLOATS = {"deadline_margin_s", "save_time_s", "kill_wait_s", "kill_switch_poll_s", "end_time_refresh_s",
+           "hang_timeout_s"}
+_BOOLS = {"requeue", "deadline", "fsdp", "moe_overlap"}
+
+
+def _convert(name: str, value: Any) -> Any:
+    try:
+        if name in _PATHS:
+            return Path(os.path.expanduser(str(value)))
+        if name in _INTS:
+            return int(value)
+        if name in _FLOATS:
+            if isinstance(value, str) and value.lower() in {"none", "off", "never"}:
+                return None
+            return float(value)
+        if name in _BOOLS:
+            return truthy(value) if isinstance(value, str) else bool(value)
+        if name == "signals":
+            items = value.replace(",", " ").split() if isinstance(value, str) else value
+            return tuple(parse_signal(s) for s in items)
+        if name == "megatron_args":
+            return tuple(str(a) for a in value) if isinstance(value, Sequence) and not isinstance(value, str) else \
+                tuple(str(value).split())
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"option {name}={value!r} is invalid: {err}", option=name, value=value) from None
+    return value

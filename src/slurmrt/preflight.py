@@ -1,0 +1,101 @@
+"""Launch checks that run on every rank before any rendezvous, so a misconfigured job fails in seconds.
+
+A wrong node count or duplicated node ranks do not fail in ``init_process_group``: the ranks that did start wait
+for the ones that never will, until the NCCL or store timeout (30 minutes by default). Each check here turns one such
+hang into a :class:`~slurmrt.ConfigError` naming the value, the rule and the fix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from . import hostlist
+from ._env import get_int
+from ._errors import GpuCountError, NodeCountError, ParallelismError
+from .topology import LaunchMode, Topology
+
+__all__ = ["Declared", "check", "declared_from"]
+
+
+@dataclass(frozen=True)
+class Declared:
+    """What the user says the job looks like (init() options or NNODES / GPUS_PER_NODE in the environment)."""
+
+    nnodes: int | None = None
+    gpus_per_node: int | None = None
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+
+
+def declared_from(env: Mapping[str, str], *, nnodes: int | None, gpus_per_node: int | None, tp: int, pp: int,
+                  cp: int) -> Declared:
+    """Options win over the environment; ``NNODES`` and ``GPUS_PER_NODE`` are the names sbatch scripts use."""
+    for name, value in (("tp", tp), ("pp", pp), ("cp", cp)):
+        if value < 1:
+            raise ParallelismError(f"{name}={value}: parallel sizes must be >= 1", **{name: value})
+    return Declared(
+        nnodes=nnodes if nnodes is not None else get_int(env, "NNODES", minimum=1),
+        gpus_per_node=gpus_per_node if gpus_per_node is not None else get_int(env, "GPUS_PER_NODE"),
+        tp=tp,
+        pp=pp,
+        cp=cp,
+    )
+
+
+def check(topo: Topology, declared: Declared, *, node_gpus: int | None) -> None:
+    """Raise the first :class:`~slurmrt.ConfigError` this launch deserves; return quietly when it looks sound.
+
+    ``node_gpus`` is the number of GPUs this node gives the job (``None`` when it cannot be known, e.g. no NVML).
+    """
+    _check_nnodes(topo, declared)
+    _check_gpus(topo, declared, node_gpus)
+    model = declared.tp * declared.pp * declared.cp
+    if topo.world_size % model:
+        raise ParallelismError(
+            f"world size {topo.world_size} is not divisible by TP x PP x CP = {declared.tp} x {declared.pp} x "
+            f"{declared.cp} = {model}; the data-parallel size would not be a whole number. Change the node or task "
+            "count, or the parallel sizes, so that the world size is a multiple of their product",
+            world_size=topo.world_size,
+            tp=declared.tp,
+            pp=declared.pp,
+            cp=declared.cp,
+        )
+
+
+def _check_nnodes(topo: Topology, declared: Declared) -> None:
+    if declared.nnodes is None or not topo.is_slurm:
+        return
+    if topo.mode is LaunchMode.BATCH:
+        actual, what = topo.job_nnodes, "the allocation has"
+    else:
+        actual, what = topo.nnodes, "this step runs on"
+    if actual is None or actual == declared.nnodes:
+        return
+    where = f" ({hostlist.compress(topo.nodelist)})" if topo.nodelist else ""
+    raise NodeCountError(
+        f"NNODES={declared.nnodes} but {what} {actual} nodes{where}, SLURM_JOB_NUM_NODES={topo.job_nnodes}. "
+        f"The rendezvous would wait for {declared.nnodes} nodes and hang until its timeout. Fix: make "
+        f"`#SBATCH --nodes` and NNODES agree, e.g. NNODES=$SLURM_NNODES in the batch script",
+        declared=declared.nnodes,
+        actual=actual,
+    )
+
+
+def _check_gpus(topo: Topology, declared: Declared, node_gpus: int | None) -> None:
+    if declared.gpus_per_node is not None and node_gpus is not None and declared.gpus_per_node != node_gpus:
+        raise GpuCountError(
+            f"GPUS_PER_NODE={declared.gpus_per_node} but {node_gpus} GPUs are visible on {topo.hostname}. Fix: "
+            "request them with `#SBATCH --gpus-per-node=N` (or --gres=gpu:N) and set GPUS_PER_NODE to the same N",
+            declared=declared.gpus_per_node,
+            visible=node_gpus,
+        )
+    if node_gpus and topo.local_world_size > node_gpus:
+        raise GpuCountError(
+            f"{topo.local_world_size} processes on {topo.hostname} but only {node_gpus} GPUs: two processes would "
+            "share a GPU (NCCL fails with 'Duplicate GPU detected'). Fix: one task per GPU, e.g. "
+            "`--ntasks-per-node` equal to `--gpus-per-node`, or torchrun --nproc_per_node equal to the GPU count",
+            local_world_size=topo.local_world_size,
+            visible=node_gpus,
+        )

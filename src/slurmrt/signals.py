@@ -1,0 +1,83 @@
+"""Signal handlers that only record.
+
+A handler runs between two bytecodes of whatever the main thread was doing -- possibly inside a collective, a
+``torch.save`` or a lock held by the logging module. Doing work there (saving, ``scontrol``, logging) is how jobs
+deadlock (Lightning #21406). So a handler here stores (signal, time) in a dict and returns; everything else happens
+at the next step boundary in :meth:`slurmrt.Runtime.should_stop`.
+
+Slurm sends SIGTERM more than once to some tasks at the time limit (../shared/SLURM.md); only the first arrival time
+is kept, later ones just count.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Callable, Iterable
+from types import FrameType
+from typing import Any
+
+from . import _clock
+
+__all__ = ["DEFAULT_SIGNALS", "SignalRecorder", "parse_signal"]
+
+DEFAULT_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
+
+_Handler = Callable[[int, FrameType | None], Any] | int | None
+
+
+def parse_signal(value: str | int | signal.Signals) -> signal.Signals:
+    """``"USR1"``, ``"SIGUSR1"``, ``10`` or ``signal.SIGUSR1`` -> ``signal.SIGUSR1``."""
+    if isinstance(value, signal.Signals):
+        return value
+    if isinstance(value, int) or (isinstance(value, str) and value.strip().isdigit()):
+        return signal.Signals(int(value))
+    name = value.strip().upper()
+    name = name if name.startswith("SIG") else f"SIG{name}"
+    try:
+        return signal.Signals[name]
+    except KeyError:
+        raise ValueError(f"unknown signal {value!r}; use a name such as USR1 or TERM") from None
+
+
+class SignalRecorder:
+    """Installs recording handlers; :meth:`close` puts the previous ones back."""
+
+    def __init__(self, signals: Iterable[signal.Signals] = DEFAULT_SIGNALS) -> None:
+        self.signals = tuple(signals)
+        #: signal -> wall time of its first arrival. Written only by the handler.
+        self.first_seen: dict[signal.Signals, float] = {}
+        #: signal -> how many times it arrived.
+        self.count: dict[signal.Signals, int] = {}
+        self._previous: dict[signal.Signals, _Handler] = {}
+        self.installed = False
+
+    def install(self) -> bool:
+        """Install the handlers; returns False (and changes nothing) outside the main thread."""
+        if threading.current_thread() is not threading.main_thread():
+            return False  # signal.signal() raises ValueError there; the caller logs why
+        for sig in self.signals:
+            self._previous[sig] = signal.signal(sig, self._handle)
+        self.installed = True
+        return True
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        sig = signal.Signals(signum)
+        self.first_seen.setdefault(sig, _clock.wall())
+        self.count[sig] = self.count.get(sig, 0) + 1
+        previous = self._previous.get(sig)
+        if sig is signal.SIGINT and self.count[sig] >= 2:
+            # A second Ctrl-C means "now": the user gave up on a clean stop.
+            raise KeyboardInterrupt
+        # Chain a handler the user installed before us (but not Python's default SIGINT handler, which would raise
+        # KeyboardInterrupt mid-step, nor SIG_DFL, which would kill the process before the checkpoint).
+        if callable(previous) and previous is not signal.default_int_handler:
+            previous(signum, frame)
+
+    def close(self) -> None:
+        if not self.installed:
+            return
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
+        self._previous.clear()
+        self.installed = False

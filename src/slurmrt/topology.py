@@ -1,0 +1,368 @@
+"""Who am I in this job: rank, node, world, master, derived purely from an environment mapping.
+
+:func:`from_environ` reads; :meth:`Topology.exports` says what to write. Nothing here touches ``os.environ``: the one
+place that writes it is :func:`slurmrt.init`.
+
+Launch shapes (see ../shared/SLURM.md for the variables measured in real steps):
+
+``SRUN``
+    ``srun`` started one task per process. Step variables win over job variables, because a step may run on fewer
+    nodes than the job holds.
+``LAUNCHER``
+    torchrun or ``accelerate launch`` set ``RANK``/``WORLD_SIZE`` (usually one launcher per node under ``srun``);
+    the launcher's values win and SLURM only checks the node layout.
+``BATCH``
+    The batch shell itself, without ``srun``: one process, whatever ``SLURM_NTASKS`` says.
+``LOCAL``
+    No SLURM and no launcher: rank 0 of 1, so the same script runs on a laptop.
+"""
+
+from __future__ import annotations
+
+import enum
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TypedDict
+
+from . import hostlist
+from ._env import first_int, first_str, get_int, parse_tasks_per_node, truthy
+from ._errors import (
+    EnvironmentVariableError,
+    HostlistError,
+    LauncherConflictError,
+    NodeRankError,
+)
+
+__all__ = ["LaunchMode", "Topology", "from_environ", "master_port_for"]
+
+#: Ports are drawn below Linux's default ephemeral range (32768-60999), where an outgoing connection of any other
+#: program may already hold the port we would pick.
+PORT_BASE = 10000
+PORT_SPAN = 22768
+#: Concurrent steps of one job that get distinct ports; job ids that differ by less than PORT_SPAN // STEP_SLOTS
+#: (5692 jobs) never collide, and jobs sharing a node at the same time have close ids.
+STEP_SLOTS = 4
+
+#: Set to 1 when torchrun uses an elastic (c10d/etcd) rendezvous, which assigns node ranks in join order.
+ALLOW_NODE_RANK_REORDER = "SLURMRT_ALLOW_NODE_RANK_REORDER"
+
+
+class LaunchMode(enum.Enum):
+    SRUN = "srun"
+    LAUNCHER = "launcher"
+    BATCH = "batch"
+    LOCAL = "local"
+
+
+@dataclass(frozen=True)
+class Topology:
+    mode: LaunchMode
+    rank: int
+    local_rank: int
+    node_rank: int
+    world_size: int
+    local_world_size: int
+    nnodes: int
+    master_addr: str
+    master_port: int
+    hostname: str
+    nodelist: tuple[str, ...] = ()
+    job_id: str | None = None
+    step_id: str | None = None
+    array_job_id: str | None = None
+    array_task_id: str | None = None
+    restart_count: int = 0
+    #: The allocation's node count (SLURM_JOB_NUM_NODES), which may exceed the step's.
+    job_nnodes: int | None = None
+    #: Things that are not errors but that the user should hear about (logged by init()).
+    warnings: tuple[str, ...] = field(default=(), compare=False)
+
+    @property
+    def is_slurm(self) -> bool:
+        return self.job_id is not None
+
+    @property
+    def requeue_id(self) -> str | None:
+        """The id ``scontrol requeue`` needs: ``<array job>_<task>`` for an array task, the job id otherwise."""
+        if self.array_job_id and self.array_task_id:
+            return f"{self.array_job_id}_{self.array_task_id}"
+        return self.job_id
+
+    def exports(self) -> dict[str, str]:
+        """The variables ``torch.distributed.init_process_group("env://")`` reads."""
+        return {
+            "RANK": str(self.rank),
+            "LOCAL_RANK": str(self.local_rank),
+            "WORLD_SIZE": str(self.world_size),
+            "LOCAL_WORLD_SIZE": str(self.local_world_size),
+            "GROUP_RANK": str(self.node_rank),
+            "MASTER_ADDR": self.master_addr,
+            "MASTER_PORT": str(self.master_port),
+        }
+
+
+def master_port_for(job_id: str | None, step_id: str | None) -> int:
+    """A port for this job step: distinct for close job ids and for a job's concurrent steps.
+
+    Not a hash: a hash collides for a random pair with probability 1/PORT_SPAN, neighbours included, while this
+    mapping keeps every job within 5692 ids of another apart. ``MASTER_PORT`` in the environment always wins.
+    """
+    job = _numeric(job_id)
+    step = _numeric(step_id)
+    return PORT_BASE + (job * STEP_SLOTS + step % STEP_SLOTS) % PORT_SPAN
+
+
+def _numeric(value: str | None) -> int:
+    if value is None:
+        return 0
+    digits = "".join(c for c in value if c.isdigit())
+    return int(digits) if digits else 0
+
+
+def from_environ(env: Mapping[str, str], *, hostname: str | None = None) -> Topology:
+    """Derive the topology of this process from ``env`` (``os.environ`` or a test's dict)."""
+    host = hostname or env.get("SLURMD_NODENAME") or socket.gethostname()
+    job_id = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or None
+    in_step = job_id is not None and bool(env.get("SLURM_STEP_ID") or env.get("SLURM_STEPID"))
+    launcher = "RANK" in env and "WORLD_SIZE" in env
+    common = _common(env, job_id, host)
+
+    if in_step:
+        slurm = _slurm_step(env)
+        if launcher:
+            return _launcher_under_srun(env, slurm, common)
+        rank, local_rank, node_rank, world, tasks, hosts = slurm
+        return Topology(
+            mode=LaunchMode.SRUN,
+            rank=rank,
+            local_rank=local_rank,
+            node_rank=node_rank,
+            world_size=world,
+            local_world_size=tasks[node_rank],
+            nnodes=len(hosts),
+            master_addr=env.get("MASTER_ADDR") or hosts[0],
+            master_port=_port(env, job_id, common["step_id"]),
+            nodelist=tuple(hosts),
+            **common,
+        )
+    if launcher:
+        return _launcher(env, LaunchMode.LAUNCHER, common, nodelist=())
+    if job_id is not None:
+        warnings: list[str] = []
+        ntasks = get_int(env, "SLURM_NTASKS", minimum=1)
+        if ntasks is not None and ntasks > 1:
+            warnings.append(
+                f"running in the batch shell without srun, but SLURM_NTASKS={ntasks}: this is one process, and the "
+                f"other {ntasks - 1} tasks will never start. Launch the script with `srun python train.py` "
+                "(one task per GPU) or `srun torchrun ...` (one task per node)"
+            )
+        return Topology(
+            mode=LaunchMode.BATCH,
+            rank=0,
+            local_rank=0,
+            node_rank=0,
+            world_size=1,
+            local_world_size=1,
+            nnodes=1,
+            master_addr=env.get("MASTER_ADDR") or "127.0.0.1",
+            master_port=_port(env, job_id, "batch"),
+            warnings=tuple(warnings),
+            **common,
+        )
+    return Topology(
+        mode=LaunchMode.LOCAL,
+        rank=0,
+        local_rank=0,
+        node_rank=0,
+        world_size=1,
+        local_world_size=1,
+        nnodes=1,
+        master_addr=env.get("MASTER_ADDR") or "127.0.0.1",
+        master_port=_port(env, None, None) if env.get("MASTER_PORT") else 29500,
+        **common,
+    )
+
+
+class _Common(TypedDict):
+    """The Topology fields every launch shape fills the same way."""
+
+    hostname: str
+    job_id: str | None
+    step_id: str | None
+    array_job_id: str | None
+    array_task_id: str | None
+    restart_count: int
+    job_nnodes: int | None
+
+
+def _common(env: Mapping[str, str], job_id: str | None, host: str) -> _Common:
+    job_nnodes = first_int(env, "SLURM_JOB_NUM_NODES", "SLURM_NNODES", minimum=1)
+    return {
+        "hostname": host,
+        "job_id": job_id,
+        "step_id": env.get("SLURM_STEP_ID") or env.get("SLURM_STEPID") or None,
+        "array_job_id": env.get("SLURM_ARRAY_JOB_ID") or None,
+        "array_task_id": env.get("SLURM_ARRAY_TASK_ID") or None,
+        "restart_count": get_int(env, "SLURM_RESTART_COUNT") or 0,
+        "job_nnodes": job_nnodes[1] if job_nnodes else None,
+    }
+
+
+def _port(env: Mapping[str, str], job_id: str | None, step_id: str | None) -> int:
+    port = get_int(env, "MASTER_PORT", minimum=1)
+    if port is not None:
+        if port > 65535:
+            raise EnvironmentVariableError(f"MASTER_PORT={port} is not a TCP port (1-65535)", variable="MASTER_PORT")
+        return port
+    return master_port_for(job_id, step_id)
+
+
+_SlurmStep = tuple[int, int, int, int, list[int], list[str]]
+
+
+def _slurm_step(env: Mapping[str, str]) -> _SlurmStep:
+    """(rank, local rank, node rank, world size, tasks per node, hosts) of an srun step, validated."""
+    rank = _required_int(env, "SLURM_PROCID")
+    local_rank = _required_int(env, "SLURM_LOCALID")
+    node_rank = _required_int(env, "SLURM_NODEID")
+    world_var, world = _required_first(env, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS")
+    list_var, nodelist = first_str(env, "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST") or (
+        "SLURM_STEP_NODELIST",
+        "",
+    )
+    try:
+        hosts = hostlist.expand(nodelist)
+    except HostlistError as err:
+        raise EnvironmentVariableError(f"{list_var}={nodelist!r} cannot be parsed: {err}", variable=list_var) from err
+    if not hosts:
+        raise EnvironmentVariableError(
+            f"{list_var} is empty or missing inside an srun step; Slurm always sets it", variable=list_var
+        )
+    nodes = first_int(env, "SLURM_STEP_NUM_NODES", "SLURM_NNODES", minimum=1)
+    if nodes is not None and nodes[1] != len(hosts):
+        raise EnvironmentVariableError(
+            f"{nodes[0]}={nodes[1]} but {list_var}={nodelist!r} names {len(hosts)} hosts; the two must agree",
+            variable=nodes[0],
+        )
+    tpn_var, tpn_raw = first_str(env, "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE") or ("", "")
+    if tpn_raw:
+        tasks = parse_tasks_per_node(tpn_var, tpn_raw)
+        if len(tasks) != len(hosts):
+            raise EnvironmentVariableError(
+                f"{tpn_var}={tpn_raw!r} describes {len(tasks)} nodes but {list_var}={nodelist!r} names {len(hosts)}",
+                variable=tpn_var,
+            )
+        if sum(tasks) != world:
+            raise EnvironmentVariableError(
+                f"{tpn_var}={tpn_raw!r} adds up to {sum(tasks)} tasks but {world_var}={world}", variable=tpn_var
+            )
+    else:
+        if world % len(hosts):
+            raise EnvironmentVariableError(
+                f"{world_var}={world} tasks cannot be spread evenly on {len(hosts)} nodes and "
+                "SLURM_STEP_TASKS_PER_NODE is missing",
+                variable=world_var,
+            )
+        tasks = [world // len(hosts)] * len(hosts)
+    _check_below(rank, "SLURM_PROCID", world, world_var)
+    _check_below(node_rank, "SLURM_NODEID", len(hosts), "the step's node count")
+    _check_below(local_rank, "SLURM_LOCALID", tasks[node_rank], f"the tasks on node {node_rank}")
+    return rank, local_rank, node_rank, world, tasks, hosts
+
+
+def _launcher(env: Mapping[str, str], mode: LaunchMode, common: _Common, nodelist: tuple[str, ...]) -> Topology:
+    rank = _required_int(env, "RANK")
+    world = _required_int(env, "WORLD_SIZE", minimum=1)
+    local_rank = get_int(env, "LOCAL_RANK") or 0
+    local_world = get_int(env, "LOCAL_WORLD_SIZE", minimum=1) or world
+    _check_below(rank, "RANK", world, "WORLD_SIZE")
+    _check_below(local_rank, "LOCAL_RANK", local_world, "LOCAL_WORLD_SIZE")
+    if world % local_world:
+        raise EnvironmentVariableError(
+            f"WORLD_SIZE={world} is not a multiple of LOCAL_WORLD_SIZE={local_world}", variable="WORLD_SIZE"
+        )
+    node_rank = get_int(env, "GROUP_RANK")
+    if node_rank is None:
+        node_rank = rank // local_world
+    nnodes = get_int(env, "GROUP_WORLD_SIZE", minimum=1) or world // local_world
+    master = env.get("MASTER_ADDR") or (nodelist[0] if nodelist else "127.0.0.1")
+    return Topology(
+        mode=mode,
+        rank=rank,
+        local_rank=local_rank,
+        node_rank=node_rank,
+        world_size=world,
+        local_world_size=local_world,
+        nnodes=nnodes,
+        master_addr=master,
+        master_port=_port(env, common["job_id"], common["step_id"]),
+        nodelist=nodelist,
+        **common,
+    )
+
+
+def _launcher_under_srun(env: Mapping[str, str], slurm: _SlurmStep, common: _Common) -> Topology:
+    s_rank, s_local, s_node, s_world, s_tasks, hosts = slurm
+    topo = _launcher(env, LaunchMode.LAUNCHER, common, nodelist=tuple(hosts))
+    if topo.world_size == s_world:
+        # srun itself is the launcher and the script exported RANK etc. from it: they must be the same numbers.
+        if (topo.rank, topo.local_rank) != (s_rank, s_local):
+            raise LauncherConflictError(
+                f"RANK={topo.rank} and LOCAL_RANK={topo.local_rank} contradict SLURM_PROCID={s_rank} and "
+                f"SLURM_LOCALID={s_local} in a step of {s_world} tasks. A RANK exported in the batch shell is "
+                "inherited by every task; remove that export (slurmrt derives RANK from SLURM_PROCID), or set it "
+                "inside srun with bash -c 'RANK=$SLURM_PROCID ...'",
+                rank=topo.rank,
+                slurm_procid=s_rank,
+            )
+        return topo
+    if s_tasks[s_node] != 1:
+        raise LauncherConflictError(
+            f"srun started {s_tasks[s_node]} tasks on this node (SLURM_STEP_TASKS_PER_NODE) and each runs a launcher "
+            f"with LOCAL_WORLD_SIZE={topo.local_world_size}: {s_tasks[s_node] * topo.local_world_size} processes "
+            "for one node. With torchrun or accelerate launch inside srun, use `srun --ntasks-per-node=1`",
+            slurm_tasks_per_node=s_tasks[s_node],
+            local_world_size=topo.local_world_size,
+        )
+    if topo.nnodes != len(hosts):
+        raise LauncherConflictError(
+            f"the launcher runs on {topo.nnodes} nodes (WORLD_SIZE={topo.world_size} / "
+            f"LOCAL_WORLD_SIZE={topo.local_world_size}) but the srun step spans {len(hosts)} "
+            f"({hostlist.compress(hosts)}). Pass --nnodes=$SLURM_NNODES to torchrun (or --num_machines to accelerate)",
+            launcher_nnodes=topo.nnodes,
+            slurm_nnodes=len(hosts),
+        )
+    if topo.node_rank != s_node and not truthy(env.get(ALLOW_NODE_RANK_REORDER)):
+        raise NodeRankError(
+            f"the launcher says node rank {topo.node_rank} but this is node {s_node} of the step "
+            f"(SLURM_NODEID={s_node}, host {common['hostname']}). Usually `--node_rank=$SLURM_PROCID` or "
+            "`--machine_rank=$SLURM_NODEID` was expanded by the batch shell, where it is 0, so every node claims "
+            "rank 0 and the rendezvous hangs. Fix: wrap the launcher so the variable is expanded inside the step: "
+            "srun bash -c 'torchrun --node_rank=$SLURM_NODEID ...'. With an elastic rendezvous (c10d), which orders "
+            f"nodes itself, set {ALLOW_NODE_RANK_REORDER}=1",
+            launcher_node_rank=topo.node_rank,
+            slurm_nodeid=s_node,
+        )
+    return topo
+
+
+def _required_int(env: Mapping[str, str], name: str, minimum: int = 0) -> int:
+    value = get_int(env, name, minimum=minimum)
+    if value is None:
+        raise EnvironmentVariableError(f"{name} is missing; it is required in this launch shape", variable=name)
+    return value
+
+
+def _required_first(env: Mapping[str, str], *names: str) -> tuple[str, int]:
+    found = first_int(env, *names, minimum=1)
+    if found is None:
+        raise EnvironmentVariableError(f"none of {', '.join(names)} is set inside an srun step", variable=names[0])
+    return found
+
+
+def _check_below(value: int, name: str, limit: int, limit_name: str) -> None:
+    if value >= limit:
+        raise EnvironmentVariableError(
+            f"{name}={value} is out of range: it must be below {limit_name} ({limit})", variable=name, value=value
+        )

@@ -1,0 +1,97 @@
+"""A training worker for the integration tests: writes what happened to <out>/rank<R>.json.
+
+Deterministic like the quickstart; extra knobs let a test provoke each failure mode.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import slurmrt
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True)
+    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--step-time", type=float, default=0.02)
+    p.add_argument("--save-every", type=int, default=0)
+    p.add_argument("--state-mb", type=float, default=0.0, help="extra tensor bytes per rank in each checkpoint")
+    p.add_argument("--slow-save", type=float, default=0.0, help="seconds to sleep inside every save (callable)")
+    p.add_argument("--ready", help="touch this file after the first step")
+    args = p.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    rt = slurmrt.init()
+    import torch
+    import torch.distributed as dist
+
+    if rt.world_size > 1:
+        dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    w = torch.zeros(8)
+    extra = torch.zeros(int(args.state_mb * 2**20 / 4))
+    got = rt.load_latest() if os.environ.get("SLURMRT_CHECKPOINT_DIR") else None
+    start = 0
+    if got is not None:
+        step, state = got
+        w = state["w"]
+        start = step + 1
+    trained = []
+    stopped_at = None
+    step = start - 1
+
+    def save(step: int, blocking: bool = True) -> bool:
+        state = {"w": w.clone(), "extra": extra, "step": step}
+        if args.slow_save:
+            def write(directory: Path) -> None:
+                time.sleep(args.slow_save)
+                torch.save(state, directory / f"rank_{rt.rank:05d}.pt")
+            return rt.save(write, step=step, blocking=blocking)
+        return rt.save(state, step=step, blocking=blocking)
+
+    for step in range(start, args.steps):
+        g = torch.Generator().manual_seed(step * 1000 + rt.rank)
+        grad = torch.randn(8, generator=g)
+        if rt.world_size > 1:
+            dist.all_reduce(grad)
+        w -= 0.01 * grad
+        trained.append(step)
+        time.sleep(args.step_time)
+        if args.ready and step == start:
+            Path(args.ready).touch()
+        if rt.should_stop(step):
+            stopped_at = step
+            saved = save(step) if os.environ.get("SLURMRT_CHECKPOINT_DIR") else False
+            break
+        if args.save_every and step % args.save_every == args.save_every - 1:
+            save(step, blocking=False)
+    else:
+        saved = save(step) if os.environ.get("SLURMRT_CHECKPOINT_DIR") else False
+    result = {
+        "rank": rt.rank,
+        "world_size": rt.world_size,
+        "start": start,
+        "trained": trained,
+        "stopped_at": stopped_at,
+        "reasons": sorted(r.value for r in rt.stop_decision.reasons) if rt.stop_decision else [],
+        "saved": saved,
+        "w": w.tolist(),
+        "pid": os.getpid(),
+    }
+    code = rt.finish()
+    result["exit_code"] = int(code)
+    (out / f"rank{rt.rank}.json").write_text(json.dumps(result))
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    sys.exit(int(code))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+"""Checkpoints with one process (SoloComm): completeness, corruption, pruning, background saves."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from slurmrt import CheckpointError
+from slurmrt.checkpoint import CheckpointStore
+from slurmrt.comm import SoloComm
+
+
+def _store(root: Path, keep_last: int = 3) -> CheckpointStore:
+    return CheckpointStore(root, SoloComm(), keep_last=keep_last)
+
+
+def test_fresh_directory_has_no_checkpoint(tmp_path: Path) -> None:
+    assert _store(tmp_path / "ckpt").load_latest() is None
+
+
+def test_saved_state_loads_back_with_its_step(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    store.save({"w": torch.arange(4.0), "note": "hi"}, 7)
+    step, state = store.load_latest()  # type: ignore[misc]
+    assert step == 7 and state["note"] == "hi" and torch.equal(state["w"], torch.arange(4.0))
+    assert (tmp_path / "latest").read_text().strip() == "step_000000007"
+
+
+def test_a_partial_save_is_invisible(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    store.save({"w": 1}, 1)
+    partial = tmp_path / ".tmp-step_000000002-x-1"
+    partial.mkdir()
+    (partial / "rank_00000.pt").write_bytes(b"half")
+    assert store.load_latest()[0] == 1  # type: ignore[index]
+
+
+def test_a_truncated_checkpoint_is_skipped_for_the_previous_one(tmp_path: Path, caplog: pytest.LogCaptureFixture
+                                                                 ) -> None:
+    store = _store(tmp_path)
+    store.save({"w": torch.zeros(100)}, 1)
+    store.save({"w": torch.ones(100)}, 2)
+    part = tmp_path / "step_000000002" / "rank_00000.pt"
+    part.write_bytes(part.read_bytes()[:50])
+    step, state = store.load_latest()  # type: ignore[misc]
+    assert step == 1 and torch.equal(state["w"], torch.zeros(100))
+    assert "unusable" in caplog.text and "truncated" in caplog.text
+
+
+def test_a_corrupt_file_of_the_right_size_is_skipped(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    store.save({"w": 1}, 1)
+    store.save({"w": 2}, 2)
+    part = tmp_path / "step_000000002" / "rank_00000.pt"
+    part.write_bytes(b"\0" * part.stat().st_size)
+    assert store.load_latest()[0] == 1  # type: ignore[index]
+
+
+def test_only_the_last_k_checkpoints_are_kept(tmp_path: Path) -> None:
+    store = _store(tmp_path, keep_last=2)
+    for step in range(5):
+        store.save({"s": step}, step)
+    assert sorted(p.name for p in tmp_path.glob("step_*")) == ["step_000000003", "step_000000004"]
+
+
+def test_non_blocking_save_snapshots_the_state_before_it_changes(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    w = torch.zeros(1000)
+    store.save({"w": w}, 3, blocking=False)
+    w += 1  # training goes on while the background thread writes
+    store.wait()
+    assert torch.equal(store.load_latest()[1]["w"], torch.zeros(1000))  # type: ignore[index]
+
+
+def test_callable_saves_get_a_directory_and_load_returns_it(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+
+    def framework_saver(directory: Path) -> None:
+        (directory / "model").mkdir()
+        (directory / "model" / "weights.bin").write_bytes(b"x" * 10)
+
+    store.save(framework_saver, 5)
+    step, path = store.load_latest()  # type: ignore[misc]
+    assert step == 5 and (path / "model" / "weights.bin").read_bytes() == b"x" * 10
+    assert json.loads((path / "manifest.json").read_text())["files"] == {"model/weights.bin": 10}
+
+
+def test_a_failing_write_raises_and_keeps_the_previous_checkpoint(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    store.save({"w": 1}, 1)
+
+    def broken(directory: Path) -> None:
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(CheckpointError, match="No space left on device.*previous checkpoint is intact|"
+                                              "previous checkpoint is intact.*No space left"):
+        store.save(broken, 2)
+    assert store.load_latest()[0] == 1  # type: ignore[index]
+    assert not list(tmp_path.glob(".tmp-*"))
+
+
+def test_a_background_save_error_surfaces_on_the_training_thread(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+
+    def broken(directory: Path) -> None:
+        raise OSError(13, "Permission denied")
+
+    store.save(broken, 1, blocking=False)
+    with pytest.raises(CheckpointError, match="Permission denied"):
+        store.wait()
+
+
+def test_a_checkpoint_from_another_world_size_is_refused(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    store.save({"w": 1}, 1)
+    manifest = tmp_path / "step_000000001" / "manifest.json"
+    data = json.loads(manifest.read_text())
+    data["world_size"] = 4
+    manifest.write_text(json.dumps(data))
+    with pytest.raises(CheckpointError, match="written by 4 ranks and this run has 1"):
+        store.load_latest()  # never a silent fresh start that would later prune the real progress

@@ -1,0 +1,55 @@
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from slurmrt.deadline import DurationEstimator, end_time_from_env, parse_squeue_time, time_is_short
+
+
+def test_estimator_skips_the_slow_first_steps_and_takes_a_high_quantile() -> None:
+    est = DurationEstimator(window=100, skip=2, quantile=0.95)
+    est.add(30.0)  # compilation
+    est.add(10.0)  # warm-up
+    for i in range(100):
+        est.add(1.0 + (0.5 if i % 10 == 0 else 0.0))  # jitter: every tenth step is slow
+    assert est.estimate() == pytest.approx(1.5)
+
+
+def test_estimator_follows_a_drifting_step_time() -> None:
+    est = DurationEstimator(window=8, quantile=0.95)
+    for _ in range(8):
+        est.add(1.0)
+    for _ in range(8):
+        est.add(2.0)
+    assert est.estimate() == 2.0
+
+
+def test_estimator_gives_the_default_until_it_has_a_measurement() -> None:
+    est = DurationEstimator(default=30.0)
+    assert est.estimate() == 30.0
+    est.add(2.0)
+    assert est.estimate() == 2.0
+
+
+@pytest.mark.parametrize(("now", "short"), [(900.0, False), (940.0, False), (941.0, True), (2000.0, True)])
+def test_time_is_short_when_steps_save_and_margin_no_longer_fit(now: float, short: bool) -> None:
+    # 3 steps of 3 s + a 20 s save + a 30 s margin = 59 s before the end at 1000.
+    assert time_is_short(now=now, end=1000.0, step_s=3.0, steps_ahead=3, save_s=20.0, margin_s=30.0) is short
+
+
+def test_no_end_time_means_no_deadline() -> None:
+    assert not time_is_short(now=1e12, end=None, step_s=1.0, steps_ahead=2, save_s=1.0, margin_s=1.0)
+
+
+def test_squeue_end_time_is_local_time_and_unlimited_jobs_have_none() -> None:
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(1_800_000_000))
+    assert parse_squeue_time(stamp + "\n") == 1_800_000_000
+    assert parse_squeue_time("N/A\n") is None
+    assert parse_squeue_time("Unknown") is None
+    assert parse_squeue_time("") is None
+
+
+def test_slurm_job_end_time_is_used_when_slurm_sets_it() -> None:
+    assert end_time_from_env({"SLURM_JOB_END_TIME": "1800000000"}) == 1_800_000_000
+    assert end_time_from_env({}) is None

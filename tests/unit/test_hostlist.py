@@ -1,0 +1,136 @@
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from slurmrt import HostlistError, hostlist
+
+# Expected values read off `scontrol show hostnames` on Slurm 22.05 (../shared/SLURM.md and this module's docstring).
+TABLE = [
+    ("n[001-003,7]", ["n001", "n002", "n003", "n7"]),
+    ("n[9-11]", ["n9", "n10", "n11"]),
+    ("n[01-10]", ["n01", "n02", "n03", "n04", "n05", "n06", "n07", "n08", "n09", "n10"]),
+    ("a[1-2]b[3-4]", ["a1b3", "a1b4", "a2b3", "a2b4"]),
+    ("n[1-3],m[5-6]", ["n1", "n2", "n3", "m5", "m6"]),
+    ("node1,,node2", ["node1", "node2"]),
+    ("n[1-2]-[3-4]-[5-6]", ["n1-3-5", "n1-3-6", "n2-3-5", "n2-3-6", "n1-4-5", "n1-4-6", "n2-4-5", "n2-4-6"]),
+    ("1.2.3.[089,100-102]", ["1.2.3.089", "1.2.3.100", "1.2.3.101", "1.2.3.102"]),
+    ("[1-2]", ["1", "2"]),
+    ("n[1-2][3-4]", ["n13", "n14", "n23", "n24"]),
+    ("n[01-1]", ["n01"]),
+    ("n[1-02]", ["n1", "n2"]),
+    ("n[1,1]", ["n1", "n1"]),
+    ("n1 n2\tn3", ["n1", "n2", "n3"]),
+    ("localhost", ["localhost"]),
+    ("", []),
+]
+
+INVALID = ["n[3-1]", "n[a-b]", "n[1-3]x", "gpu-[1-2]-ib", "n[1-2", "n[]", "n[1,,2]", "n[1-2-3]", "n[-2]",
+           "n[1-65537]", "n[1-2]]", "n1]", "n[[1]]"]
+
+
+@pytest.mark.parametrize(("expr", "hosts"), TABLE)
+def test_expand_matches_scontrol_table(expr: str, hosts: list[str]) -> None:
+    assert hostlist.expand(expr) == hosts
+
+
+@pytest.mark.parametrize("expr", INVALID)
+def test_expand_rejects_what_scontrol_rejects_naming_the_part(expr: str) -> None:
+    with pytest.raises(HostlistError, match="invalid hostlist") as info:
+        hostlist.expand(expr)
+    assert repr(expr) in str(info.value)
+
+
+@pytest.mark.parametrize(("hosts", "expr"), [
+    (["n3", "n1", "n2"], "n[3,1-2]"),
+    (["n09", "n10"], "n[09-10]"),
+    (["n9", "n10"], "n[9-10]"),
+    (["a1b3", "a1b4", "a2b3"], "a1b[3-4],a2b3"),
+    (["n1", "n01", "n2"], "n[1,01,2]"),
+    (["x", "n1"], "x,n1"),
+    (["n1", "m1", "n2"], "n1,m1,n2"),
+])
+def test_compress_matches_scontrol_show_hostlist(hosts: list[str], expr: str) -> None:
+    assert hostlist.compress(hosts) == expr
+
+
+def test_compress_rejects_names_it_cannot_represent() -> None:
+    with pytest.raises(HostlistError, match="cannot compress"):
+        hostlist.compress(["n[1]"])
+
+
+_names = st.from_regex(r"[a-z]{1,3}(-?[0-9]{1,4})?", fullmatch=True)
+
+
+@given(st.lists(_names, max_size=40))
+def test_expand_inverts_compress_exactly(hosts: list[str]) -> None:
+    assert hostlist.expand(hostlist.compress(hosts)) == hosts
+
+
+def _random_expression(rng: random.Random) -> str:
+    """Valid and invalid expressions of the shapes real nodelists have (and their typos)."""
+    entries = []
+    for _ in range(rng.randint(1, 3)):
+        prefix = rng.choice(["n", "gpu", "node-", "a", "x1y", "10.0.0.", ""])
+        groups = []
+        for _ in range(rng.choice([0, 1, 1, 1, 2, 3])):
+            parts = []
+            for _ in range(rng.randint(1, 3)):
+                lo = rng.randint(0, 120)
+                width = rng.choice([1, 1, 2, 3])
+                part = f"{lo:0{width}d}"
+                if rng.random() < 0.6:
+                    part += f"-{lo + rng.randint(-2, 12):0{width}d}"
+                parts.append(part)
+            groups.append("[" + ",".join(parts) + "]")
+        entry = prefix + "".join(g + (rng.choice(["", "-", "b"]) if i < len(groups) - 1 else "")
+                                 for i, g in enumerate(groups))
+        if not groups:
+            entry += str(rng.randint(0, 99))
+        if rng.random() < 0.1:
+            entry += rng.choice(["x", "]", "[1"])
+        entries.append(entry)
+    return rng.choice([",", ",", " "]).join(entries)
+
+
+def _scontrol_env(tmp: Path) -> dict[str, str]:
+    # scontrol reads slurm.conf even to expand names; a minimal one is enough and contacts no daemon.
+    conf = tmp / "slurm.conf"
+    conf.write_text("ClusterName=oracle\nSlurmctldHost=localhost\nNodeName=n1 CPUs=1\nPartitionName=p Nodes=n1\n")
+    return {**os.environ, "SLURM_CONF": str(conf)}
+
+
+@pytest.mark.skipif(shutil.which("scontrol") is None, reason="scontrol not installed (apt-get install slurm-client)")
+def test_expand_agrees_with_scontrol_on_generated_expressions(tmp_path: Path) -> None:
+    env = _scontrol_env(tmp_path)
+    rng = random.Random(20261121)
+    checked = rejected = 0
+    for _ in range(300):
+        expr = _random_expression(rng)
+        out = subprocess.run(["scontrol", "show", "hostnames", expr], capture_output=True, text=True, env=env,
+                             check=False)
+        # scontrol sometimes reports an error on stderr yet prints the other entries (a backwards range in a
+        # non-last bracket group drops that entry silently from stdout): a rejection for us, never a shorter list.
+        scontrol_rejects = "Invalid hostlist" in out.stdout + out.stderr or "error:" in out.stderr
+        if expr.count("[") != expr.count("]"):
+            # An unclosed bracket or a stray "]": scontrol prints garbage ("n[1-2" gives "n]") or keeps the "]" in a
+            # host name that cannot exist; we raise instead.
+            with pytest.raises(HostlistError):
+                hostlist.expand(expr)
+            rejected += 1
+            continue
+        if scontrol_rejects:
+            with pytest.raises(HostlistError):
+                hostlist.expand(expr)
+            rejected += 1
+        else:
+            assert hostlist.expand(expr) == out.stdout.split(), expr
+            checked += 1
+    assert checked > 100 and rejected > 20, (checked, rejected)

@@ -1,0 +1,48 @@
+from __future__ import annotations
+
+import logging
+import pickle
+import subprocess
+import sys
+
+import pytest
+
+import slurmrt
+from slurmrt import ConfigError, HostlistError, NodeCountError, SlurmrtError
+
+
+def test_import_slurmrt_imports_neither_torch_nor_numpy() -> None:
+    code = "import sys, slurmrt; print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_import_configures_no_logging() -> None:
+    code = ("import logging, slurmrt; root = logging.getLogger(); lib = logging.getLogger('slurmrt');"
+            "print(root.handlers, lib.level, lib.handlers)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == f"[] {logging.NOTSET} []"
+
+
+def test_all_is_sorted_and_complete() -> None:
+    assert slurmrt.__all__ == sorted(slurmrt.__all__)
+    assert all(hasattr(slurmrt, name) for name in slurmrt.__all__)
+
+
+def test_errors_subclass_the_builtin_they_mean_and_survive_pickling() -> None:
+    err = NodeCountError("NNODES=4 but ...", declared=4, actual=2)
+    assert isinstance(err, ConfigError) and isinstance(err, ValueError) and isinstance(err, SlurmrtError)
+    back = pickle.loads(pickle.dumps(err))
+    assert type(back) is NodeCountError and str(back) == str(err) and back.details == {"declared": 4, "actual": 2}
+    assert issubclass(HostlistError, ConfigError)
+
+
+def test_unknown_init_option_is_a_type_error() -> None:
+    with pytest.raises(TypeError, match="unknown options \\['chekpoint_dir'\\]"):
+        slurmrt.init(chekpoint_dir="x")
+
+
+def test_bad_option_value_from_the_environment_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLURMRT_KEEP_LAST", "many")
+    with pytest.raises(ConfigError, match="option keep_last='many' is invalid"):
+        slurmrt.init()

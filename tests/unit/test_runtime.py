@@ -1,0 +1,187 @@
+"""The Runtime in one process, with the clock and the scheduler faked at the process boundary."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import slurmrt
+from slurmrt import ExitCode, Reason, _clock
+from tests.integration.launch import fake_bin
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.wall_s = time.time()
+        self.mono_s = 1000.0
+
+    def advance(self, seconds: float) -> None:
+        self.wall_s += seconds
+        self.mono_s += seconds
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+    fake = FakeClock()
+    monkeypatch.setattr(_clock, "wall", lambda: fake.wall_s)
+    monkeypatch.setattr(_clock, "mono", lambda: fake.mono_s)
+    return fake
+
+
+@pytest.fixture(autouse=True)
+def _restore_signal_handlers() -> Iterator[None]:
+    """A failing test must not leave its Runtime's handlers to the next one."""
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)}
+    yield
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)
+
+
+@pytest.fixture
+def job(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """A batch-shell job (one process) with fake squeue and scontrol on PATH; returns the call log."""
+    for key in list(os.environ):
+        if key.startswith(("SLURM", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_", "TORCHELASTIC")):
+            monkeypatch.delenv(key)
+    log = tmp_path / "calls.log"
+    monkeypatch.setenv("PATH", f"{fake_bin(tmp_path / 'bin')}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_SLURM_LOG", str(log))
+    monkeypatch.setenv("SLURM_JOB_ID", "99")
+    monkeypatch.setenv("SLURMRT_END_TIME_REFRESH_S", "1e9")
+    return log
+
+
+def _wait_for_end_time(rt: slurmrt.Runtime) -> None:
+    deadline = time.monotonic() + 20
+    while rt.end_time is None:
+        assert time.monotonic() < deadline, "the watcher never got the end time from squeue"
+        time.sleep(0.01)
+
+
+def _wait_for_line(path: Path, text: str) -> None:
+    deadline = time.monotonic() + 20
+    while not (path.exists() and text in path.read_text()):
+        assert time.monotonic() < deadline, f"{text!r} never appeared in {path}"
+        time.sleep(0.01)
+
+
+def test_deadline_stops_at_the_last_step_whose_save_still_fits(clock: FakeClock, job: Path, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    end = int(clock.wall_s) + 1000
+    monkeypatch.setenv("FAKE_END_TIME", str(end))
+    rt = slurmrt.init(checkpoint_dir=tmp_path / "ckpt", save_time_s=30, deadline_margin_s=30)
+    _wait_for_end_time(rt)
+    assert rt.end_time == end
+    stopped = None
+    for step in range(1000):
+        clock.advance(10.0)  # a 10 s step
+        if rt.should_stop(step):
+            stopped = step
+            break
+    # Stop when now + 1 step (10 s) + save (30 s) + margin (30 s) reaches the end: the step ending at end - 70.
+    assert stopped is not None and clock.wall_s >= end - 70 > clock.wall_s - 10
+    assert rt.stop_reason is Reason.DEADLINE
+    assert rt.save({"step": stopped}, step=stopped)
+    assert rt.finish() is ExitCode.REQUEUED
+    calls = job.read_text().splitlines()
+    assert calls == ["squeue -h -j 99 -o %e", "requeue 99"]
+
+
+def test_no_end_time_means_no_deadline(clock: FakeClock, job: Path) -> None:
+    rt = slurmrt.init()  # squeue answers N/A: an unlimited job
+    _wait_for_line(job, "squeue")
+    for step in range(100):
+        clock.advance(3600)
+        assert not rt.should_stop(step)
+    assert rt.finish() is ExitCode.FINISHED
+
+
+def test_sigterm_at_the_time_limit_requeues(clock: FakeClock, job: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLURM_JOB_END_TIME", str(int(clock.wall_s) + 5))
+    rt = slurmrt.init(deadline=False)
+    clock.advance(10)
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert rt.should_stop(0) and rt.stop_reason is Reason.TERM
+    assert rt.finish() is ExitCode.REQUEUED
+    assert "requeue 99" in job.read_text()
+
+
+def test_sigterm_before_the_time_limit_is_scancel_and_is_not_requeued(clock: FakeClock, job: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLURM_JOB_END_TIME", str(int(clock.wall_s) + 3600))
+    rt = slurmrt.init()
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert rt.should_stop(0)
+    assert rt.finish() is ExitCode.STOPPED
+    assert "requeue" not in (job.read_text() if job.exists() else "")
+
+
+def test_max_restarts_stops_the_requeue_loop(clock: FakeClock, job: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "3")
+    rt = slurmrt.init(max_restarts=3, deadline=False)
+    os.kill(os.getpid(), signal.SIGUSR1)
+    assert rt.should_stop(0)
+    assert rt.finish() is ExitCode.STOPPED
+
+
+def test_a_refused_requeue_exits_with_requeue_needed(clock: FakeClock, job: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_REQUEUE_FAIL", "1")
+    rt = slurmrt.init(deadline=False)
+    os.kill(os.getpid(), signal.SIGUSR1)
+    assert rt.should_stop(0)
+    assert rt.finish() is ExitCode.REQUEUE_NEEDED
+
+
+def test_without_scontrol_the_exit_code_asks_the_batch_script_to_requeue(clock: FakeClock, job: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", "/nonexistent")
+    rt = slurmrt.init(deadline=False)
+    os.kill(os.getpid(), signal.SIGUSR2)
+    assert rt.should_stop(0)
+    assert rt.finish() == 75
+
+
+def test_kill_switch_polled_in_the_background_stops_with_exit_zero(clock: FakeClock, job: Path,
+                                                                   tmp_path: Path) -> None:
+    switch = tmp_path / "STOP"
+    rt = slurmrt.init(kill_switch=switch, kill_switch_poll_s=0.01, deadline=False)
+    assert not rt.should_stop(0)
+    switch.touch()
+    deadline = time.monotonic() + 10
+    step = 1
+    while not rt.should_stop(step):
+        assert time.monotonic() < deadline
+        step += 1
+        time.sleep(0.01)
+    assert rt.stop_reason is Reason.KILL_SWITCH
+    assert rt.finish() == 0
+    assert "requeue" not in (job.read_text() if job.exists() else "")
+
+
+def test_kill_switch_present_at_init_exits_zero(job: Path, tmp_path: Path) -> None:
+    switch = tmp_path / "STOP"
+    switch.touch()
+    with pytest.raises(SystemExit) as info:
+        slurmrt.init(kill_switch=switch)
+    assert info.value.code == 0
+
+
+def test_signal_handlers_are_restored_after_finish(job: Path) -> None:
+    before = signal.getsignal(signal.SIGUSR1)
+    rt = slurmrt.init(deadline=False)
+    assert signal.getsignal(signal.SIGUSR1) is not before
+    rt.finish()
+    assert signal.getsignal(signal.SIGUSR1) is before
+
+
+def test_save_without_a_checkpoint_dir_says_how_to_fix_it(job: Path) -> None:
+    rt = slurmrt.init(deadline=False)
+    with pytest.raises(slurmrt.ConfigError, match="checkpoint_dir"):
+        rt.save({}, step=0)
+    rt.close()
