@@ -167,6 +167,8 @@ class DistributedAgreement:
         return self._wait(step)
 
     def _wait(self, step: int) -> bool:
+        if self._finished:
+            return False  # the rounds are over: no thread, no collective, just finish the last steps
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="slurmrt-agreement", daemon=True)
             self._thread.start()

@@ -226,6 +226,13 @@ class Runtime:
     def _on_decision(self, decision: StopDecision) -> None:
         self._decision = decision
         names = sorted(r.value for r in decision.reasons)
+        if self.rank == 0 and decision.reasons == {Reason.DEADLINE} and len(self._steps) == 0:
+            # A requeue loop that never gets anywhere: each run stops before it could measure a single step.
+            logger.warning(
+                "the deadline stopped this run before its first measured step: the time left (%s) does not hold "
+                "the margin (%.0f s) plus a save (%.0f s). Raise --time, or lower SLURMRT_DEADLINE_MARGIN_S / "
+                "SLURMRT_SAVE_TIME_S", _left(decision.end_time), self.options.deadline_margin_s,
+                self._saves.estimate() or 0.0)
         if self.rank == 0:
             logger.warning("all ranks stop at step %d: %s%s", decision.step, ", ".join(names),
                            "" if decision.save else " (no time to save before SIGKILL)")
@@ -351,6 +358,10 @@ class Runtime:
         if limit is not None and self.restart_count >= limit:
             return ExitCode.STOPPED, f"stopped; restart {self.restart_count} reached max_restarts={limit}"
         return ExitCode.REQUEUED, f"stopped at step {d.step} ({', '.join(sorted(r.value for r in d.reasons))}): requeue"
+
+
+def _left(end_time: float | None) -> str:
+    return "unknown" if end_time is None else f"{end_time - _clock.wall():.0f} s"
 
 
 def _requeue_by_us(decision: StopDecision | None) -> bool:

@@ -39,7 +39,7 @@ def fake_bin(directory: Path) -> Path:
 
 def step_env(rank: int, ntasks: int, tmp: Path, *, job_id: str = "4242", extra: Mapping[str, str] | None = None,
              port: int) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "RANK", "WORLD_SIZE", "LOCAL_",
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SLURMD_", "RANK", "WORLD_SIZE", "LOCAL_",
                                                                     "MASTER_", "GROUP_", "TORCHELASTIC"))}
     env.update({
         "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{env.get('PYTHONPATH', '')}",

@@ -24,6 +24,7 @@ def main() -> None:
     p.add_argument("--state-mb", type=float, default=0.0, help="extra tensor bytes per rank in each checkpoint")
     p.add_argument("--slow-save", type=float, default=0.0, help="seconds to sleep inside every save (callable)")
     p.add_argument("--ready", help="touch this file after the first step")
+    p.add_argument("--pid-dir", help="write <rank>.pid here at start (for tests that kill one task)")
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -32,6 +33,9 @@ def main() -> None:
     import torch
     import torch.distributed as dist
 
+    if args.pid_dir:
+        Path(args.pid_dir).mkdir(parents=True, exist_ok=True)
+        (Path(args.pid_dir) / f"{rt.rank}.pid").write_text(str(os.getpid()))
     if rt.world_size > 1:
         dist.init_process_group("gloo")
     torch.manual_seed(0)
@@ -84,6 +88,15 @@ def main() -> None:
         "saved": saved,
         "w": w.tolist(),
         "pid": os.getpid(),
+        "local_rank": rt.local_rank,
+        "node_rank": rt.node_rank,
+        "local_world_size": rt.local_world_size,
+        "nnodes": rt.nnodes,
+        "master_addr": rt.master_addr,
+        "master_port": rt.master_port,
+        "env_master_addr": os.environ.get("MASTER_ADDR"),
+        "hostname": rt.topology.hostname,
+        "restart_count": rt.restart_count,
     }
     code = rt.finish()
     result["exit_code"] = int(code)

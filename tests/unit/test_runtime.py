@@ -46,7 +46,7 @@ def _restore_signal_handlers() -> Iterator[None]:
 def job(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     """A batch-shell job (one process) with fake squeue and scontrol on PATH; returns the call log."""
     for key in list(os.environ):
-        if key.startswith(("SLURM", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_", "TORCHELASTIC")):
+        if key.startswith(("SLURM_", "SLURMD_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_", "TORCHELASTIC")):
             monkeypatch.delenv(key)
     log = tmp_path / "calls.log"
     monkeypatch.setenv("PATH", f"{fake_bin(tmp_path / 'bin')}{os.pathsep}{os.environ['PATH']}")

@@ -1,0 +1,172 @@
+#!/usr/bin/env bash
+# A real Slurm cluster on this machine: slurmctld and four slurmd nodes (n1..n4), each node name resolving to its own
+# loopback address. Debian's slurm-wlm; settings measured in ../shared/SLURM.md.
+#
+#   tests/slurm/cluster.sh start    install if missing (apt, root), configure, start, wait until the nodes are idle
+#   tests/slurm/cluster.sh stop     stop every daemon this script started
+#   tests/slurm/cluster.sh status
+#
+# Idempotent: `start` on a running cluster only checks it; `stop` on a stopped one does nothing.
+# Nodes declare 8 CPUs on a 2-core machine (config_overrides) so that the scenario jobs, which mostly sleep, run
+# side by side.
+# State lives in $SLURMRT_CLUSTER_DIR (default /tmp/slurmrt-cluster); the config is $SLURMRT_CLUSTER_DIR/slurm.conf.
+set -euo pipefail
+
+DIR=${SLURMRT_CLUSTER_DIR:-/tmp/slurmrt-cluster}
+CONF=$DIR/slurm.conf
+NODES=(n1 n2 n3 n4)
+export SLURM_CONF=$CONF
+
+log() { echo "cluster.sh: $*" >&2; }
+
+need_root() {
+    if [ "$(id -u)" != 0 ]; then
+        log "needs root (to install slurm-wlm and munge, write /etc/hosts and run the daemons)"
+        exit 3
+    fi
+}
+
+install() {
+    if command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v munged >/dev/null \
+        && command -v sbatch >/dev/null; then
+        return
+    fi
+    log "installing slurm-wlm and munge"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq slurm-wlm munge >/dev/null
+}
+
+hosts() {
+    # Each node its own loopback address, so MASTER_ADDR taken from the nodelist works as on a real cluster.
+    local i
+    for i in 1 2 3 4; do
+        grep -qE "^127\.0\.1\.$i[[:space:]]+n$i\$" /etc/hosts || echo "127.0.1.$i n$i" >> /etc/hosts
+    done
+}
+
+munge_up() {
+    if munge -n 2>/dev/null | unmunge >/dev/null 2>&1; then
+        return
+    fi
+    mkdir -p /etc/munge /var/log/munge /run/munge /var/lib/munge
+    if [ ! -s /etc/munge/munge.key ]; then
+        dd if=/dev/urandom of=/etc/munge/munge.key bs=1024 count=1 status=none
+    fi
+    chown -R munge:munge /etc/munge /var/log/munge /run/munge /var/lib/munge
+    chmod 400 /etc/munge/munge.key
+    /usr/sbin/munged --force
+    for _ in $(seq 50); do munge -n 2>/dev/null | unmunge >/dev/null 2>&1 && return; sleep 0.1; done
+    log "munged did not come up"; exit 1
+}
+
+configure() {
+    local host
+    host=$(hostname -s)
+    mkdir -p "$DIR"/{spool,state,log}
+    for n in "${NODES[@]}"; do mkdir -p "$DIR/spool/$n"; done
+    cat > "$CONF.new" <<CONF
+ClusterName=slurmrt
+SlurmctldHost=$host(127.0.0.1)
+SlurmctldPort=16817
+SlurmdPort=17000
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+# A requeued job waits cred_expire + 1 s (120 by default) before it may start again, until the old job credential
+# has expired on its nodes; 10 s keeps requeue scenarios short without skipping that wait.
+AuthInfo=cred_expire=10
+StateSaveLocation=$DIR/state
+SlurmdSpoolDir=$DIR/spool/%n
+SlurmctldPidFile=$DIR/slurmctld.pid
+SlurmdPidFile=$DIR/slurmd-%n.pid
+SlurmctldLogFile=$DIR/log/slurmctld.log
+SlurmdLogFile=$DIR/log/slurmd-%n.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+AccountingStorageType=accounting_storage/none
+JobAcctGatherType=jobacct_gather/none
+JobCompType=jobcomp/none
+MpiDefault=none
+ReturnToService=2
+SlurmdParameters=config_overrides
+KillWait=10
+MinJobAge=300
+SchedulerType=sched/backfill
+SchedulerParameters=bf_interval=5
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
+SlurmctldParameters=preempt_send_user_signal
+JobRequeue=1
+NodeName=n[1-4] NodeHostname=$host NodeAddr=127.0.0.1 Port=17001-17004 CPUs=8 RealMemory=4000 State=UNKNOWN
+PartitionName=low Nodes=n[1-4] Default=YES MaxTime=INFINITE State=UP PriorityTier=1 GraceTime=20 OverSubscribe=NO
+PartitionName=high Nodes=n[1-4] MaxTime=INFINITE State=UP PriorityTier=10 PreemptMode=OFF OverSubscribe=NO
+CONF
+    mv "$CONF.new" "$CONF"
+}
+
+running() { scontrol ping 2>/dev/null | grep -q "UP"; }
+
+wait_idle() {
+    local i state
+    for i in $(seq 120); do
+        state=$(sinfo -h -p low -o "%D %t" 2>/dev/null | tr '\n' ' ')
+        if [ "$state" = "4 idle " ]; then return 0; fi
+        # Nodes left DOWN/DRAIN by an earlier run come back with an explicit resume.
+        if [[ "$state" == *down* || "$state" == *drain* ]]; then
+            scontrol update NodeName=n[1-4] State=RESUME 2>/dev/null || true
+        fi
+        sleep 0.5
+    done
+    log "nodes not idle after 60 s: $(sinfo 2>&1)"; return 1
+}
+
+start() {
+    need_root
+    install
+    hosts
+    munge_up
+    configure
+    if ! running; then
+        slurmctld -c -f "$CONF"
+        for _ in $(seq 100); do running && break; sleep 0.1; done
+    fi
+    for n in "${NODES[@]}"; do
+        local pidfile="$DIR/slurmd-$n.pid"
+        if [ -s "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then continue; fi
+        slurmd -N "$n" -c -f "$CONF"
+    done
+    wait_idle
+    log "up: $(sinfo -h -o '%P %D %t' | tr '\n' ' ')"
+}
+
+stop() {
+    local pid
+    if running; then
+        scancel --quiet --user=root 2>/dev/null || true
+        scontrol shutdown 2>/dev/null || true   # stops slurmctld and every slurmd
+    fi
+    for f in "$DIR"/slurmd-*.pid "$DIR"/slurmctld.pid; do
+        [ -s "$f" ] || continue
+        pid=$(cat "$f")
+        for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+        kill -9 "$pid" 2>/dev/null || true
+        rm -f "$f"
+    done
+    # Daemons started before this script wrote pid files (or by hand) must not outlive the tests either.
+    pkill -9 -x slurmctld 2>/dev/null || true
+    pkill -9 -x slurmd 2>/dev/null || true
+    pkill -9 -x slurmstepd 2>/dev/null || true
+    if [ -f /run/munge/munged.pid ]; then kill "$(cat /run/munge/munged.pid)" 2>/dev/null || true; fi
+    pkill -x munged 2>/dev/null || true
+    log "stopped"
+}
+
+case "${1:-}" in
+    start) start ;;
+    stop) stop ;;
+    status) running && sinfo || { log "not running"; exit 1; } ;;
+    *) echo "usage: $0 start|stop|status" >&2; exit 2 ;;
+esac

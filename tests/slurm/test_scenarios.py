@@ -1,0 +1,269 @@
+"""Each scenario is a real sbatch job running the test worker (slurmrt + gloo) on the local Slurm cluster.
+
+What is asserted: the checkpoint's step and contents, the event log, the step each run resumed from, that no step
+after the last checkpoint was trained twice or skipped, and the final weights against an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import calendar
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.conftest import expected_weights
+
+from .conftest import Job, slurm, submit, wait_for_file
+
+pytestmark = pytest.mark.timeout(900)
+
+
+def runs(directory: Path, world: int) -> list[list[dict[str, Any]]]:
+    """The worker results of each run of the job (run0, run1, ...), rank by rank."""
+    out = []
+    k = 0
+    while (directory / f"run{k}").exists():
+        ranks = [directory / f"run{k}" / f"rank{r}.json" for r in range(world)]
+        out.append([json.loads(p.read_text()) for p in ranks if p.exists()])
+        k += 1
+    return out
+
+
+def events(directory: Path, job: Job) -> list[dict[str, Any]]:
+    path = directory / "ckpt" / f"events-{job.id}.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def assert_trained_exactly_once(all_runs: list[list[dict[str, Any]]], steps: int, world: int) -> None:
+    """Every run resumed right after the step its predecessor checkpointed; the last one reached the end."""
+    expected_start = 0
+    for k, ranks in enumerate(all_runs):
+        assert len(ranks) == world, f"run {k}: {len(ranks)} of {world} ranks reported"
+        assert len({r["stopped_at"] for r in ranks}) == 1, f"run {k}: ranks stopped at different steps"
+        assert all(r["start"] == expected_start for r in ranks), (k, [r["start"] for r in ranks], expected_start)
+        last = ranks[0]["stopped_at"] if ranks[0]["stopped_at"] is not None else steps - 1
+        assert all(r["trained"] == list(range(expected_start, last + 1)) for r in ranks)
+        assert all(r["saved"] for r in ranks), f"run {k} stopped without a checkpoint"
+        expected_start = last + 1
+    assert expected_start == steps, f"the runs trained up to {expected_start}, planned {steps}"
+    assert all_runs[-1][0]["w"] == pytest.approx(expected_weights(steps, world), abs=1e-5)
+
+
+@pytest.fixture(scope="module")
+def long_jobs(cluster: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Job, Path, int]]:
+    """The scenarios that drive themselves, submitted together so that they run side by side."""
+    jobs: dict[str, tuple[Job, Path, int]] = {}
+    d = tmp_path_factory.mktemp("timelimit")
+    steps = 120
+    jobs["timelimit"] = (submit(
+        d, f'srun $PY $WORKER --out $OUT --steps {steps} --step-time 0.4',
+        "-N2", "--ntasks-per-node=1", "--time=1", "--requeue", name="timelimit",
+        exports={"SLURMRT_DEADLINE_MARGIN_S": "8", "SLURMRT_SAVE_TIME_S": "3"}), d, steps)
+    steps = 200
+    d = tmp_path_factory.mktemp("signal_steps")
+    jobs["signal_steps"] = (submit(
+        d, f'srun $PY $WORKER --out $OUT --steps {steps} --step-time 0.5',
+        "-N2", "--ntasks-per-node=1", "--time=2", "--signal=USR1@30", "--requeue", name="signal_steps",
+        exports={"SLURMRT_DEADLINE": "0"}), d, steps)
+    d = tmp_path_factory.mktemp("signal_batch")
+    # The forwarding pattern from the README, for --signal=B:USR1: the batch shell passes it to srun.
+    body = "\n".join([
+        "trap 'echo forwarding USR1; kill -USR1 \"$SRUN_PID\"' USR1",
+        f"srun $PY $WORKER --out $OUT --steps {steps} --step-time 0.5 &",
+        "SRUN_PID=$!",
+        'wait "$SRUN_PID"',
+        'wait "$SRUN_PID"',
+    ])
+    jobs["signal_batch"] = (submit(
+        d, body, "-N2", "--ntasks-per-node=1", "--time=2", "--signal=B:USR1@30", "--requeue", name="signal_batch",
+        exports={"SLURMRT_DEADLINE": "0"}), d, steps)
+    return jobs
+
+
+def test_1_two_nodes_two_tasks_topology_and_all_reduce_across_nodes(cluster: Path, tmp_path: Path) -> None:
+    job = submit(tmp_path, "srun $PY $WORKER --out $OUT --steps 5 --step-time 0", "-N2", "--ntasks-per-node=2",
+                 name="topology")
+    info = job.wait(300)
+    assert info["JobState"] == "COMPLETED", job.output()
+    (ranks,) = runs(tmp_path, 4)
+    assert [(r["rank"], r["local_rank"], r["node_rank"], r["hostname"]) for r in ranks] == [
+        (0, 0, 0, "n1"), (1, 1, 0, "n1"), (2, 0, 1, "n2"), (3, 1, 1, "n2")]
+    assert {(r["world_size"], r["local_world_size"], r["nnodes"]) for r in ranks} == {(4, 2, 2)}
+    assert {r["master_addr"] for r in ranks} == {r["env_master_addr"] for r in ranks} == {"n1"}
+    assert len({r["master_port"] for r in ranks}) == 1
+    assert ranks[0]["w"] == pytest.approx(expected_weights(5, 4), abs=1e-5)  # gradients all_reduced over 2 nodes
+
+
+def test_5_scancel_stops_cleanly_saves_within_killwait_and_is_not_requeued(cluster: Path, tmp_path: Path) -> None:
+    # Periodic saves measure the save time, so the stop knows a save fits in KillWait (10 s on this cluster).
+    job = submit(tmp_path, "srun $PY $WORKER --out $OUT --steps 100000 --step-time 0.2 --save-every 5",
+                 "-N2", "--ntasks-per-node=1", "--requeue", name="scancel", exports={"SLURMRT_KILL_WAIT_S": "10"})
+    wait_for_file(tmp_path / "ckpt" / "latest", 300, job)
+    time.sleep(1)
+    slurm("scancel", job.id)
+    info = job.wait(120)
+    assert info["JobState"] == "CANCELLED" and info["Restarts"] == "0"
+    (ranks,) = runs(tmp_path, 2)
+    assert all(r["reasons"] == ["sigterm"] and r["saved"] and r["exit_code"] == 4 for r in ranks)
+    stop = ranks[0]["stopped_at"]
+    assert (tmp_path / "ckpt" / "latest").read_text().strip() == f"step_{stop:09d}"
+    ev = events(tmp_path, job)
+    assert [e["outcome"] for e in ev if e["event"] == "exit"] == ["STOPPED"]
+    assert not [e for e in ev if e["event"] == "requeue"]
+
+
+def test_6_kill_switch_during_an_array_drains_every_task_without_requeue(cluster: Path, tmp_path: Path) -> None:
+    switch = tmp_path / "STOP"
+    body = ("export SLURMRT_CHECKPOINT_DIR=$SLURMRT_CHECKPOINT_DIR-$SLURM_ARRAY_TASK_ID\n"
+            "srun $PY $WORKER --out $OUT-task$SLURM_ARRAY_TASK_ID --steps 100000 --step-time 0.2 "
+            "--ready $OUT-task$SLURM_ARRAY_TASK_ID.ready")
+    job = submit(tmp_path, body, "--array=1-4%1", "-N1", "--ntasks-per-node=2", "--requeue", name="array",
+                 exports={"SLURMRT_KILL_SWITCH": str(switch), "SLURMRT_KILL_SWITCH_POLL_S": "1"})
+    wait_for_file(tmp_path / "run0-task1.ready", 300, job)
+    switch.touch()
+    infos = job.wait_all(300)
+    assert len(infos) == 4
+    assert {(i["JobState"], i["ExitCode"], i["Restarts"]) for i in infos} == {("COMPLETED", "0:0", "0")}
+    first = [json.loads((tmp_path / "run0-task1" / f"rank{r}.json").read_text()) for r in range(2)]
+    assert all(r["reasons"] == ["kill_switch"] and r["saved"] and r["exit_code"] == 0 for r in first)
+    for task in (2, 3, 4):
+        assert not list((tmp_path / f"run0-task{task}").glob("rank*.json")), f"task {task} ran despite the switch"
+        (info,) = [i for i in infos if i.get("ArrayTaskId") == str(task)]
+        took = _seconds(info["EndTime"]) - _seconds(info["StartTime"])
+        assert took <= 30, f"task {task} took {took} s to drain"
+
+
+def _event_time(event: dict[str, Any]) -> float:
+    """An event's ISO time (UTC) as epoch seconds."""
+    return calendar.timegm(time.strptime(event["time"][:19], "%Y-%m-%dT%H:%M:%S"))
+
+
+def _seconds(stamp: str) -> float:
+    return time.mktime(time.strptime(stamp, "%Y-%m-%dT%H:%M:%S"))
+
+
+def test_7_nnodes_mismatch_fails_every_rank_within_seconds(cluster: Path, tmp_path: Path) -> None:
+    job = submit(tmp_path, "srun $PY $WORKER --out $OUT --steps 10; exit $?", "-N2", "--ntasks-per-node=1",
+                 name="nnodes", exports={"NNODES": "4"})
+    info = job.wait(300)
+    assert info["JobState"] == "FAILED"
+    assert _seconds(info["EndTime"]) - _seconds(info["StartTime"]) <= 60
+    assert job.output().count("NodeCountError: NNODES=4 but this step runs on 2 nodes") == 2  # both ranks
+
+
+def test_7_early_interpolated_slurm_procid_fails_within_seconds(cluster: Path, tmp_path: Path) -> None:
+    # The batch shell expands $SLURM_PROCID (0) once for every task: each one claims to be rank 0.
+    job = submit(tmp_path, "export RANK=$SLURM_PROCID WORLD_SIZE=2 LOCAL_RANK=0\n"
+                           "srun --kill-on-bad-exit=1 $PY $WORKER --out $OUT --steps 10; exit $?",
+                 "-N2", "--ntasks-per-node=1", name="early_rank")
+    info = job.wait(300)
+    assert info["JobState"] == "FAILED"
+    assert _seconds(info["EndTime"]) - _seconds(info["StartTime"]) <= 60
+    assert "LauncherConflictError: RANK=0 and LOCAL_RANK=0 contradict SLURM_PROCID=1" in job.output()
+
+
+def test_7_early_interpolated_node_rank_under_torchrun_fails_within_seconds(cluster: Path, tmp_path: Path) -> None:
+    # `torchrun --node_rank $SLURM_PROCID` written in the batch script: every node's agent claims node 0. On a real
+    # cluster the workers on the second node start and slurmrt raises NodeRankError there; on this one-host cluster
+    # the second agent already fails to bind the store port. Either way: seconds, not a rendezvous timeout.
+    body = ("srun --kill-on-bad-exit=1 $PY -m torch.distributed.run --nnodes 2 --nproc-per-node 1 "
+            "--node_rank $SLURM_PROCID --master_addr n1 --master_port $((20000 + SLURM_JOB_ID % 10000)) "
+            "$WORKER --out $OUT --steps 10; exit $?")
+    job = submit(tmp_path, body, "-N2", "--ntasks-per-node=1", name="early_node_rank")
+    info = job.wait(300)
+    assert info["JobState"] == "FAILED"
+    assert _seconds(info["EndTime"]) - _seconds(info["StartTime"]) <= 60
+    assert not (tmp_path / "run0").exists() or not list((tmp_path / "run0").glob("rank*.json"))
+
+
+def test_8_a_killed_task_ends_the_job_which_requeues_and_resumes_from_the_last_checkpoint(
+        cluster: Path, tmp_path: Path) -> None:
+    steps = 150
+    body = "\n".join([
+        f"srun --kill-on-bad-exit=1 $PY $WORKER --out $OUT --steps {steps} --step-time 0.2 --save-every 10 "
+        "--pid-dir $OUT.pids",
+        "rc=$?",
+        'echo "srun exited $rc"',
+        # The README's pattern: a task died (node failure, OOM, SIGKILL) -> requeue, resume from the checkpoint.
+        'case $rc in 0|3|4) ;; *) [ "${SLURM_RESTART_COUNT:-0}" -lt 3 ] && scontrol requeue "$SLURM_JOB_ID" ;; esac',
+    ])
+    job = submit(tmp_path, body, "-N2", "--ntasks-per-node=1", "--requeue", name="nodefail")
+    wait_for_file(tmp_path / "ckpt" / "latest", 300, job)
+    wait_for_file(tmp_path / "run0.pids" / "1.pid", 60, job)
+    time.sleep(1.5)
+    committed_before_kill = int((tmp_path / "ckpt" / "latest").read_text().split("_")[1])
+    os.kill(int((tmp_path / "run0.pids" / "1.pid").read_text()), signal.SIGKILL)
+    info = job.wait(600)
+    assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) >= 1, job.output()[-3000:]
+    assert not list((tmp_path / "run0").glob("rank*.json")), "run 0 was killed: no rank finished it"
+    later = runs(tmp_path, 2)[1:]
+    resumed_after = later[0][0]["start"] - 1
+    saved_in_run0 = {e["step"] for e in events(tmp_path, job) if e["event"] == "save" and e["restart"] == 0}
+    assert resumed_after in saved_in_run0 and resumed_after >= committed_before_kill
+    assert_trained_exactly_once_from(later, resumed_after + 1, steps, 2)
+
+
+def assert_trained_exactly_once_from(all_runs: list[list[dict[str, Any]]], first: int, steps: int,
+                                     world: int) -> None:
+    expected_start = first
+    for ranks in all_runs:
+        assert all(r["start"] == expected_start for r in ranks)
+        last = ranks[0]["stopped_at"] if ranks[0]["stopped_at"] is not None else steps - 1
+        assert all(r["trained"] == list(range(expected_start, last + 1)) for r in ranks)
+        expected_start = last + 1
+    assert expected_start == steps
+    assert all_runs[-1][0]["w"] == pytest.approx(expected_weights(steps, world), abs=1e-5)
+
+
+def test_2_time_limit_without_signal_saves_before_sigterm_requeues_and_finishes(
+        long_jobs: dict[str, tuple[Job, Path, int]]) -> None:
+    job, d, steps = long_jobs["timelimit"]
+    info = job.wait(800)
+    assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) >= 1, job.output()[-3000:]
+    all_runs = runs(d, 2)
+    assert_trained_exactly_once(all_runs, steps, 2)
+    assert all(r["reasons"] == ["deadline"] and r["exit_code"] == 3 for ranks in all_runs[:-1] for r in ranks)
+    ev = events(d, job)
+    first_run = [e for e in ev if e["restart"] == 0]
+    assert not [e for e in first_run if e["event"] == "signal"], "Slurm's SIGTERM came before the deadline save"
+    (decision,) = [e for e in first_run if e["event"] == "decision"]
+    saves = [e for e in first_run if e["event"] == "save"]
+    assert saves and _event_time(saves[-1]) < decision["end_time"], "the checkpoint must land before the end time"
+    assert [e["done"] for e in ev if e["event"] == "requeue"][:1] == [True]
+
+
+@pytest.mark.parametrize("name", ["signal_steps", "signal_batch"])
+def test_3_signal_warning_stops_saves_requeues_and_resumes(long_jobs: dict[str, tuple[Job, Path, int]],
+                                                           name: str) -> None:
+    job, d, steps = long_jobs[name]
+    info = job.wait(800)
+    assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) >= 1, job.output()[-3000:]
+    all_runs = runs(d, 2)
+    assert_trained_exactly_once(all_runs, steps, 2)
+    assert all(r["reasons"] == ["signal"] and r["exit_code"] == 3 for ranks in all_runs[:-1] for r in ranks)
+    if name == "signal_batch":
+        assert "forwarding USR1" in job.output()
+
+
+def test_4_preemption_uses_the_grace_time_to_save_and_resumes(cluster: Path, tmp_path: Path) -> None:
+    steps = 150
+    job = submit(tmp_path, f"srun $PY $WORKER --out $OUT --steps {steps} --step-time 0.2 --ready $OUT.ready",
+                 "-p", "low", "--exclusive", "-N2", "-w", "n3,n4", "--ntasks-per-node=1", "--requeue",
+                 "--signal=USR1@10", name="preempted")
+    wait_for_file(tmp_path / "run0.ready", 600, job)
+    time.sleep(1)
+    preempted_at = time.time()
+    high = submit(tmp_path / "high", "sleep 5", "-p", "high", "--exclusive", "-N2", "-w", "n3,n4", name="high")
+    info = job.wait(600)
+    assert high.wait(300)["JobState"] == "COMPLETED"
+    assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) >= 1, job.output()[-3000:]
+    all_runs = runs(tmp_path, 2)
+    assert_trained_exactly_once(all_runs, steps, 2)
+    assert all(r["reasons"] == ["signal"] for r in all_runs[0])
+    first_saves = [e for e in events(tmp_path, job) if e["event"] == "save" and e["restart"] == 0]
+    assert _event_time(first_saves[-1]) - preempted_at < 20, "the checkpoint must land within the partition's GraceTime (20 s)"
