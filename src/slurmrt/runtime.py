@@ -113,7 +113,8 @@ class Runtime:
         if t.rank == 0:
             events.emit("init", mode=t.mode.value, world_size=t.world_size, nnodes=t.nnodes, nodelist=list(t.nodelist),
                         master=f"{t.master_addr}:{t.master_port}", restart_count=t.restart_count,
-                        cuda_device_max_connections=connections)
+                        cuda_device_max_connections=connections,
+                        kill_switch=str(options.kill_switch.resolve()) if options.kill_switch else None)
 
     # -- topology --------------------------------------------------------------------------------------------------
     rank = property(lambda self: self.topology.rank)

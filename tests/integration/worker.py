@@ -25,6 +25,8 @@ def main() -> None:
     p.add_argument("--slow-save", type=float, default=0.0, help="seconds to sleep inside every save (callable)")
     p.add_argument("--ready", help="touch this file after the first step")
     p.add_argument("--pid-dir", help="write <rank>.pid here at start (for tests that kill one task)")
+    p.add_argument("--resume-steps", type=int, default=0,
+                   help="after a resume, finish this many steps later (a run that surely ends before its signal)")
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -47,6 +49,8 @@ def main() -> None:
         step, state = got
         w = state["w"]
         start = step + 1
+        if args.resume_steps:
+            args.steps = start + args.resume_steps
     trained = []
     stopped_at = None
     step = start - 1
@@ -97,6 +101,7 @@ def main() -> None:
         "env_master_addr": os.environ.get("MASTER_ADDR"),
         "hostname": rt.topology.hostname,
         "restart_count": rt.restart_count,
+        "env": {k: v for k, v in os.environ.items() if k.startswith(("SLURM_", "SLURMD_"))},
     }
     code = rt.finish()
     result["exit_code"] = int(code)

@@ -10,6 +10,8 @@ import calendar
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -18,7 +20,7 @@ import pytest
 
 from tests.integration.conftest import expected_weights
 
-from .conftest import Job, slurm, submit, wait_for_file
+from .conftest import ROOT, WORKER, Job, slurm, submit, wait_for_file
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -82,7 +84,14 @@ def long_jobs(cluster: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[s
     jobs["signal_batch"] = (submit(
         d, body, "-N2", "--ntasks-per-node=1", "--time=2", "--signal=B:USR1@30", "--requeue", name="signal_batch",
         exports={"SLURMRT_DEADLINE": "0"}), d, steps)
+    d = tmp_path_factory.mktemp("fidelity_real")
+    jobs["fidelity"] = (submit(d, FIDELITY_BODY, "-N2", "--ntasks-per-node=2", "--time=2", "--signal=USR1@30",
+                               "--requeue", name="fidelity", exports={"SLURMRT_DEADLINE": "0"}), d, 0)
     return jobs
+
+
+# The same job for the real cluster and for `slurmrt sim`: stopped by its --signal, requeued, resumed once.
+FIDELITY_BODY = "srun $PY $WORKER --out $OUT --steps 100000 --step-time 0.1 --resume-steps 10"
 
 
 def test_1_two_nodes_two_tasks_topology_and_all_reduce_across_nodes(cluster: Path, tmp_path: Path) -> None:
@@ -250,6 +259,54 @@ def test_3_signal_warning_stops_saves_requeues_and_resumes(long_jobs: dict[str, 
         assert "forwarding USR1" in job.output()
 
 
+# Set by Slurm or the sim per job or per process, or inherited from the submitting shell: never comparable.
+_UNCOMPARABLE = {"SLURM_JOB_ID", "SLURM_JOBID", "SLURM_TASK_PID", "SLURM_SRUN_COMM_PORT", "SLURM_STEP_LAUNCHER_PORT",
+                 "SLURM_WORKING_CLUSTER", "SLURM_CLUSTER_NAME", "SLURM_JOB_NAME", "SLURM_JOB_PARTITION",
+                 "SLURM_SUBMIT_DIR", "SLURM_SUBMIT_HOST", "SLURM_CONF"}
+
+
+def _event_sequence(path: Path) -> list[tuple[Any, ...]]:
+    seq: list[tuple[Any, ...]] = []
+    for line in path.read_text().splitlines():
+        e = json.loads(line)
+        detail = e.get("reasons") if e["event"] in {"decision", "exit"} else e.get("signal")
+        detail = e.get("outcome", detail) if e["event"] == "exit" else detail
+        seq.append((e["restart"], e["rank"], e["event"], str(detail)))
+    return sorted(seq)  # ranks write concurrently; the order between ranks is not part of the behaviour
+
+
+def test_5_sim_matches_the_real_cluster_environment_and_event_sequence(
+        long_jobs: dict[str, tuple[Job, Path, int]], tmp_path: Path) -> None:
+    job, real_dir, _ = long_jobs["fidelity"]
+    info = job.wait(800)
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", job.output()[-3000:]
+    sim_dir = tmp_path / "sim"
+    sim_dir.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SLURMD_"))}
+    env.update({"PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1", "SLURMRT_DEADLINE": "0",
+                "SLURMRT_CHECKPOINT_DIR": str(sim_dir / "ckpt"), "SLURMRT_EVENT_LOG": str(sim_dir / "events.jsonl")})
+    body = FIDELITY_BODY.replace("$PY", sys.executable).replace("$WORKER", str(WORKER))
+    body = body.replace("$OUT", f"{sim_dir}/run${{SLURM_RESTART_COUNT:-0}}")
+    script = sim_dir / "fidelity.sbatch"
+    directives = "-N2 --ntasks-per-node=2 --time=0:40 --signal=USR1@20 --requeue --open-mode=append"
+    script.write_text(f"#!/bin/bash\n#SBATCH {directives}\n{body}\n")
+    out = subprocess.run([sys.executable, "-m", "slurmrt", "sim", str(script)], cwd=sim_dir, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+
+    real_runs, sim_runs = runs(real_dir, 4), runs(sim_dir, 4)
+    assert len(real_runs) == len(sim_runs) == 2
+    for real_ranks, sim_ranks in zip(real_runs, sim_runs, strict=True):
+        for real, simulated in zip(real_ranks, sim_ranks, strict=True):
+            r_env = {k: v for k, v in real["env"].items() if k not in _UNCOMPARABLE}
+            s_env = {k: v for k, v in simulated["env"].items() if k not in _UNCOMPARABLE}
+            assert sorted(r_env) == sorted(s_env), set(r_env) ^ set(s_env)
+            assert r_env == s_env
+            assert (real["reasons"], real["exit_code"]) == (simulated["reasons"], simulated["exit_code"])
+    real_events = _event_sequence(real_dir / "ckpt" / f"events-{job.id}.jsonl")
+    assert real_events == _event_sequence(sim_dir / "events.jsonl")
+
+
 def test_4_preemption_uses_the_grace_time_to_save_and_resumes(cluster: Path, tmp_path: Path) -> None:
     steps = 150
     job = submit(tmp_path, f"srun $PY $WORKER --out $OUT --steps {steps} --step-time 0.2 --ready $OUT.ready",
@@ -266,4 +323,4 @@ def test_4_preemption_uses_the_grace_time_to_save_and_resumes(cluster: Path, tmp
     assert_trained_exactly_once(all_runs, steps, 2)
     assert all(r["reasons"] == ["signal"] for r in all_runs[0])
     first_saves = [e for e in events(tmp_path, job) if e["event"] == "save" and e["restart"] == 0]
-    assert _event_time(first_saves[-1]) - preempted_at < 20, "the checkpoint must land within the partition's GraceTime (20 s)"
+    assert _event_time(first_saves[-1]) - preempted_at < 20, "the save must land within the GraceTime (20 s)"

@@ -1,0 +1,8 @@
+"""``slurmrt sim``: a local stand-in for Slurm that behaves like the real one (../shared/SLURM.md)."""
+
+from __future__ import annotations
+
+from .runner import RunRecord, simulate
+from .spec import JobSpec
+
+__all__ = ["JobSpec", "RunRecord", "simulate"]

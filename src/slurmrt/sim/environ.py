@@ -1,0 +1,119 @@
+"""The environment Slurm gives the batch shell and each task of an srun step, built purely from a JobSpec.
+
+Shaped after a real srun step on Slurm 22.05 (../shared/SLURM.md): nodelists in compressed hostlist form,
+tasks-per-node strings such as ``2(x2)``, ``SLURM_RESTART_COUNT`` only after a requeue, no ``SLURM_STEP_ID`` in the
+batch shell, and no ``SLURM_JOB_END_TIME`` (22.05 does not set it: the end time comes from squeue).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+from .. import hostlist
+from .._env import format_tasks_per_node
+from .spec import JobSpec
+
+__all__ = ["batch_env", "default_node_names", "task_env"]
+
+
+def default_node_names(count: int) -> tuple[str, ...]:
+    """``n1..nN`` when those names resolve to distinct local addresses (tests/slurm/cluster.sh writes them into
+    /etc/hosts), else IP-shaped names ``127.0.1.K``, which are valid hostlist entries and resolve anywhere."""
+    names = tuple(f"n{i}" for i in range(1, count + 1))
+    try:
+        addresses = {socket.gethostbyname(name) for name in names}
+    except OSError:
+        addresses = set()
+    if len(addresses) == count and all(a.startswith("127.") for a in addresses):
+        return names
+    return tuple(f"127.0.1.{i}" for i in range(1, count + 1))
+
+
+def _job_env(spec: JobSpec, restart: int, submit_dir: str) -> dict[str, str]:
+    nodes = spec.node_names
+    tasks = format_tasks_per_node([spec.ntasks_per_node] * spec.nodes)
+    env = {
+        "SLURM_CLUSTER_NAME": "sim",
+        "SLURM_WORKING_CLUSTER": "sim:127.0.0.1:6817:9728:109",
+        "SLURM_CPUS_ON_NODE": str(spec.ntasks_per_node),  # one CPU per task, as without --cpus-per-task
+        "SLURM_JOB_CPUS_PER_NODE": tasks,
+        "SLURM_JOB_UID": str(os.getuid()),
+        "SLURM_JOB_GID": str(os.getgid()),
+        "SLURM_JOB_USER": _user(),
+        "SLURM_NODE_ALIASES": "(null)",
+        "SLURM_PRIO_PROCESS": str(os.getpriority(os.PRIO_PROCESS, 0)),
+        "SLURM_TOPOLOGY_ADDR_PATTERN": "node",
+        "SLURM_JOB_ID": str(spec.job_id),
+        "SLURM_JOBID": str(spec.job_id),
+        "SLURM_JOB_NAME": spec.job_name,
+        "SLURM_JOB_PARTITION": "sim",
+        "SLURM_JOB_NODELIST": hostlist.compress(nodes),
+        "SLURM_NODELIST": hostlist.compress(nodes),
+        "SLURM_JOB_NUM_NODES": str(spec.nodes),
+        "SLURM_NNODES": str(spec.nodes),
+        "SLURM_NTASKS": str(spec.ntasks),
+        "SLURM_NPROCS": str(spec.ntasks),
+        "SLURM_NTASKS_PER_NODE": str(spec.ntasks_per_node),
+        "SLURM_TASKS_PER_NODE": tasks,
+        "SLURM_SUBMIT_DIR": submit_dir,
+        "SLURM_SUBMIT_HOST": socket.gethostname(),
+    }
+    if restart > 0:
+        env["SLURM_RESTART_COUNT"] = str(restart)
+    if spec.open_mode:
+        env["SLURM_OPEN_MODE"] = spec.open_mode
+    return env
+
+
+def batch_env(spec: JobSpec, restart: int, submit_dir: str | None = None) -> dict[str, str]:
+    """What the batch shell sees: the job's variables, rank 0 of node 0, and no step id."""
+    env = _job_env(spec, restart, submit_dir or os.getcwd())
+    env.update({"SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0",
+                "SLURMD_NODENAME": spec.node_names[0], "SLURM_TOPOLOGY_ADDR": spec.node_names[0],
+                "SLURM_GTIDS": "0"})
+    return env
+
+
+def task_env(spec: JobSpec, restart: int, step: int, rank: int, submit_dir: str | None = None) -> dict[str, str]:
+    """What task ``rank`` of step ``step`` sees (block distribution: ranks fill node 0 first)."""
+    node, local = divmod(rank, spec.ntasks_per_node)
+    first = node * spec.ntasks_per_node
+    env = _job_env(spec, restart, submit_dir or os.getcwd())
+    env.update({
+        "SLURM_STEP_ID": str(step),
+        "SLURM_STEPID": str(step),
+        "SLURM_STEP_NODELIST": env["SLURM_JOB_NODELIST"],
+        "SLURM_STEP_NUM_NODES": str(spec.nodes),
+        "SLURM_STEP_NUM_TASKS": str(spec.ntasks),
+        "SLURM_STEP_TASKS_PER_NODE": env["SLURM_TASKS_PER_NODE"],
+        "SLURM_PROCID": str(rank),
+        "SLURM_LOCALID": str(local),
+        "SLURM_NODEID": str(node),
+        "SLURMD_NODENAME": spec.node_names[node],
+        "SLURM_GTIDS": ",".join(str(first + i) for i in range(spec.ntasks_per_node)),
+        "SLURM_TOPOLOGY_ADDR": spec.node_names[node],
+        "SLURM_DISTRIBUTION": "block",
+        "SLURM_JOB_CPUS_PER_NODE_PACK_GROUP_0": env["SLURM_JOB_CPUS_PER_NODE"],
+        "SLURM_LAUNCH_NODE_IPADDR": "127.0.0.1",
+        "SLURM_SRUN_COMM_HOST": "127.0.0.1",
+        "SLURM_SRUN_COMM_PORT": str(40000 + step),
+        "SLURM_STEP_LAUNCHER_PORT": str(40000 + step),
+        "SLURM_UMASK": f"{_umask():04o}",
+    })
+    return env  # SLURM_TASK_PID is added by the srun shim, in the task itself
+
+
+def _user() -> str:
+    try:
+        import pwd
+
+        return pwd.getpwuid(os.getuid()).pw_name
+    except (ImportError, KeyError):
+        return str(os.getuid())
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

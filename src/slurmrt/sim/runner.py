@@ -1,0 +1,318 @@
+"""Run a command as a Slurm job on this machine: time limit, --signal, preemption, scancel, node failure, requeue.
+
+Timing follows ../shared/SLURM.md: at the time limit SIGCONT+SIGTERM to every task and to the batch shell, SIGKILL
+after the kill wait; ``--signal=SIG@N`` to every task (``B:`` to the batch shell only); preemption sends the job's
+``--signal`` at once (``preempt_send_user_signal``), then SIGTERM after the grace time, and requeues. Unlike Slurm,
+the signal comes exactly N seconds before the end (Slurm may send it up to a minute early) and a requeued job
+restarts at once (Slurm waits its credential lifetime).
+
+Nothing outlives a run: the simulator is the child subreaper of everything it starts, and kills what is left.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import shlex
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import IO, Any
+
+import psutil
+
+from .. import hostlist
+from .environ import batch_env, default_node_names
+from .shims import install
+from .spec import JobSpec
+from .state import ENV, SimState
+
+__all__ = ["RunRecord", "simulate"]
+
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+@dataclass
+class RunRecord:
+    restart: int
+    seconds: float = 0.0
+    ended_by: str = ""
+    exit_code: int | None = None
+    requeued: bool = False
+    reasons: tuple[str, ...] = ()
+    checkpoint: int | None = None
+    resumed_from: int | None = None
+
+
+def _become_subreaper() -> None:
+    # Orphans (a task whose wrapper died, a daemonised helper) come back to us instead of init, so they are found
+    # and killed at the end of a run.
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+class _Run:
+    def __init__(self, spec: JobSpec, restart: int, state: SimState, bin_dir: Path, events: Path,
+                 out: IO[str]) -> None:
+        self.spec = spec
+        self.restart = restart
+        self.state = state
+        self.out = out
+        self.record = RunRecord(restart=restart)
+        submit_dir = os.getcwd()
+        self.started = time.time()
+        state.write_job(spec, restart, submit_dir, self.started)
+        inherited = ("SLURM_", "SLURMD_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                     "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC")
+        env = {k: v for k, v in os.environ.items() if not k.startswith(inherited)}
+        env.update(batch_env(spec, restart, submit_dir))
+        env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
+        env[ENV] = str(state.dir)
+        env.setdefault("SLURMRT_EVENT_LOG", str(events))
+        env.setdefault("SLURMRT_KILL_WAIT_S", str(spec.kill_wait_s))
+        script = spec.script
+        if script is None:
+            script = state.dir / "batch.sh"
+            kill = "--kill-on-bad-exit=1" if spec.kill_on_bad_exit else "--kill-on-bad-exit=0"
+            script.write_text(f"#!/bin/bash\nsrun {kill} {shlex.join(spec.command)}\n")
+        self.batch = psutil.Popen(["bash", str(script)], env=env, start_new_session=True)
+        _KEEP.add(self.batch.pid)
+
+    def say(self, text: str) -> None:
+        print(f"slurmrt sim: {text}", file=self.out, flush=True)
+
+    def elapsed(self) -> float:
+        return time.time() - self.started
+
+    def tasks(self, node: int | None = None) -> list[int]:
+        return [pid for pid, n, _ in self.state.tasks() if node is None or n == node]
+
+    def signal_tasks(self, sig: signal.Signals, node: int | None = None) -> None:
+        for pid in self.tasks(node):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, sig)
+
+    def signal_batch(self, sig: signal.Signals, *, group: bool = False) -> None:
+        """The batch shell alone (``--signal=B:``: its srun children must not see it), or its whole process group
+        (the end of the job)."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            (os.killpg if group else os.kill)(self.batch.pid, sig)
+
+    def terminate(self, why: str) -> None:
+        """Slurm's ending of a job: SIGCONT+SIGTERM to the tasks and the batch shell, SIGKILL after the kill wait."""
+        self.record.ended_by = self.record.ended_by or why
+        for sig in (signal.SIGCONT, signal.SIGTERM):
+            self.signal_tasks(sig)
+            self.signal_batch(sig, group=True)
+        deadline = time.time() + self.spec.kill_wait_s
+        while time.time() < deadline and _descendants():
+            _reap()
+            time.sleep(0.05)
+        self.kill_all()
+
+    def kill_all(self) -> None:
+        for proc in _descendants():
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+        with contextlib.suppress(psutil.TimeoutExpired):
+            self.batch.wait(5)
+        _reap()
+
+    def run(self) -> RunRecord:
+        spec = self.spec
+        first = self.restart == 0
+        timeline: list[tuple[float, str]] = []
+        if spec.time_s is not None:
+            timeline.append((spec.time_s, "time"))
+            if spec.signal is not None:
+                timeline.append((max(0.0, spec.time_s - spec.signal_lead_s), "signal"))
+        if first and spec.preempt_at_s is not None:
+            timeline += [(spec.preempt_at_s, "preempt"), (spec.preempt_at_s + spec.grace_s, "preempt_term")]
+        if first and spec.cancel_at_s is not None:
+            timeline.append((spec.cancel_at_s, "cancel"))
+        if first and spec.fail_node is not None and spec.fail_at_s is not None:
+            timeline.append((spec.fail_at_s, "fail"))
+        timeline.sort()
+        while self.batch.poll() is None:
+            if self.state.requested("requeue"):
+                self.say(f"job {spec.job_id} asked to be requeued: ending this run")
+                self.record.requeued = True
+                # Slurm answers `scontrol requeue` before it kills the job; give the caller that moment too.
+                deadline = time.time() + 1.0
+                while time.time() < deadline and self.batch.poll() is None:
+                    time.sleep(0.02)
+                if self.batch.poll() is None:
+                    self.terminate("requeued by the job")
+                self.record.ended_by = self.record.ended_by or "requeued by the job"
+                break
+            if self.state.requested("cancel"):
+                self.say(f"scancel {spec.job_id}")
+                self.terminate("scancel")
+                break
+            while timeline and self.elapsed() >= timeline[0][0]:
+                _, what = timeline.pop(0)
+                self.act(what)
+            if self.record.ended_by and self.batch.poll() is not None:
+                break
+            _reap()
+            time.sleep(0.02)
+        self.record.exit_code = self.batch.poll()
+        self.kill_all()
+        _KEEP.discard(self.batch.pid)
+        if not self.record.ended_by:
+            self.record.ended_by = "finished" if self.record.exit_code == 0 else f"exit {self.record.exit_code}"
+            if self.state.requested("requeue"):
+                self.record.requeued = True
+                self.record.ended_by = "requeued by the job"
+        self.record.seconds = self.elapsed()
+        return self.record
+
+    def act(self, what: str) -> None:
+        spec = self.spec
+        if what == "signal" and spec.signal is not None:
+            where = "the batch shell" if spec.signal_batch else "every task"
+            self.say(f"--signal: {spec.signal.name} to {where}, {spec.signal_lead_s:.0f} s before the time limit")
+            (self.signal_batch if spec.signal_batch else self.signal_tasks)(spec.signal)
+        elif what == "time":
+            self.say(f"*** JOB {spec.job_id} CANCELLED DUE TO TIME LIMIT ***")
+            self.terminate("time limit")
+        elif what == "preempt":
+            self.say(f"job {spec.job_id} preempted: grace time {spec.grace_s:.0f} s")
+            self.record.ended_by = "preemption"
+            if spec.signal is not None:  # preempt_send_user_signal
+                (self.signal_batch if spec.signal_batch else self.signal_tasks)(spec.signal)
+        elif what == "preempt_term":
+            self.terminate("preemption")
+            self.record.requeued = spec.requeue
+        elif what == "cancel":
+            self.say(f"scancel {spec.job_id}")
+            self.terminate("scancel")
+        elif what == "fail":
+            node = spec.fail_node or 0
+            self.say(f"node {spec.node_names[node]} fails: SIGKILL to its tasks")
+            self.signal_tasks(signal.SIGKILL, node)
+            self.record.ended_by = self.record.ended_by or f"node {spec.node_names[node]} failed"
+
+
+def _descendants() -> list[psutil.Process]:
+    try:
+        return [p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
+    except psutil.Error:
+        return []
+
+
+_KEEP: set[int] = set()  # children whose exit status a Popen object still has to collect
+
+
+def _reap() -> None:
+    """Collect orphans that died after being re-parented to us; never a child a Popen still waits for (waitpid(-1)
+    would steal its exit status, and Popen would then report 0)."""
+    try:
+        children = psutil.Process().children()
+    except psutil.Error:
+        return
+    for child in children:
+        if child.pid in _KEEP:
+            continue
+        try:
+            if child.status() == psutil.STATUS_ZOMBIE:
+                os.waitpid(child.pid, os.WNOHANG)
+        except (psutil.Error, ChildProcessError):
+            pass
+
+
+def _read_events(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
+def _annotate(records: list[RunRecord], events: list[dict[str, Any]]) -> None:
+    for rec in records:
+        mine = [e for e in events if e.get("restart") == rec.restart and e.get("rank") in (0, None)]
+        for e in mine:
+            if e["event"] == "decision":
+                rec.reasons = tuple(e.get("reasons", ()))
+            elif e["event"] == "save":
+                rec.checkpoint = e.get("step")
+            elif e["event"] == "resume":
+                rec.resumed_from = e.get("step")
+
+
+def simulate(spec: JobSpec, *, out: IO[str] = sys.stdout, state_dir: Path | None = None) -> list[RunRecord]:
+    """Run the job train: the job, and each requeued run of it, until one is not requeued or max_restarts."""
+    if not spec.node_names:
+        spec = replace(spec, node_names=default_node_names(spec.nodes))
+    if not spec.job_id:
+        spec = replace(spec, job_id=int(time.time()) % 900000 + 100000)
+    _become_subreaper()
+    directory = state_dir or Path(tempfile.mkdtemp(prefix=f"slurmrt-sim-{spec.job_id}-"))
+    state = SimState(directory)
+    bin_dir = install(directory / "bin")
+    events = directory / "events.jsonl"
+    describe = (f"job {spec.job_id}: {spec.nodes} node(s) x {spec.ntasks_per_node} task(s) on "
+                f"{hostlist.compress(spec.node_names)}")
+    if spec.time_s:
+        describe += f", --time {spec.time_s:.0f} s"
+    if spec.signal:
+        describe += f", --signal {'B:' if spec.signal_batch else ''}{spec.signal.name}@{spec.signal_lead_s:.0f}"
+    print(f"slurmrt sim: {describe}{', requeue' if spec.requeue else ''} (state in {directory})", file=out,
+          flush=True)
+    records: list[RunRecord] = []
+    previous_sigint = signal.getsignal(signal.SIGINT)
+    current: list[_Run] = []
+
+    def interrupted(signum: int, frame: object) -> None:
+        for run in current:
+            run.terminate("interrupted (Ctrl-C)")
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, interrupted)
+    try:
+        for restart in range(spec.max_restarts + 1):
+            run = _Run(spec, restart, state, bin_dir, Path(os.environ.get("SLURMRT_EVENT_LOG", events)), out)
+            current[:] = [run]
+            record = run.run()
+            records.append(record)
+            run.say(f"run {restart} ended after {record.seconds:.1f} s: {record.ended_by}"
+                    f"{' -> requeued' if record.requeued else ''}")
+            if not record.requeued:
+                break
+            if restart == spec.max_restarts:
+                run.say(f"max restarts ({spec.max_restarts}) reached: not starting again")
+    finally:
+        signal.signal(signal.SIGINT, previous_sigint)
+        for proc in _descendants():
+            proc.kill()
+        _reap()
+    _annotate(records, _read_events(Path(os.environ.get("SLURMRT_EVENT_LOG", events))))
+    print(summary(records), file=out, flush=True)
+    return records
+
+
+def summary(records: list[RunRecord]) -> str:
+    rows = [("run", "duration", "ended by", "exit", "stop reasons", "checkpoint", "resumed from")]
+    for r in records:
+        rows.append((
+            str(r.restart),
+            f"{r.seconds:.1f} s",
+            r.ended_by + (" (requeued)" if r.requeued else ""),
+            "-" if r.exit_code is None else str(r.exit_code),
+            ", ".join(r.reasons) or "-",
+            "-" if r.checkpoint is None else f"step {r.checkpoint}",
+            "fresh start" if r.resumed_from is None else f"step {r.resumed_from}",
+        ))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    return "\n".join(["", "slurmrt sim summary", *lines])

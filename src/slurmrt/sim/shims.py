@@ -1,0 +1,85 @@
+"""``scontrol``, ``squeue``, ``scancel`` and ``srun`` for ``slurmrt sim``: small scripts on the job's PATH.
+
+They understand what a training job asks of Slurm: requeue itself, its end time, cancel itself, expand a hostlist,
+start a step. Anything else fails loudly rather than pretending.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from .. import hostlist
+from .state import SimState
+
+_SHIMS = ("srun", "scontrol", "squeue", "scancel")
+
+
+def install(bin_dir: Path) -> Path:
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    python = shlex.quote(sys.executable)
+    for name in _SHIMS:
+        module = "slurmrt.sim.srun" if name == "srun" else "slurmrt.sim.shims"
+        args = "" if name == "srun" else f" {name}"
+        path = bin_dir / name
+        path.write_text(f"#!/bin/sh\nexec {python} -m {module}{args} \"$@\"\n")
+        path.chmod(0o755)
+    return bin_dir
+
+
+def _end_time(state: SimState) -> float | None:
+    spec, job = state.read_job()
+    return job["started"] + spec.time_s if spec.time_s else None
+
+
+def scontrol(args: Sequence[str]) -> int:
+    state = SimState.from_env()
+    spec, job = state.read_job()
+    if args[:1] == ["requeue"] and len(args) == 2:
+        if not spec.requeue:
+            print(f"scontrol: error: Requested operation is presently disabled for job {args[1]}", file=sys.stderr)
+            return 1
+        state.request("requeue")
+        return 0
+    if args[:2] == ["show", "hostnames"]:
+        for host in hostlist.expand(args[2] if len(args) > 2 else os.environ.get("SLURM_JOB_NODELIST", "")):
+            print(host)
+        return 0
+    if args[:2] == ["show", "job"]:
+        end = _end_time(state)
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(end)) if end else "Unknown"
+        print(f"JobId={spec.job_id} JobName={spec.job_name} JobState=RUNNING Requeue={int(spec.requeue)} "
+              f"Restarts={job['restart']} EndTime={stamp} NodeList={hostlist.compress(spec.node_names)}")
+        return 0
+    print(f"scontrol (slurmrt sim): unsupported: {shlex.join(args)}", file=sys.stderr)
+    return 1
+
+
+def squeue(args: Sequence[str]) -> int:
+    state = SimState.from_env()
+    fmt = args[args.index("-o") + 1] if "-o" in args and args.index("-o") + 1 < len(args) else "%e"
+    if fmt != "%e":
+        print(f"squeue (slurmrt sim): unsupported format {fmt!r}; only -o %e", file=sys.stderr)
+        return 1
+    end = _end_time(state)
+    print(time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(end)) if end else "N/A")
+    return 0
+
+
+def scancel(args: Sequence[str]) -> int:
+    SimState.from_env().request("cancel")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    commands = {"scontrol": scontrol, "squeue": squeue, "scancel": scancel}
+    return commands[args[0]](args[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

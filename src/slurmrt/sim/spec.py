@@ -1,0 +1,147 @@
+"""What a simulated job asks for: the sbatch options ``slurmrt sim`` understands, from #SBATCH lines or flags."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import signal
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from .._errors import ConfigError
+from ..signals import parse_signal
+
+__all__ = ["JobSpec", "parse_sbatch_script", "parse_signal_option", "parse_time"]
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    command: tuple[str, ...] = ()
+    #: A batch script to run instead of ``srun COMMAND`` (the ``slurmrt sim job.sbatch`` form).
+    script: Path | None = None
+    nodes: int = 1
+    ntasks_per_node: int = 1
+    time_s: float | None = None
+    signal: signal.Signals | None = None
+    signal_lead_s: float = 0.0
+    signal_batch: bool = False
+    requeue: bool = False
+    job_name: str = "sim"
+    job_id: int = 0
+    kill_wait_s: float = 10.0
+    preempt_at_s: float | None = None
+    grace_s: float = 0.0
+    cancel_at_s: float | None = None
+    fail_node: int | None = None
+    fail_at_s: float | None = None
+    max_restarts: int = 5
+    kill_on_bad_exit: bool = True
+    node_names: tuple[str, ...] = field(default=())
+    #: --open-mode: "a" (append) or "t" (truncate); Slurm exports it as SLURM_OPEN_MODE when given.
+    open_mode: str | None = None
+
+    @property
+    def ntasks(self) -> int:
+        return self.nodes * self.ntasks_per_node
+
+
+def parse_time(value: str) -> float:
+    """Slurm's --time formats, in seconds: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S."""
+    text = value.strip()
+    days = 0
+    if "-" in text:
+        d, _, text = text.partition("-")
+        days = int(d)
+        parts = [int(p) for p in text.split(":")]
+        h, m, s = (parts + [0, 0, 0])[:3]
+        return float(days * 86400 + h * 3600 + m * 60 + s)
+    try:
+        parts = [int(p) for p in text.split(":")]
+    except ValueError:
+        raise ConfigError(f"--time={value!r}: use minutes, MM:SS or HH:MM:SS as sbatch does", value=value) from None
+    if len(parts) == 1:
+        return float(parts[0] * 60)
+    if len(parts) == 2:
+        return float(parts[0] * 60 + parts[1])
+    if len(parts) == 3:
+        return float(parts[0] * 3600 + parts[1] * 60 + parts[2])
+    raise ConfigError(f"--time={value!r}: use minutes, MM:SS or HH:MM:SS as sbatch does", value=value)
+
+
+_SIGNAL = re.compile(r"(B:)?([A-Za-z0-9]+)(?:@(\d+))?")
+
+
+def parse_signal_option(value: str) -> tuple[signal.Signals, float, bool]:
+    """``[B:]SIG[@SECS]`` -> (signal, lead seconds, to the batch shell only). Slurm's default lead is 60 s."""
+    match = _SIGNAL.fullmatch(value.strip())
+    if match is None:
+        raise ConfigError(f"--signal={value!r}: use [B:]SIG[@SECONDS], e.g. USR1@120 or B:USR1@120", value=value)
+    try:
+        sig = parse_signal(match.group(2))
+    except ValueError as err:
+        raise ConfigError(f"--signal={value!r}: {err}", value=value) from None
+    return sig, float(match.group(3) or 60), bool(match.group(1))
+
+
+def apply_option(spec: JobSpec, name: str, value: str | None) -> JobSpec:
+    """One sbatch option (long name without dashes) onto ``spec``; unknown options are ignored by the caller."""
+    if name in {"nodes", "N"}:
+        return replace(spec, nodes=int(str(value).split("-")[0]))
+    if name in {"ntasks-per-node"}:
+        return replace(spec, ntasks_per_node=int(str(value)))
+    if name in {"time", "t"}:
+        return replace(spec, time_s=parse_time(str(value)))
+    if name == "signal":
+        sig, lead, batch = parse_signal_option(str(value))
+        return replace(spec, signal=sig, signal_lead_s=lead, signal_batch=batch)
+    if name == "requeue":
+        return replace(spec, requeue=True)
+    if name == "no-requeue":
+        return replace(spec, requeue=False)
+    if name in {"job-name", "J"}:
+        return replace(spec, job_name=str(value))
+    if name == "open-mode":
+        if value not in {"append", "truncate"}:
+            raise ConfigError(f"--open-mode={value!r}: use append or truncate", value=value)
+        return replace(spec, open_mode=str(value)[0])
+    raise KeyError(name)
+
+
+_SHORT = {"N": "nodes", "t": "time", "J": "job-name"}
+
+
+def parse_sbatch_script(path: Path, spec: JobSpec) -> tuple[JobSpec, list[str]]:
+    """Read the #SBATCH lines of ``path`` (up to the first command, as sbatch does); returns the spec and the options
+    it ignored."""
+    ignored: list[str] = []
+    for line in path.read_text().splitlines():
+        stripped = line.strip()
+        if not stripped or (stripped.startswith("#") and not stripped.startswith("#SBATCH")):
+            continue
+        if not stripped.startswith("#SBATCH"):
+            break  # sbatch stops reading directives at the first command
+        tokens = shlex.split(stripped[len("#SBATCH"):], comments=True)
+        i = 0
+        while i < len(tokens):
+            token = tokens[i]
+            if token in {"-N", "-t", "-J"} and i + 1 < len(tokens):  # "-N 2": the value is the next token
+                token, i = token + tokens[i + 1], i + 1
+            spec, rest = _apply_token(spec, token)
+            ignored.extend(rest)
+            i += 1
+    return replace(spec, script=path), ignored
+
+
+def _apply_token(spec: JobSpec, token: str) -> tuple[JobSpec, list[str]]:
+    if token.startswith("--"):
+        name, eq, value = token[2:].partition("=")
+        try:
+            return apply_option(spec, name, value if eq else None), []
+        except KeyError:
+            return spec, [token]
+    if token.startswith("-") and len(token) > 2 and token[1] in _SHORT:
+        try:
+            return apply_option(spec, _SHORT[token[1]], token[2:]), []
+        except KeyError:
+            return spec, [token]
+    return spec, [token]

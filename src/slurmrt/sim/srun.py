@@ -1,0 +1,94 @@
+"""The ``srun`` of ``slurmrt sim``: starts one process per task with the environment of a real step.
+
+Each task gets its own process group, as slurmstepd gives it, so a signal reaches a task and its children (a
+``bash -c`` wrapper, a launcher's workers). Signals sent to srun itself are passed to every task, which is what makes
+the ``--signal=B:`` forwarding pattern (``kill -USR1 $SRUN_PID``) work. Options other than
+``--kill-on-bad-exit`` are accepted and ignored: a step always spans the whole allocation here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+
+from .environ import task_env
+from .state import SimState
+
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCONT, signal.SIGQUIT)
+_WITH_VALUE = {"-N", "-n", "-c", "-w", "-p", "-o", "-e", "-J", "-t", "--nodes", "--ntasks", "--ntasks-per-node",
+               "--cpus-per-task", "--nodelist", "--partition", "--output", "--error", "--job-name", "--time",
+               "--gpus-per-node", "--gpus-per-task", "--mem", "--export", "--mpi", "--cpu-bind", "--distribution"}
+
+
+def parse(argv: Sequence[str]) -> tuple[bool | None, list[str]]:
+    """(kill-on-bad-exit if given, command)."""
+    kill: bool | None = None
+    i = 0
+    args = list(argv)
+    while i < len(args) and args[i].startswith("-"):
+        arg = args[i]
+        name, eq, value = arg.partition("=")
+        if name in {"--kill-on-bad-exit", "-K"}:
+            kill = value != "0" if eq else True
+        elif name in _WITH_VALUE and not eq:
+            i += 1
+        i += 1
+    return kill, args[i:]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    state = SimState.from_env()
+    spec, job = state.read_job()
+    kill_flag, command = parse(sys.argv[1:] if argv is None else argv)
+    if not command:
+        print("srun: fatal: no command to run", file=sys.stderr)
+        return 2
+    kill_on_bad_exit = spec.kill_on_bad_exit if kill_flag is None else kill_flag
+    step = state.next_step()
+    procs: list[tuple[subprocess.Popen[bytes], int, int]] = []
+    for rank in range(spec.ntasks):
+        env = {**os.environ, **task_env(spec, job["restart"], step, rank, job["submit_dir"])}
+        # SLURM_TASK_PID is the task's own pid: only the task can say it, so a shell sets it and execs the command.
+        p = subprocess.Popen(["/bin/sh", "-c", 'SLURM_TASK_PID=$$; export SLURM_TASK_PID; exec "$@"', "srun",
+                              *command], env=env, start_new_session=True)
+        procs.append((p, rank // spec.ntasks_per_node, rank))
+    state.add_tasks([(p.pid, node, rank) for p, node, rank in procs])
+
+    def forward(signum: int, frame: object) -> None:
+        for p, _, _ in procs:
+            if p.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signum)
+
+    for sig in FORWARDED:
+        signal.signal(sig, forward)
+
+    codes: dict[int, int] = {}
+    killed = False
+    while len(codes) < len(procs):
+        for p, node, rank in procs:
+            if rank in codes or p.poll() is None:
+                continue
+            code = p.returncode
+            codes[rank] = code if code >= 0 else 128 - code
+            if code != 0:
+                what = f"Exited with exit code {code}" if code > 0 else (signal.strsignal(-code) or f"signal {-code}")
+                print(f"srun: error: {spec.node_names[node]}: task {rank}: {what}", file=sys.stderr, flush=True)
+                if kill_on_bad_exit and not killed:
+                    killed = True
+                    print(f"srun: Terminating StepId={spec.job_id}.{step}", file=sys.stderr, flush=True)
+                    for q, _, _ in procs:
+                        if q.poll() is None:
+                            with contextlib.suppress(ProcessLookupError):
+                                os.killpg(q.pid, signal.SIGKILL)
+        time.sleep(0.02)
+    return max(codes.values())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from slurmrt import cuda
+from slurmrt._commands import doctor, env_exports, kill, status
+from slurmrt.cli import main
+
+
+def test_hostnames_prints_one_host_per_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["hostnames", "n[1-3],m7"]) == 0
+    assert capsys.readouterr().out.split() == ["n1", "n2", "n3", "m7"]
+
+
+def test_bad_hostlist_exits_2_with_the_reason(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["hostnames", "n[3-1]"]) == 2
+    assert "runs backwards" in capsys.readouterr().err
+
+
+ALLOC = {"SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "gpu[01-04]", "SLURM_NTASKS": "4"}
+
+
+def test_env_exports_the_launch_variables_and_the_cuda_rule() -> None:
+    lines = env_exports(ALLOC, cuda.ParallelConfig(tp=2), 8, 9)
+    assert lines[:5] == ["export MASTER_ADDR=gpu01", lines[1], "export NNODES=4", "export GPUS_PER_NODE=8",
+                         "export WORLD_SIZE=32"]
+    assert lines[1].startswith("export MASTER_PORT=")
+    assert lines[5] == "export CUDA_DEVICE_MAX_CONNECTIONS=1"
+    assert env_exports(ALLOC, cuda.ParallelConfig(tp=2), 8, 10)[5].startswith("unset CUDA_DEVICE_MAX_CONNECTIONS")
+
+
+def test_env_outside_an_allocation_exits_2(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+                                           ) -> None:
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    assert main(["env"]) == 2
+    assert "inside a Slurm allocation" in capsys.readouterr().err
+
+
+def test_doctor_fails_when_the_master_does_not_resolve() -> None:
+    env = {"SLURM_JOB_ID": "5", "SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0",
+           "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_NODELIST": "slurmrt-no-such-host-[1-2]",
+           "SLURM_STEP_TASKS_PER_NODE": "1(x2)", "SLURM_JOB_END_TIME": "4102444800"}
+    report = doctor(env, cuda.ParallelConfig(), events_dirs=[])
+    assert report.failed
+    assert any("FAIL  master: slurmrt-no-such-host-1 does not resolve" in line for line in report.lines)
+
+
+def test_doctor_recommends_a_signal_lead_from_the_measured_save_time(tmp_path: Path) -> None:
+    (tmp_path / "events-9.jsonl").write_text(json.dumps({"event": "save", "seconds": 45.0}) + "\n")
+    report = doctor({}, cuda.ParallelConfig(), events_dirs=[tmp_path])
+    assert any("--signal=USR1@150" in line for line in report.lines)
+
+
+def _write_events(path: Path, events: list[dict[str, object]]) -> None:
+    path.write_text("".join(json.dumps(e) + "\n" for e in events))
+
+
+def test_kill_creates_the_switch_and_names_the_jobs_that_watch_it(tmp_path: Path) -> None:
+    switch = tmp_path / "STOP"
+    _write_events(tmp_path / "events-12.jsonl", [
+        {"time": "2026-11-21T10:00:00+00:00", "event": "init", "job": "12", "restart": 0, "rank": 0,
+         "kill_switch": str(switch.resolve())}])
+    watchers = kill(switch, events_dirs=[tmp_path])
+    assert switch.exists() and len(watchers) == 1 and watchers[0].startswith("job 12")
+
+
+def test_kill_into_a_missing_directory_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["kill", str(tmp_path / "nope" / "STOP")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_status_reports_runs_stops_checkpoints_and_lost_time(tmp_path: Path) -> None:
+    def ev(t: str, restart: int, event: str, **kw: object) -> dict[str, object]:
+        return {"time": f"2026-11-21T10:{t}+00:00", "event": event, "job": "12", "restart": restart, "rank": 0, **kw}
+
+    _write_events(tmp_path / "events-12.jsonl", [
+        ev("00:00", 0, "init"), ev("00:05", 0, "fresh_start"), ev("10:00", 0, "save", step=99, seconds=1.0),
+        ev("15:00", 0, "decision", step=150, reasons=["deadline"]), ev("15:02", 0, "save", step=150, seconds=2.0),
+        ev("15:03", 0, "exit", outcome="REQUEUED"),
+        ev("18:03", 1, "init"), ev("18:10", 1, "resume", step=150), ev("20:00", 1, "save", step=160, seconds=1.0),
+        ev("21:50", 1, "signal", signal="SIGTERM"),  # then SIGKILL: no exit event
+    ])
+    lines = status([tmp_path])
+    assert lines[0].startswith("job 12: 2 run(s), 1 restart(s)")
+    assert "stopped at step 150 (deadline); last checkpoint step 150; exit REQUEUED" in lines[1]
+    assert "resumed after step 150" in lines[2] and "180 s down between runs" in lines[2]
+    assert "110 s of work after the last checkpoint" in lines[2]
+
+
+def test_every_command_has_help_with_an_example(capsys: pytest.CaptureFixture[str]) -> None:
+    for command in ["hostnames", "hostlist", "sim", "env", "doctor", "kill", "status"]:
+        with pytest.raises(SystemExit) as info:
+            main([command, "--help"])
+        assert info.value.code == 0
+        assert "example" in capsys.readouterr().out

@@ -1,0 +1,68 @@
+from __future__ import annotations
+
+import signal
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from slurmrt import ConfigError
+from slurmrt.sim.environ import batch_env, task_env
+from slurmrt.sim.spec import JobSpec, parse_sbatch_script, parse_signal_option, parse_time
+from slurmrt.topology import from_environ
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("5", 300), ("1:30", 90), ("0:40", 40), ("1:00:00", 3600),
+                                                ("1-0", 86400), ("2-1:30", 2 * 86400 + 5400)])
+def test_parse_time_reads_sbatch_formats(text: str, seconds: float) -> None:
+    assert parse_time(text) == seconds
+
+
+def test_parse_time_rejects_garbage() -> None:
+    with pytest.raises(ConfigError, match="--time='soon'"):
+        parse_time("soon")
+
+
+@pytest.mark.parametrize(("text", "expected"), [("USR1@90", (signal.SIGUSR1, 90, False)),
+                                                ("B:USR2@5", (signal.SIGUSR2, 5, True)),
+                                                ("SIGTERM", (signal.SIGTERM, 60, False))])
+def test_parse_signal_option(text: str, expected: tuple[signal.Signals, float, bool]) -> None:
+    assert parse_signal_option(text) == expected
+
+
+def test_sbatch_directives_are_read_until_the_first_command(tmp_path: Path) -> None:
+    script = tmp_path / "job.sbatch"
+    script.write_text("#!/bin/bash\n#SBATCH -N 2\n#SBATCH --ntasks-per-node=4 --time=0:30\n"
+                      "#SBATCH --signal=B:USR1@10 --requeue --gpus-per-node=4 --open-mode=append\n\n"
+                      "srun python train.py\n"
+                      "#SBATCH --nodes=8\n")
+    spec, ignored = parse_sbatch_script(script, JobSpec())
+    assert (spec.nodes, spec.ntasks_per_node, spec.time_s) == (2, 4, 30)
+    assert (spec.signal, spec.signal_lead_s, spec.signal_batch, spec.requeue) == (signal.SIGUSR1, 10, True, True)
+    assert ignored == ["--gpus-per-node=4"]
+    assert spec.open_mode == "a"
+    assert spec.script == script
+
+
+SPEC = JobSpec(nodes=2, ntasks_per_node=2, job_id=77, node_names=("n1", "n2"))
+
+
+def test_task_environment_is_a_real_step_that_slurmrt_reads_back() -> None:
+    envs = [task_env(SPEC, 0, 0, rank, "/work") for rank in range(4)]
+    assert envs[3]["SLURM_STEP_NODELIST"] == "n[1-2]" and envs[3]["SLURM_STEP_TASKS_PER_NODE"] == "2(x2)"
+    assert [(e["SLURM_PROCID"], e["SLURM_LOCALID"], e["SLURM_NODEID"], e["SLURMD_NODENAME"]) for e in envs] == [
+        ("0", "0", "0", "n1"), ("1", "1", "0", "n1"), ("2", "0", "1", "n2"), ("3", "1", "1", "n2")]
+    assert envs[2]["SLURM_GTIDS"] == "2,3"
+    topo = from_environ(envs[2])
+    assert (topo.rank, topo.local_rank, topo.node_rank, topo.world_size, topo.master_addr) == (2, 0, 1, 4, "n1")
+
+
+def test_restart_count_appears_only_after_a_requeue() -> None:
+    assert "SLURM_RESTART_COUNT" not in task_env(SPEC, 0, 0, 0)
+    assert task_env(SPEC, 2, 0, 0)["SLURM_RESTART_COUNT"] == "2"
+
+
+def test_batch_shell_has_no_step_id_and_looks_like_rank_zero() -> None:
+    env = batch_env(replace(SPEC, nodes=2), 0, "/work")
+    assert "SLURM_STEP_ID" not in env and env["SLURM_PROCID"] == "0" and env["SLURM_NTASKS"] == "4"
+    assert from_environ(env).world_size == 1  # slurmrt's batch-shell rule
