@@ -19,9 +19,12 @@ the thread costs about one percent of a core.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import enum
 import logging
 import math
+import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -173,6 +176,8 @@ class DistributedAgreement:
             self._thread = threading.Thread(target=self._run, name="slurmrt-agreement", daemon=True)
             self._thread.start()
             atexit.register(self._leave_before_exit)
+            self._previous_excepthook = sys.excepthook
+            sys.excepthook = self._record_uncaught
         with self._cond:
             while True:
                 if self._error is not None:
@@ -195,17 +200,38 @@ class DistributedAgreement:
             if thread.is_alive():
                 logger.warning("slurmrt agreement thread still running after %.0f s", timeout_s)
             atexit.unregister(self._leave_before_exit)
+            if sys.excepthook == self._record_uncaught:
+                sys.excepthook = self._previous_excepthook
+
+    def _record_uncaught(self, kind: type[BaseException], value: BaseException, tb: Any) -> None:
+        self._uncaught = True
+        self._previous_excepthook(kind, value, tb)
+
+    _uncaught = False
 
     def _leave_before_exit(self) -> None:
-        """The interpreter exits without finish() (an exception): get the thread out of the round first.
+        """The interpreter exits without finish(): get the thread out of its round, and out of gloo's teardown.
 
-        A daemon thread that finalisation stops while it is inside a C++ collective unwinds C++ frames that may not
-        be unwound, and the process dies with "terminate called without an active exception" (SIGABRT) instead of
-        its real exit code. The thread only ever waits in Python (see _run), so setting the flag is enough.
+        Tearing down the gloo groups while peers are dying or rounds are pending makes gloo's C++ threads call
+        std::terminate ("terminate called without an active exception"): the rank dies of SIGABRT, with a core dump,
+        instead of its real exit code. The thread only ever waits in Python (see _run), so the flag gets it out; and
+        when an uncaught exception is why we are exiting, the exit code is 1 whatever happens next, so exit now,
+        before that teardown. (This skips atexit handlers registered before the first should_stop().)
         """
+        if not self._uncaught and self._thread is not None:
+            # A normal exit that skipped finish(): end the rounds collectively, as finish() does. Peers that are
+            # alive join the last round; dead ones make it fail fast. Either way no round is left pending.
+            self._finishing = True
+            self._thread.join(10.0)
         self._abandon.set()
         if self._thread is not None:
             self._thread.join(2.0)
+        if self._uncaught:
+            for stream in (sys.stdout, sys.stderr):
+                with contextlib.suppress(OSError, ValueError):
+                    stream.flush()
+            logging.shutdown()
+            os._exit(1)
 
     # -- control thread --------------------------------------------------------------------------------------------
     def _run(self) -> None:

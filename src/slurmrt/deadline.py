@@ -5,8 +5,11 @@ comes when the steps that may still run before every rank can stop, plus a save,
 ``now + steps_ahead * step + save + margin >= end``.
 
 The step estimate is a high quantile of a window of recent steps, after skipping the first ones (compilation,
-data-loader warm-up and cache misses make them slow): robust to jitter and to the occasional slow step, and it follows
-a run whose step time drifts.
+data-loader warm-up and cache misses make them slow): robust to jitter, and it follows a run whose step time drifts.
+On top of it the budget reserves room for one step as slow as the slowest seen in the run (a data-loader stall, a
+filesystem hiccup: rare, so a quantile misses them, but one at the wrong moment costs the checkpoint), and for a save
+25 % slower than the slowest measured (shared filesystems vary from save to save). benchmarks/bench_time_limit.py
+measures what each of these buys.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from collections import deque
 from collections.abc import Mapping
 from datetime import datetime
 
-__all__ = ["DurationEstimator", "end_time_from_env", "query_end_time", "time_is_short"]
+__all__ = ["DurationEstimator", "PeriodicSaves", "end_time_from_env", "query_end_time", "time_is_short"]
 
 logger = logging.getLogger(__name__)
 
@@ -33,12 +36,16 @@ class DurationEstimator:
         self._skip = skip
         self._quantile = quantile
         self.default = default
+        #: The longest duration ever added (after the skipped ones), not only in the window.
+        self.peak: float | None = None
 
     def add(self, seconds: float) -> None:
         if self._skip > 0:
             self._skip -= 1
             return
         self._samples.append(seconds)
+        if self.peak is None or seconds > self.peak:
+            self.peak = seconds
 
     def __len__(self) -> int:
         return len(self._samples)
@@ -51,12 +58,49 @@ class DurationEstimator:
         return ordered[max(index, 0)]
 
 
+class PeriodicSaves:
+    """When the training loop saves on its own (every N steps or minutes), learn how often.
+
+    A periodic save that starts right after a check said "time is fine" eats the room the stop save needed; the
+    budget must hold both when the next periodic save is due within it.
+    """
+
+    def __init__(self) -> None:
+        self._last: float | None = None
+        self.interval: float | None = None
+
+    def saved(self, started: float) -> None:
+        if self._last is not None:
+            self.interval = started - self._last
+        self._last = started
+
+    def due_within(self, now: float, seconds: float) -> bool:
+        if self._last is None or self.interval is None:
+            return False
+        return now + seconds - self._last >= self.interval
+
+
+#: A save is budgeted at this multiple of the slowest one measured.
+SAVE_SAFETY = 1.25
+
+
 def time_is_short(*, now: float, end: float | None, step_s: float | None, steps_ahead: int, save_s: float,
-                  margin_s: float) -> bool:
-    """True when ``steps_ahead`` more steps, a save and the margin would run past ``end`` (all in seconds)."""
+                  margin_s: float, worst_step_s: float | None = None, saves: int = 1) -> bool:
+    """True when ``steps_ahead`` more steps (one of them possibly as slow as ``worst_step_s``), ``saves`` saves
+    (each budgeted at SAVE_SAFETY times ``save_s``) and the margin would run past ``end``. All in seconds."""
     if end is None:
         return False
-    return now + steps_ahead * (step_s or 0.0) + save_s + margin_s >= end
+    step = step_s or 0.0
+    outlier = max(0.0, (worst_step_s or 0.0) - step)
+    return now + steps_ahead * step + outlier + saves * SAVE_SAFETY * save_s + margin_s >= end
+
+
+def budget_saves(periodic: PeriodicSaves, *, now: float, step_s: float | None, steps_ahead: int, save_s: float,
+                 margin_s: float, worst_step_s: float | None) -> int:
+    """1, or 2 when a periodic save is due before the stop save could be done."""
+    step = step_s or 0.0
+    horizon = steps_ahead * step + max(0.0, (worst_step_s or 0.0) - step) + SAVE_SAFETY * save_s + margin_s
+    return 2 if periodic.due_within(now, horizon) else 1
 
 
 def end_time_from_env(env: Mapping[str, str]) -> float | None:

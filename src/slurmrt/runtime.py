@@ -15,9 +15,10 @@ from ._errors import CheckpointError, ConfigError
 from .agreement import Contribution, DistributedAgreement, LocalAgreement, Reason, StopDecision
 from .checkpoint import CheckpointStore, SaveFn, SaveResult
 from .comm import Comm, GlooComm, SoloComm
-from .deadline import DurationEstimator, end_time_from_env, query_end_time, time_is_short
+from .deadline import DurationEstimator, PeriodicSaves, budget_saves, end_time_from_env, query_end_time, time_is_short
 from .events import EventLog
 from .options import Options
+from .registry import register_process, unregister_process
 from .requeue import ExitCode, requeue
 from .signals import SignalRecorder
 from .topology import Topology, from_environ
@@ -85,6 +86,7 @@ class Runtime:
         self._env_end_time = end_time_from_env(env)
         self._steps = DurationEstimator(window=64, skip=2, quantile=0.95)
         self._saves = DurationEstimator(window=4, quantile=1.0, default=options.save_time_s)
+        self._periodic = PeriodicSaves()
         self._last_tick: float | None = None
         self._heartbeat = _clock.mono()
         self._signals = SignalRecorder(options.signals)
@@ -110,6 +112,7 @@ class Runtime:
             cancel_id=t.requeue_id,
         )
         self._watcher.start()
+        self._registration = register_process(t.job_id)
         if t.rank == 0:
             events.emit("init", mode=t.mode.value, world_size=t.world_size, nnodes=t.nnodes, nodelist=list(t.nodelist),
                         master=f"{t.master_addr}:{t.master_port}", restart_count=t.restart_count,
@@ -143,7 +146,6 @@ class Runtime:
         now = _clock.mono()
         if self._last_tick is not None:
             self._steps.add(now - self._last_tick)
-        self._last_tick = now
         self._heartbeat = now
         if len(self._signals.first_seen) != self._signals_logged:
             self._log_signals()
@@ -152,6 +154,9 @@ class Runtime:
         if stop and self._decision is None:
             assert agreement.decision is not None
             self._on_decision(agreement.decision)
+        # The step clock restarts when this call returns: a wait for the agreement is not step time. Counting it
+        # made slow rounds look like slow steps, which shrank the window and made training wait again.
+        self._last_tick = _clock.mono()
         return stop
 
     @property
@@ -206,8 +211,12 @@ class Runtime:
         end = self._env_end_time or self._watcher.end_time or agreed_end
         step_s = self._steps.estimate()
         save_s = self._saves.estimate() or 0.0
+        margin = self.options.deadline_margin_s
+        saves = budget_saves(self._periodic, now=now, step_s=step_s, steps_ahead=steps_ahead, save_s=save_s,
+                             margin_s=margin, worst_step_s=self._steps.peak)
         if self.options.deadline and time_is_short(now=now, end=end, step_s=step_s, steps_ahead=steps_ahead,
-                                                   save_s=save_s, margin_s=self.options.deadline_margin_s):
+                                                   save_s=save_s, margin_s=margin, worst_step_s=self._steps.peak,
+                                                   saves=saves):
             reasons.add(Reason.DEADLINE)
         term = first_seen.get(signal.SIGTERM)
         unfit = False
@@ -275,6 +284,8 @@ class Runtime:
 
     def _on_saved(self, result: SaveResult, blocking: bool) -> None:
         self._saves.add(result.seconds)
+        if self._decision is None:  # a save the loop makes on its own schedule
+            self._periodic.saved(_clock.wall() - result.seconds)
         if self.rank == 0:
             logger.info("checkpoint step %d committed: %.2f s, %d bytes", result.step, result.seconds, result.bytes)
             self.events.emit("save", step=result.step, seconds=round(result.seconds, 4), bytes=result.bytes,
@@ -333,12 +344,18 @@ class Runtime:
         raise SystemExit(int(code))
 
     def close(self) -> None:
-        """Restore signal handlers and stop background threads (finish() calls it)."""
+        """Restore signal handlers and stop background threads (finish() calls it).
+
+        Collective when torch.distributed is in use: it ends the agreement rounds, which every rank takes part in.
+        """
         if self._closed:
             return
         self._closed = True
+        if self._agreement is not None:
+            self._agreement.finish()
         self._signals.close()
         self._watcher.stop()
+        unregister_process(self._registration)
 
     def _exit_code(self) -> tuple[ExitCode, str]:
         d = self._decision

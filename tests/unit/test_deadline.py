@@ -32,10 +32,23 @@ def test_estimator_gives_the_default_until_it_has_a_measurement() -> None:
     assert est.estimate() == 2.0
 
 
-@pytest.mark.parametrize(("now", "short"), [(900.0, False), (940.0, False), (941.0, True), (2000.0, True)])
+@pytest.mark.parametrize(("now", "short"), [(900.0, False), (935.0, False), (936.0, True), (2000.0, True)])
 def test_time_is_short_when_steps_save_and_margin_no_longer_fit(now: float, short: bool) -> None:
-    # 3 steps of 3 s + a 20 s save + a 30 s margin = 59 s before the end at 1000.
+    # 3 steps of 3 s + a 20 s save budgeted at 25 s + a 30 s margin = 64 s before the end at 1000.
     assert time_is_short(now=now, end=1000.0, step_s=3.0, steps_ahead=3, save_s=20.0, margin_s=30.0) is short
+
+
+def test_time_is_short_reserves_room_for_one_step_as_slow_as_the_slowest_seen() -> None:
+    common = {"end": 1000.0, "step_s": 3.0, "steps_ahead": 3, "save_s": 20.0, "margin_s": 30.0}
+    assert not time_is_short(now=900.0, **common)
+    assert time_is_short(now=900.0, worst_step_s=40.0, **common)  # 37 s more for one 40 s step
+
+
+def test_estimator_remembers_the_slowest_step_beyond_its_window() -> None:
+    est = DurationEstimator(window=4)
+    for seconds in (1.0, 9.0, 1.0, 1.0, 1.0, 1.0, 1.0):
+        est.add(seconds)
+    assert est.estimate() == 1.0 and est.peak == 9.0
 
 
 def test_no_end_time_means_no_deadline() -> None:

@@ -83,8 +83,9 @@ def test_deadline_stops_at_the_last_step_whose_save_still_fits(clock: FakeClock,
         if rt.should_stop(step):
             stopped = step
             break
-    # Stop when now + 1 step (10 s) + save (30 s) + margin (30 s) reaches the end: the step ending at end - 70.
-    assert stopped is not None and clock.wall_s >= end - 70 > clock.wall_s - 10
+    # Stop when now + 1 step (10 s) + save (30 s, budgeted at 37.5 s) + margin (30 s) reaches the end: the step
+    # ending at end - 77.5.
+    assert stopped is not None and clock.wall_s >= end - 77.5 > clock.wall_s - 10
     assert rt.stop_reason is Reason.DEADLINE
     assert rt.save({"step": stopped}, step=stopped)
     assert rt.finish() is ExitCode.REQUEUED
