@@ -132,6 +132,9 @@ def _expand_entry(entry: str, expr: str) -> list[str]:
             expression=expr,
             entry=entry,
         )
+    if len(groups) == 1:  # nearly every real nodelist: one bracket group
+        prefix = texts[0]
+        return [prefix + value for value in groups[0]]
     # Slurm's order: the last group varies fastest, then groups 1, 2, ... k-1 like an odometer from the left.
     head = groups[:-1]
     hosts = []
@@ -168,5 +171,8 @@ def _expand_ranges(body: str, entry: str, expr: str) -> list[str]:
                 range=part,
             )
         width = len(lo_digits)
-        values.extend(f"{n:0{width}d}" for n in range(lo, hi + 1))
+        if width == 1:
+            values.extend(map(str, range(lo, hi + 1)))
+        else:
+            values.extend(str(n).zfill(width) for n in range(lo, hi + 1))
     return values
