@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test lint clean
+.PHONY: demo test bench lint clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,10 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	$(PY) -m pytest
+
+bench: $(VENV)/.installed
+	$(PY) -m pip install -q -e '.[bench]'
+	$(PY) -m benchmarks.run
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check src tests examples benchmarks

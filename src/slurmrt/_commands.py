@@ -218,5 +218,23 @@ def _ts(event: dict[str, Any]) -> float:
     return datetime.fromisoformat(event["time"]).timestamp()
 
 
+def signal_training(sig: int, job_id: str | None) -> list[int]:
+    """Send ``sig`` to this node's training processes of the job (those registered by slurmrt.init())."""
+    import psutil
+
+    from .registry import process_dir
+
+    signalled = []
+    directory = process_dir(job_id)
+    for entry in sorted(directory.iterdir()) if directory.is_dir() else []:
+        pid = int(entry.name) if entry.name.isdigit() else -1
+        if pid <= 0 or not psutil.pid_exists(pid):
+            entry.unlink(missing_ok=True)  # a process that died without close()
+            continue
+        os.kill(pid, sig)
+        signalled.append(pid)
+    return signalled
+
+
 def default_dirs(env: Mapping[str, str]) -> list[Path]:
     return [Path(env["SLURMRT_CHECKPOINT_DIR"])] if env.get("SLURMRT_CHECKPOINT_DIR") else [Path(os.getcwd())]

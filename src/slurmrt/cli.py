@@ -100,6 +100,19 @@ def _status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _signal(args: argparse.Namespace) -> int:
+    from .signals import parse_signal
+
+    try:
+        sig = parse_signal(args.signal)
+    except ValueError as err:
+        raise SlurmrtError(str(err)) from None
+    pids = _commands.signal_training(sig, args.job or os.environ.get("SLURM_JOB_ID"))
+    host = os.environ.get("SLURMD_NODENAME") or os.uname().nodename
+    print(f"slurmrt signal: {sig.name} to {len(pids)} training process(es) on {host}: {' '.join(map(str, pids))}")
+    return 0 if pids else 1
+
+
 def _add_parallel(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
     p.add_argument("--pp", type=int, default=1, help="pipeline-parallel size")
@@ -176,6 +189,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("path", type=Path)
     p.add_argument("--events", type=Path, action="append", help="checkpoint dirs whose event logs to search")
     p.set_defaults(func=_kill)
+
+    p = sub.add_parser("signal", help="send a signal to this node's training processes of the job, not launchers",
+                       description="Sends SIG to every process on this node that called slurmrt.init() in the job "
+                                   "(they register their pid in a node-local directory). Launchers such as torchrun "
+                                   "and `accelerate launch` die of SIGUSR1, so a `--signal=B:USR1` warning must go to "
+                                   "the training processes only. Exit 1 when no process was found.",
+                       epilog="example (in an sbatch script with --signal=B:USR1@300):\n"
+                              "  trap 'srun --overlap --ntasks-per-node=1 slurmrt signal USR1' USR1",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("signal", help="USR1, SIGUSR1 or a number")
+    p.add_argument("--job", help="job id (default: $SLURM_JOB_ID)")
+    p.set_defaults(func=_signal)
 
     p = sub.add_parser("status", help="restarts, stop reasons, checkpoints and lost time, from the event log",
                        epilog="example: slurmrt status /shared/ckpt/run17")
