@@ -318,12 +318,16 @@ class Runtime:
             self.events.emit("exit", code=int(code), outcome=code.name, why=why,
                              reasons=sorted(r.value for r in self._decision.reasons) if self._decision else [])
             logger.warning("exit %d (%s): %s", int(code), code.name, why) if code else logger.info("finished")
-            if code is ExitCode.REQUEUED and self.topology.requeue_id and _requeue_by_us(self._decision):
-                done, message = requeue(self.topology.requeue_id)
-                self.events.emit("requeue", done=done, message=message, restart_count=self.restart_count)
-                (logger.warning if done else logger.error)("%s", message)
-                if not done:
-                    code = ExitCode.REQUEUE_NEEDED
+        # Every rank is past its saves; the others now wait in the broadcast below while rank 0 requeues. Slurm
+        # ends every task of the job when it requeues it, and a rank that exited first with a non-zero code would
+        # make `srun --kill-on-bad-exit` kill rank 0 before its requeue: so nobody leaves before the requeue.
+        comm.all_ok(True)
+        if comm.rank == 0 and code is ExitCode.REQUEUED and self.topology.requeue_id and _requeue_by_us(self._decision):
+            done, message = requeue(self.topology.requeue_id)
+            self.events.emit("requeue", done=done, message=message, restart_count=self.restart_count)
+            (logger.warning if done else logger.error)("%s", message)
+            if not done:
+                code = ExitCode.REQUEUE_NEEDED
         code = ExitCode(comm.broadcast(int(code)))
         self.close()
         if failed_save is not None and code is ExitCode.FINISHED:

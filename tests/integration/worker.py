@@ -103,6 +103,8 @@ def main() -> None:
         "restart_count": rt.restart_count,
         "env": {k: v for k, v in os.environ.items() if k.startswith(("SLURM_", "SLURMD_"))},
     }
+    # Written before finish() too: a requeue ends every task of the job, and then nothing after finish() runs.
+    (out / f"rank{rt.rank}.json").write_text(json.dumps({**result, "exit_code": None}))
     code = rt.finish()
     result["exit_code"] = int(code)
     (out / f"rank{rt.rank}.json").write_text(json.dumps(result))
