@@ -135,7 +135,9 @@ start() {
     fi
     for n in "${NODES[@]}"; do
         local pidfile="$DIR/slurmd-$n.pid"
-        if [ -s "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then continue; fi
+        # A pid file left by an earlier machine state may name a pid reused by another program: trust it only when
+        # that process really is slurmd.
+        if [ -s "$pidfile" ] && [ "$(cat "/proc/$(cat "$pidfile")/comm" 2>/dev/null)" = slurmd ]; then continue; fi
         slurmd -N "$n" -c -f "$CONF"
     done
     wait_idle
