@@ -28,7 +28,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from . import _clock
@@ -242,10 +242,7 @@ class DistributedAgreement:
         try:
             while True:
                 c = self._contribute(self._published, self.window + 1, self.end_time)
-                if self._finishing:
-                    c = Contribution(reasons=c.reasons, step=c.step, window=c.window, end_time=c.end_time,
-                                     term_time=c.term_time, save_unfit=c.save_unfit, finish=True)
-                c = _with_window(c, self._proposed_window())
+                c = replace(c, window=self._proposed_window(), finish=self._finishing)
                 tensor = torch.tensor(encode(c), dtype=torch.int64)
                 work = dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self._group, async_op=True)
                 if not self._wait_in_python(work):
@@ -305,6 +302,3 @@ class DistributedAgreement:
         # Enough steps to cover one and a half round periods, so the training thread rarely waits.
         return max(2, min(10_000, math.ceil(1.5 * period / step_s) + 1))
 
-
-def _with_window(c: Contribution, window: int) -> Contribution:
-    return Contribution(c.reasons, c.step, window, c.end_time, c.term_time, c.save_unfit, c.finish)

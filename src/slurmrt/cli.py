@@ -113,6 +113,11 @@ def _signal(args: argparse.Namespace) -> int:
     return 0 if pids else 1
 
 
+def _add_events(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--events", type=Path, action="append", help=f"checkpoint dir or event log {what} (repeatable; "
+                                                                 "default: $SLURMRT_CHECKPOINT_DIR, else .)")
+
+
 def _add_parallel(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
     p.add_argument("--pp", type=int, default=1, help="pipeline-parallel size")
@@ -179,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "the job (warnings may remain); 1: something would.",
                        epilog="example: srun --ntasks-per-node=1 slurmrt doctor --tp 2 --events /shared/ckpt/run17")
     _add_parallel(p)
-    p.add_argument("--events", type=Path, action="append", help="checkpoint dir or event log to read save times from")
+    _add_events(p, "to read save times from")
     p.set_defaults(func=_doctor)
 
     p = sub.add_parser("kill", help="create a kill switch, and say which jobs watch it",
@@ -187,7 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "without requeue; tasks of an array not yet started exit at init.",
                        epilog="example: slurmrt kill /shared/stop-run17 --events /shared/ckpt/run17")
     p.add_argument("path", type=Path)
-    p.add_argument("--events", type=Path, action="append", help="checkpoint dirs whose event logs to search")
+    _add_events(p, "to search for jobs that watch the switch")
     p.set_defaults(func=_kill)
 
     p = sub.add_parser("signal", help="send a signal to this node's training processes of the job, not launchers",

@@ -38,12 +38,14 @@ class DurationEstimator:
         self.default = default
         #: The longest duration ever added (after the skipped ones), not only in the window.
         self.peak: float | None = None
+        self._cached: float | None = None  # estimate() is read every step by a single process: sort only on change
 
     def add(self, seconds: float) -> None:
         if self._skip > 0:
             self._skip -= 1
             return
         self._samples.append(seconds)
+        self._cached = None
         if self.peak is None or seconds > self.peak:
             self.peak = seconds
 
@@ -53,9 +55,11 @@ class DurationEstimator:
     def estimate(self) -> float | None:
         if not self._samples:
             return self.default
-        ordered = sorted(self._samples)
-        index = min(len(ordered) - 1, math.ceil(self._quantile * len(ordered)) - 1)
-        return ordered[max(index, 0)]
+        if self._cached is None:
+            ordered = sorted(self._samples)
+            index = min(len(ordered) - 1, math.ceil(self._quantile * len(ordered)) - 1)
+            self._cached = ordered[max(index, 0)]
+        return self._cached
 
 
 class PeriodicSaves:

@@ -208,7 +208,8 @@ class Runtime:
         reasons = {_reason_for(sig) for sig in first_seen}
         if self._watcher.kill_seen is not None:
             reasons.add(Reason.KILL_SWITCH)
-        end = self._env_end_time or self._watcher.end_time or agreed_end
+        own_end = self._env_end_time or self._watcher.end_time
+        end = own_end or agreed_end
         step_s = self._steps.estimate()
         save_s = self._saves.estimate() or 0.0
         margin = self.options.deadline_margin_s
@@ -223,7 +224,6 @@ class Runtime:
         if term is not None:
             left = term + self.options.kill_wait_s - now - steps_ahead * (step_s or 0.0)
             unfit = left - 1.0 < save_s
-        own_end = self._env_end_time or self._watcher.end_time
         return Contribution(frozenset(reasons), step, 2, own_end, term, unfit)
 
     def _log_signals(self) -> None:
