@@ -7,7 +7,9 @@ from collections.abc import Mapping
 
 from ._errors import EnvironmentVariableError
 
-_TASKS_PER_NODE = re.compile(r"(\d+)(?:\(x(\d+)\))?")
+# [0-9], not \d: \d also matches other scripts' digits ("٣"), which Slurm never writes.
+_TASKS_PER_NODE = re.compile(r"([0-9]+)(?:\(x([0-9]+)\))?")
+_INTEGER = re.compile(r"-?[0-9]+")
 
 
 def get_int(env: Mapping[str, str], name: str, *, minimum: int = 0) -> int | None:
@@ -15,15 +17,14 @@ def get_int(env: Mapping[str, str], name: str, *, minimum: int = 0) -> int | Non
     raw = env.get(name)
     if raw is None or raw == "":
         return None
-    try:
-        value = int(raw.strip())
-    except ValueError:
+    if _INTEGER.fullmatch(raw) is None:  # int() would also take "1_0", " 3" and non-ASCII digits
         raise EnvironmentVariableError(
             f"{name}={raw!r} is not an integer; Slurm and torchrun always set it to one. Unset it, or check the "
             "sbatch script for an export that overwrote it",
             variable=name,
             value=raw,
-        ) from None
+        )
+    value = int(raw)
     if value < minimum:
         raise EnvironmentVariableError(
             f"{name}={raw!r} must be >= {minimum}", variable=name, value=raw
@@ -52,7 +53,7 @@ def parse_tasks_per_node(name: str, raw: str) -> list[int]:
     """Expand Slurm's tasks-per-node string: ``2(x3),1`` -> ``[2, 2, 2, 1]``."""
     counts: list[int] = []
     for part in raw.split(","):
-        match = _TASKS_PER_NODE.fullmatch(part.strip())
+        match = _TASKS_PER_NODE.fullmatch(part)
         if match is None:
             raise EnvironmentVariableError(
                 f"{name}={raw!r} is not a Slurm tasks-per-node list such as '2(x3),1'",

@@ -33,6 +33,7 @@ from typing import Any
 
 from . import _clock
 from ._errors import AgreementError
+from .comm import wait_released
 
 __all__ = ["Contribution", "DistributedAgreement", "LocalAgreement", "Reason", "StopDecision"]
 
@@ -50,6 +51,8 @@ class Reason(enum.Enum):
 
 
 _REASONS = tuple(Reason)
+#: Tensors of rounds abandoned at exit while gloo may still hold them (see _wait_in_python).
+_abandoned: list[Any] = []
 _NONE = -(2**62)
 
 
@@ -216,7 +219,7 @@ class DistributedAgreement:
         std::terminate ("terminate called without an active exception"): the rank dies of SIGABRT, with a core dump,
         instead of its real exit code. The thread only ever waits in Python (see _run), so the flag gets it out; and
         when an uncaught exception is why we are exiting, the exit code is 1 whatever happens next, so exit now,
-        before that teardown. (This skips atexit handlers registered before the first should_stop().)
+        before that teardown, once the atexit handlers registered before ours have run.
         """
         if not self._uncaught and self._thread is not None:
             # A normal exit that skipped finish(): end the rounds collectively, as finish() does. Peers that are
@@ -227,6 +230,10 @@ class DistributedAgreement:
         if self._thread is not None:
             self._thread.join(2.0)
         if self._uncaught:
+            # The handlers registered before ours (a tracker's flush, TensorBoard's writer) still run: atexit runs
+            # the newest first, so they are the ones left. Run them now, then leave before gloo's teardown.
+            atexit.unregister(self._leave_before_exit)
+            atexit._run_exitfuncs()
             for stream in (sys.stdout, sys.stderr):
                 with contextlib.suppress(OSError, ValueError):
                     stream.flush()
@@ -244,8 +251,9 @@ class DistributedAgreement:
                 c = self._contribute(self._published, self.window + 1, self.end_time)
                 c = replace(c, window=self._proposed_window(), finish=self._finishing)
                 tensor = torch.tensor(encode(c), dtype=torch.int64)
-                work = dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self._group, async_op=True)
-                if not self._wait_in_python(work):
+                # No local name for the work object: _wait_in_python must hold the last reference to drop it.
+                if not self._wait_in_python(dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self._group,
+                                                            async_op=True), tensor):
                     return
                 verdict = decode(tensor.tolist())
                 now = _clock.mono()
@@ -263,15 +271,21 @@ class DistributedAgreement:
                 self._error = err
                 self._cond.notify_all()
 
-    def _wait_in_python(self, work: Any) -> bool:
-        """Wait for ``work`` with short sleeps rather than inside C++; False when told to abandon it."""
+    def _wait_in_python(self, work: Any, tensor: Any) -> bool:
+        """Wait for ``work`` with short sleeps rather than inside C++; False when told to abandon it.
+
+        Returns once gloo's worker thread has dropped ``tensor`` too, so that it never frees a Python object (see
+        :mod:`slurmrt.comm`: doing so while the interpreter finalizes aborts the process)."""
         pause = 0.0001
         while not work.is_completed():
             if self._abandon.is_set():
+                _abandoned.append(tensor)  # the worker still holds it: never let the worker own the last reference
                 return False
             time.sleep(pause)
             pause = min(pause * 2, 0.002)
         work.wait()  # completed: returns at once, or raises the round's error
+        del work
+        wait_released(tensor)
         return True
 
     def _apply(self, verdict: Contribution) -> bool:

@@ -28,7 +28,7 @@ def _hostlist(args: argparse.Namespace) -> int:
 
 
 def _sim(args: argparse.Namespace) -> int:
-    from .sim.runner import simulate
+    from .sim.runner import SimInterrupted, simulate
     from .sim.spec import JobSpec, apply_option, parse_sbatch_script
 
     command = list(args.command)
@@ -52,10 +52,13 @@ def _sim(args: argparse.Namespace) -> int:
     if args.fail_node is not None and args.at is None:
         raise SlurmrtError("--fail-node needs --at SECONDS (when the node fails)")
     spec = replace(spec, preempt_at_s=args.preempt_at, cancel_at_s=args.cancel_at, fail_node=args.fail_node,
-                   fail_at_s=args.at)
+                   fail_at_s=args.at, after_checkpoint=args.after_checkpoint)
     if args.fail_node is not None and not 0 <= args.fail_node < spec.nodes:
         raise SlurmrtError(f"--fail-node {args.fail_node}: nodes are numbered 0..{spec.nodes - 1}")
-    records = simulate(spec)
+    try:
+        records = simulate(spec)
+    except SimInterrupted as stop:
+        return 128 + stop.signum
     last = records[-1]
     return 0 if last.exit_code == 0 and last.ended_by == "finished" else 1
 
@@ -164,6 +167,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cancel-at", type=float, metavar="SECS", help="scancel the first run after SECS")
     p.add_argument("--fail-node", type=int, metavar="N", help="SIGKILL the tasks of node N (0-based) ...")
     p.add_argument("--at", type=float, metavar="SECS", help="... after SECS of the first run")
+    p.add_argument("--after-checkpoint", action="store_true",
+                   help="count --preempt-at, --cancel-at and --at from the first run's first committed checkpoint "
+                        "instead of its start, so the fault certainly hits a running job, on a fast or slow machine")
     p.add_argument("--max-restarts", type=int, default=5)
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ARGS..., or a batch script")
     p.set_defaults(func=_sim)

@@ -25,8 +25,9 @@ __all__ = ["compress", "expand"]
 MAX_RANGE = 65536
 
 _SEPARATORS = frozenset(", \t\n")
-_RANGE = re.compile(r"(\d+)(?:-(\d+))?")
-_TRAILING_NUMBER = re.compile(r"^(.*?)(\d+)$", re.DOTALL)
+# [0-9], not \d, which also matches other scripts' digits ("n[١-٢]"): Slurm reads ASCII digits only.
+_RANGE = re.compile(r"([0-9]+)(?:-([0-9]+))?")
+_TRAILING_NUMBER = re.compile(r"^(.*?)([0-9]+)$", re.DOTALL)
 
 
 def expand(expr: str) -> list[str]:
@@ -54,7 +55,8 @@ def compress(hosts: Iterable[str]) -> str:
         if single:
             out.append(f"{group_prefix}{ranges[0][0]}")
         else:
-            parts = [str(lo_d) if lo == hi else f"{lo_d}-{hi}" for lo_d, lo, hi in ranges]
+            # scontrol writes both ends with the first one's width: n009,n010,n011 -> n[009-011], not n[009-11].
+            parts = [str(lo_d) if lo == hi else f"{lo_d}-{hi:0{len(str(lo_d))}d}" for lo_d, lo, hi in ranges]
             out.append(f"{group_prefix}[{','.join(parts)}]")
 
     for host in hosts:

@@ -16,12 +16,12 @@ from .agreement import Contribution, DistributedAgreement, LocalAgreement, Reaso
 from .checkpoint import CheckpointStore, SaveFn, SaveResult
 from .comm import Comm, GlooComm, SoloComm
 from .deadline import DurationEstimator, PeriodicSaves, budget_saves, end_time_from_env, query_end_time, time_is_short
-from .events import EventLog
+from .events import COPY_ENV, EventLog
 from .options import Options
 from .registry import register_process, unregister_process
 from .requeue import ExitCode, requeue
 from .signals import SignalRecorder
-from .topology import Topology, from_environ
+from .topology import Topology, from_environ, launcher_argv
 from .watcher import Watcher
 
 __all__ = ["Runtime", "init"]
@@ -40,7 +40,7 @@ def init(**options: Any) -> Runtime:
     """
     env = os.environ
     opts = Options.resolve(options, env)
-    topo = from_environ(env)
+    topo = from_environ(env, launcher_argv=launcher_argv() if "RANK" in env else None)
     for warning in topo.warnings:
         logger.warning("%s", warning)
 
@@ -54,7 +54,8 @@ def init(**options: Any) -> Runtime:
     arch = cuda.gpu_arch_major() if node_gpus else None
     connections = cuda.apply(env, arch, parallel)
 
-    events = EventLog(_event_log_path(opts, topo), job=topo.requeue_id, restart=topo.restart_count, rank=topo.rank)
+    events = EventLog(_event_log_path(opts, topo), job=topo.requeue_id, restart=topo.restart_count, rank=topo.rank,
+                      copy=Path(env[COPY_ENV]) if env.get(COPY_ENV) else None)
     if opts.kill_switch is not None and opts.kill_switch.exists():
         logger.warning("kill switch %s exists: exiting at init with code 0, no requeue", opts.kill_switch)
         if topo.rank == 0:

@@ -7,7 +7,8 @@ Launch shapes (see ../shared/SLURM.md for the variables measured in real steps):
 
 ``SRUN``
     ``srun`` started one task per process. Step variables win over job variables, because a step may run on fewer
-    nodes than the job holds.
+    nodes than the job holds. ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` exported from Slurm's own values (Pyxis's
+    PyTorch hook, or ``export RANK=$SLURM_PROCID`` in a script) are checked against Slurm and change nothing.
 ``LAUNCHER``
     torchrun or ``accelerate launch`` set ``RANK``/``WORLD_SIZE`` (usually one launcher per node under ``srun``);
     the launcher's values win and SLURM only checks the node layout.
@@ -20,8 +21,9 @@ Launch shapes (see ../shared/SLURM.md for the variables measured in real steps):
 from __future__ import annotations
 
 import enum
+import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypedDict
 
@@ -34,7 +36,7 @@ from ._errors import (
     NodeRankError,
 )
 
-__all__ = ["LaunchMode", "Topology", "from_environ", "master_port_for"]
+__all__ = ["LaunchMode", "Topology", "from_environ", "launcher_argv", "master_port_for", "rendezvous_backend"]
 
 #: Ports are drawn below Linux's default ephemeral range (32768-60999), where an outgoing connection of any other
 #: program may already hold the port we would pick.
@@ -120,8 +122,13 @@ def _numeric(value: str | None) -> int:
     return int(digits) if digits else 0
 
 
-def from_environ(env: Mapping[str, str], *, hostname: str | None = None) -> Topology:
-    """Derive the topology of this process from ``env`` (``os.environ`` or a test's dict)."""
+def from_environ(env: Mapping[str, str], *, hostname: str | None = None,
+                 launcher_argv: Sequence[str] | None = None) -> Topology:
+    """Derive the topology of this process from ``env`` (``os.environ`` or a test's dict).
+
+    ``launcher_argv`` is the command line of the launcher that started this process (torchrun, ``accelerate
+    launch``), when known: it says whether the rendezvous orders the nodes itself (see :func:`rendezvous_backend`).
+    """
     host = hostname or env.get("SLURMD_NODENAME") or socket.gethostname()
     job_id = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or None
     in_step = job_id is not None and bool(env.get("SLURM_STEP_ID") or env.get("SLURM_STEPID"))
@@ -130,8 +137,8 @@ def from_environ(env: Mapping[str, str], *, hostname: str | None = None) -> Topo
 
     if in_step:
         slurm = _slurm_step(env)
-        if launcher:
-            return _launcher_under_srun(env, slurm, common)
+        if launcher and not _srun_is_the_launcher(env, slurm):
+            return _launcher_under_srun(env, slurm, common, launcher_argv)
         rank, local_rank, node_rank, world, tasks, hosts = slurm
         return Topology(
             mode=LaunchMode.SRUN,
@@ -149,6 +156,15 @@ def from_environ(env: Mapping[str, str], *, hostname: str | None = None) -> Topo
     if launcher:
         return _launcher(env, LaunchMode.LAUNCHER, common, nodelist=())
     if job_id is not None:
+        procid = get_int(env, "SLURM_PROCID")
+        if procid:
+            raise EnvironmentVariableError(
+                f"SLURM_PROCID={procid} without SLURM_STEP_ID: the batch shell always has SLURM_PROCID=0, and a task "
+                "of an srun step always has SLURM_STEP_ID. Something exported SLURM_PROCID by hand, or removed "
+                "SLURM_STEP_ID; launch the script with srun and leave the SLURM_* variables as Slurm sets them",
+                variable="SLURM_PROCID",
+                value=procid,
+            )
         warnings: list[str] = []
         ntasks = get_int(env, "SLURM_NTASKS", minimum=1)
         if ntasks is not None and ntasks > 1:
@@ -302,21 +318,81 @@ def _launcher(env: Mapping[str, str], mode: LaunchMode, common: _Common, nodelis
     )
 
 
-def _launcher_under_srun(env: Mapping[str, str], slurm: _SlurmStep, common: _Common) -> Topology:
+#: Variables that only an elastic agent (torchrun, and ``accelerate launch``, which runs torchrun's agent) sets in
+#: its workers. Pyxis's PyTorch hook and hand-written ``export RANK=$SLURM_PROCID`` lines set none of them.
+_ELASTIC_AGENT_VARS = ("TORCHELASTIC_RUN_ID", "GROUP_RANK", "TORCHELASTIC_RESTART_COUNT", "ROLE_RANK")
+
+
+def _srun_is_the_launcher(env: Mapping[str, str], slurm: _SlurmStep) -> bool:
+    """True when RANK/WORLD_SIZE merely restate srun's task layout: Pyxis's PyTorch hook exports ``RANK``,
+    ``WORLD_SIZE`` and ``LOCAL_RANK`` from ``SLURM_PROCID``, ``SLURM_NTASKS`` and ``SLURM_LOCALID`` in every task,
+    and many sbatch scripts do the same by hand. Then the node layout comes from Slurm (those three variables do not
+    carry it), and the exported values must agree with Slurm's."""
+    s_rank, s_local, s_node, s_world, s_tasks, _ = slurm
+    if any(name in env for name in _ELASTIC_AGENT_VARS):
+        return False
+    world = _required_int(env, "WORLD_SIZE", minimum=1)
+    if world != s_world:
+        return False
+    stated = {"RANK": (get_int(env, "RANK"), s_rank, "SLURM_PROCID"),
+              "LOCAL_RANK": (get_int(env, "LOCAL_RANK"), s_local, "SLURM_LOCALID"),
+              "LOCAL_WORLD_SIZE": (get_int(env, "LOCAL_WORLD_SIZE"), s_tasks[s_node], "SLURM_STEP_TASKS_PER_NODE")}
+    wrong = {name: v for name, v in stated.items() if v[0] is not None and v[0] != v[1]}
+    if wrong:
+        said = " and ".join(f"{name}={v[0]}" for name, v in wrong.items())
+        truth = " and ".join(f"{v[2]}={v[1]}" for v in wrong.values())
+        raise LauncherConflictError(
+            f"{said} {'contradicts' if len(wrong) == 1 else 'contradict'} {truth} in a step of {s_world} tasks. "
+            "A RANK exported in the batch shell is "
+            "inherited by every task; remove that export (slurmrt derives RANK from SLURM_PROCID), or set it "
+            "inside srun with bash -c 'RANK=$SLURM_PROCID ...'",
+            rank=stated["RANK"][0],
+            slurm_procid=s_rank,
+        )
+    return True
+
+
+def rendezvous_backend(argv: Sequence[str] | None) -> str | None:
+    """The rendezvous backend on a torchrun or ``accelerate launch`` command line: the value of ``--rdzv-backend``
+    (``--rdzv_backend``), ``"static"`` when the option is absent (both launchers' default), ``"c10d"`` for
+    torchrun's ``--standalone``; None when ``argv`` is unknown."""
+    if argv is None:
+        return None
+    args = list(argv)
+    for i, arg in enumerate(args):
+        name, eq, value = arg.partition("=")
+        if name in ("--rdzv-backend", "--rdzv_backend"):
+            if eq:
+                return value
+            return args[i + 1] if i + 1 < len(args) else None
+        if arg == "--standalone":
+            return "c10d"
+    return "static"
+
+
+def launcher_argv(pid: int | None = None, *, depth: int = 3) -> list[str] | None:
+    """The command line of the nearest ancestor of ``pid`` (default: this process) that is torchrun or
+    ``accelerate launch``, read from /proc; None when there is none or /proc cannot tell."""
+    current = os.getpid() if pid is None else pid
+    for _ in range(depth):
+        try:
+            with open(f"/proc/{current}/stat", "rb") as f:
+                current = int(f.read().rsplit(b")", 1)[1].split()[1])
+            with open(f"/proc/{current}/cmdline", "rb") as f:
+                argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+        except (OSError, ValueError, IndexError):
+            return None
+        text = " ".join(argv[:3])
+        if "torchrun" in text or "torch.distributed.run" in text or "torch.distributed.launch" in text \
+                or "accelerate" in text:
+            return argv
+    return None
+
+
+def _launcher_under_srun(env: Mapping[str, str], slurm: _SlurmStep, common: _Common,
+                         argv: Sequence[str] | None) -> Topology:
     s_rank, s_local, s_node, s_world, s_tasks, hosts = slurm
     topo = _launcher(env, LaunchMode.LAUNCHER, common, nodelist=tuple(hosts))
-    if topo.world_size == s_world:
-        # srun itself is the launcher and the script exported RANK etc. from it: they must be the same numbers.
-        if (topo.rank, topo.local_rank) != (s_rank, s_local):
-            raise LauncherConflictError(
-                f"RANK={topo.rank} and LOCAL_RANK={topo.local_rank} contradict SLURM_PROCID={s_rank} and "
-                f"SLURM_LOCALID={s_local} in a step of {s_world} tasks. A RANK exported in the batch shell is "
-                "inherited by every task; remove that export (slurmrt derives RANK from SLURM_PROCID), or set it "
-                "inside srun with bash -c 'RANK=$SLURM_PROCID ...'",
-                rank=topo.rank,
-                slurm_procid=s_rank,
-            )
-        return topo
     if s_tasks[s_node] != 1:
         raise LauncherConflictError(
             f"srun started {s_tasks[s_node]} tasks on this node (SLURM_STEP_TASKS_PER_NODE) and each runs a launcher "
@@ -333,14 +409,20 @@ def _launcher_under_srun(env: Mapping[str, str], slurm: _SlurmStep, common: _Com
             launcher_nnodes=topo.nnodes,
             slurm_nnodes=len(hosts),
         )
-    if topo.node_rank != s_node and not truthy(env.get(ALLOW_NODE_RANK_REORDER)):
+    backend = rendezvous_backend(argv)
+    # An elastic rendezvous (c10d, etcd) orders the nodes in the order they join and ignores --node_rank: a group
+    # rank other than SLURM_NODEID is normal there. Only a static one takes --node_rank as the truth, and there an
+    # early-expanded `--node_rank $SLURM_PROCID` (0 on every node) makes the rendezvous hang.
+    elastic = backend is not None and backend != "static"
+    if topo.node_rank != s_node and not elastic and not truthy(env.get(ALLOW_NODE_RANK_REORDER)):
         raise NodeRankError(
             f"the launcher says node rank {topo.node_rank} but this is node {s_node} of the step "
             f"(SLURM_NODEID={s_node}, host {common['hostname']}). Usually `--node_rank=$SLURM_PROCID` or "
             "`--machine_rank=$SLURM_NODEID` was expanded by the batch shell, where it is 0, so every node claims "
             "rank 0 and the rendezvous hangs. Fix: wrap the launcher so the variable is expanded inside the step: "
-            "srun bash -c 'torchrun --node_rank=$SLURM_NODEID ...'. With an elastic rendezvous (c10d), which orders "
-            f"nodes itself, set {ALLOW_NODE_RANK_REORDER}=1",
+            "srun bash -c 'torchrun --node_rank=$SLURM_NODEID ...'. (An elastic rendezvous, --rdzv_backend c10d, "
+            f"orders the nodes itself and is accepted; if slurmrt could not see the launcher's command line, set "
+            f"{ALLOW_NODE_RANK_REORDER}=1)",
             launcher_node_rank=topo.node_rank,
             slurm_nodeid=s_node,
         )

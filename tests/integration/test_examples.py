@@ -62,13 +62,18 @@ def test_accelerate_example_stops_on_the_forwarded_signal_requeues_and_resumes(t
     ckpt = tmp_path / "ckpt"
     accelerate = shutil.which("accelerate") or str(Path(sys.executable).with_name("accelerate"))
     script = tmp_path / "job.sbatch"
+    # Run 0 trains until it is stopped (100000 steps is a cap it never reaches); the preemption comes after its
+    # first checkpoint, so it certainly hits a running job. Run 1 trains 60 steps past the step it resumes from.
     script.write_text(textwrap.dedent(f"""\
         #!/bin/bash
-        #SBATCH -N 1 --ntasks-per-node=1 --time=1:00 --signal=B:USR1@45 --requeue
+        #SBATCH -N 1 --ntasks-per-node=1 --signal=B:USR1@45 --requeue
         cd {ROOT}
         trap 'srun --overlap --ntasks-per-node=1 {sys.executable} -m slurmrt signal USR1' USR1
+        STEPS=100000
+        if [ -f {ckpt}/latest ]; then STEPS=$(( 10#$(sed 's/^step_//' {ckpt}/latest) + 61 )); fi
         srun bash -c '{accelerate} launch --cpu --num_processes 2 --num_machines 1 --mixed_precision no \\
-            --dynamo_backend no examples/accelerate/train.py --checkpoint-dir {ckpt} --steps 200' &
+            --dynamo_backend no examples/accelerate/train.py --checkpoint-dir {ckpt} --steps '$STEPS' \\
+            --save-every 20' &
         SRUN_PID=$!
         wait $SRUN_PID
         wait $SRUN_PID
@@ -76,11 +81,14 @@ def test_accelerate_example_stops_on_the_forwarded_signal_requeues_and_resumes(t
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SLURMD_"))}
     env.update({"PYTHONPATH": str(ROOT / "src"), "SLURMRT_DEADLINE_MARGIN_S": "5", "SLURMRT_SAVE_TIME_S": "2",
                 "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"})
-    out = subprocess.run([sys.executable, "-m", "slurmrt", "sim", "--max-restarts", "3", str(script)], env=env,
-                         cwd=tmp_path, capture_output=True, text=True, timeout=280)
+    out = subprocess.run([sys.executable, "-m", "slurmrt", "sim", "--max-restarts", "3", "--preempt-at", "0",
+                          "--after-checkpoint", "--grace", "30", str(script)], env=env, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=280)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     rows = out.stdout[out.stdout.index("slurmrt sim summary"):].splitlines()[2:]
-    assert len(rows) == 2 and "signal" in rows[0] and "finished" in rows[1]
-    assert "finished 200 steps" in out.stdout + out.stderr
-    assert (ckpt / "latest").read_text().strip() == "step_000000199"
-    assert {"model.safetensors", "optimizer.bin"} <= {p.name for p in (ckpt / "step_000000199").iterdir()}
+    assert len(rows) == 2 and "signal" in rows[0] and "finished" in rows[1], rows
+    resumed = int(rows[1].split("step ")[-1])
+    assert resumed >= 19
+    assert f"finished {resumed + 61} steps" in out.stdout + out.stderr
+    assert (ckpt / "latest").read_text().strip() == f"step_{resumed + 60:09d}"
+    assert {"model.safetensors", "optimizer.bin"} <= {p.name for p in (ckpt / f"step_{resumed + 60:09d}").iterdir()}

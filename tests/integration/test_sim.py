@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -70,22 +71,31 @@ def test_signal_goes_to_the_tasks_or_with_b_only_to_the_batch_shell(tmp_path: Pa
 
 
 def test_preemption_saves_requeues_and_resumes_with_a_summary(tmp_path: Path) -> None:
-    steps = 120
-    out = sim(tmp_path, "-N", "2", "--ntasks-per-node", "1", "--time", "2:00", "--signal", "USR1@5", "--preempt-at",
-              "8", "--grace", "10", "--requeue", "--", sys.executable, str(WORKER), "--out", str(tmp_path / "out"),
-              "--steps", str(steps), "--step-time", "0.05",
+    # Run 0 trains until it is stopped (100000 steps is a cap it never reaches): the preemption comes after its
+    # first checkpoint, so it certainly hits a running job however fast the machine. Run 1 finishes 40 steps after
+    # its resume.
+    out = sim(tmp_path, "-N", "2", "--ntasks-per-node", "1", "--signal", "USR1@5", "--preempt-at", "0",
+              "--after-checkpoint", "--grace", "10", "--requeue", "--", sys.executable, str(WORKER), "--out",
+              str(tmp_path / "out"), "--steps", "100000", "--resume-steps", "40", "--save-every", "10",
+              "--step-time", "0.05",
               env={"SLURMRT_CHECKPOINT_DIR": str(tmp_path / "ckpt"), "SLURMRT_SAVE_TIME_S": "1"})
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     summary = out.stdout[out.stdout.index("slurmrt sim summary"):]
     rows = summary.splitlines()[2:]
     assert len(rows) == 2
     assert "preemption (requeued)" in rows[0] and "signal" in rows[0] and "fresh start" in rows[0]
-    assert "finished" in rows[1] and "step 119" in rows[1]
-    stop = int(rows[0].split("step ")[1].split()[0])
-    assert f"step {stop}" in rows[1].split("step 119")[1]  # resumed from the checkpoint of run 0
+    # The code the training processes chose (3: stopped and requeued), not the batch shell's SIGTERM. Ranks still
+    # exiting when the requeue ends the job may be killed, as Slurm does: "3,SIGKILL".
+    assert "3" in rows[0].split()[5].split(","), rows[0]
+    assert rows[0].split()[6] == "SIGTERM", rows[0]
     final = json.loads((tmp_path / "out" / "rank0.json").read_text())
-    assert final["start"] == stop + 1 and final["restart_count"] == 1
-    assert final["w"] == pytest.approx(expected_weights(steps, 2), abs=1e-5)
+    stop = final["start"] - 1
+    last = final["trained"][-1]
+    assert last == stop + 40 and stop >= 9
+    assert "finished" in rows[1] and f"step {last}" in rows[1]
+    assert f"step {stop}" in rows[1].split(f"step {last}")[1]  # resumed from the checkpoint of run 0
+    assert final["restart_count"] == 1
+    assert final["w"] == pytest.approx(expected_weights(last + 1, 2), abs=1e-5)
 
 
 def test_cancel_stops_the_job_without_requeue(tmp_path: Path) -> None:
@@ -99,20 +109,22 @@ def test_cancel_stops_the_job_without_requeue(tmp_path: Path) -> None:
 
 
 def test_a_failed_node_takes_the_step_down_and_the_batch_script_requeues(tmp_path: Path) -> None:
+    # The node fails after the first checkpoint of a run that would otherwise train 100000 steps: it certainly
+    # fails mid-run. The requeued run finishes 30 steps after its resume.
     batch = tmp_path / "job.sbatch"
     batch.write_text("\n".join([
         "#!/bin/bash", "#SBATCH -N 2 --ntasks-per-node=1 --requeue",
         f"srun --kill-on-bad-exit=1 {sys.executable} {WORKER} --out {tmp_path}/run${{SLURM_RESTART_COUNT:-0}} "
-        "--steps 100 --step-time 0.05 --save-every 10",
+        "--steps 100000 --resume-steps 30 --step-time 0.05 --save-every 10",
         "rc=$?",
         'case $rc in 0|3|4) ;; *) scontrol requeue "$SLURM_JOB_ID" ;; esac', ""]))
-    out = sim(tmp_path, "--fail-node", "1", "--at", "6", str(batch),
+    out = sim(tmp_path, "--fail-node", "1", "--at", "0", "--after-checkpoint", str(batch),
               env={"SLURMRT_CHECKPOINT_DIR": str(tmp_path / "ckpt")})
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "task 1: Killed" in out.stderr
     final = json.loads((tmp_path / "run1" / "rank0.json").read_text())
-    assert final["start"] > 0 and final["trained"][-1] == 99
-    assert final["w"] == pytest.approx(expected_weights(100, 2), abs=1e-5)
+    assert final["start"] >= 10 and final["trained"][-1] == final["start"] + 29
+    assert final["w"] == pytest.approx(expected_weights(final["start"] + 30, 2), abs=1e-5)
 
 
 def test_nothing_outlives_sim_even_a_task_that_ignores_sigterm_and_a_daemonised_child(tmp_path: Path) -> None:
@@ -137,3 +149,63 @@ def test_sim_cli_errors_are_clear(tmp_path: Path) -> None:
     assert out.returncode == 2 and "--fail-node 3: nodes are numbered 0..1" in out.stderr
     out = sim(tmp_path)
     assert out.returncode == 2 and "nothing to run" in out.stderr
+
+
+def test_srun_passes_each_tasks_output_on_in_whole_lines(tmp_path: Path) -> None:
+    """Four tasks printing unbuffered (print() then writes its pieces separately) into one pipe used to break lines
+    ("PROCIDPROCID 3"), which looked like lost tasks; real srun delivers whole lines."""
+    task = _script(tmp_path, """
+        import os
+        rank = os.environ["SLURM_PROCID"]
+        for k in range(300):
+            print("PROCID", rank, "line", k)
+    """)
+    out = sim(tmp_path, "-N", "2", "--ntasks-per-node", "2", "--", sys.executable, str(task))
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = [line for line in out.stdout.splitlines() if not line.startswith(("slurmrt sim", "run ", "0 "))
+             and line.strip() and "summary" not in line]
+    assert sorted(lines) == sorted(f"PROCID {r} line {k}" for r in range(4) for k in range(300))
+
+
+def test_sim_ended_by_sigterm_or_sighup_ends_its_job_like_scancel_and_leaves_nothing(tmp_path: Path) -> None:
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        marker = f"slurmrt-sim-end-{uuid.uuid4().hex}"
+        task = _script(tmp_path, f"""
+            import os, signal, sys, time
+            def term(*a):
+                open(f"term-{{os.environ['SLURM_PROCID']}}", "w").close()
+                sys.exit(0)
+            signal.signal(signal.SIGTERM, term)
+            open(f"ready-{{os.environ['SLURM_PROCID']}}", "w").close()
+            time.sleep(300)  # {marker}
+        """)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SLURMD_"))}
+        env.update({"PYTHONPATH": str(ROOT / "src"), "PYTHONUNBUFFERED": "1"})
+        proc = subprocess.Popen([sys.executable, "-m", "slurmrt", "sim", "-N", "2", "--ntasks-per-node", "1",
+                                 "--kill-wait", "5", "--", sys.executable, str(task)], cwd=tmp_path, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        deadline = time.monotonic() + 120
+        while len(list(tmp_path.glob("ready-*"))) < 2:
+            assert time.monotonic() < deadline and proc.poll() is None, "the tasks never started"
+            time.sleep(0.05)
+        proc.send_signal(sig)
+        output, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 128 + sig, output
+        assert sorted(p.name for p in tmp_path.glob("term-*")) == ["term-0", "term-1"], output
+        assert f"got {sig.name}" in output
+        left = [p for p in psutil.process_iter(["cmdline"]) if str(task) in " ".join(p.info["cmdline"] or [])]
+        assert left == []
+        for p in [*tmp_path.glob("term-*"), *tmp_path.glob("ready-*")]:
+            p.unlink()
+
+
+def test_status_reads_the_jobs_own_event_log_next_to_its_checkpoints(tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    out = sim(tmp_path, "-N", "1", "--ntasks-per-node", "2", "--", sys.executable,
+              str(ROOT / "examples" / "quickstart" / "train.py"), "--steps", "5", "--checkpoint-dir", str(ckpt))
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert list(ckpt.glob("events-*.jsonl")), "the event log belongs next to the checkpoints"
+    status = subprocess.run([sys.executable, "-m", "slurmrt", "status", str(ckpt)], capture_output=True, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    assert status.returncode == 0, status.stderr
+    assert "step 4" in status.stdout, status.stdout

@@ -4,6 +4,7 @@
 #
 #   tests/slurm/cluster.sh start    install if missing (apt, root), configure, start, wait until the nodes are idle
 #   tests/slurm/cluster.sh stop     stop every daemon this script started
+#   tests/slurm/cluster.sh install  only install slurm-wlm and munge (root), e.g. for the scontrol oracle tests
 #   tests/slurm/cluster.sh status
 #
 # Idempotent: `start` on a running cluster only checks it; `stop` on a stopped one does nothing.
@@ -169,6 +170,7 @@ stop() {
 case "${1:-}" in
     start) start ;;
     stop) stop ;;
+    install) need_root; install ;;
     status) running && sinfo || { log "not running"; exit 1; } ;;
-    *) echo "usage: $0 start|stop|status" >&2; exit 2 ;;
+    *) echo "usage: $0 start|stop|status|install" >&2; exit 2 ;;
 esac

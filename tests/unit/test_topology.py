@@ -107,6 +107,102 @@ def test_elastic_rendezvous_may_reorder_node_ranks_when_the_user_says_so() -> No
     assert from_environ(env).node_rank == 0
 
 
+@pytest.mark.parametrize("procid", range(4))
+def test_pyxis_pytorch_hook_in_a_step_of_one_task_per_gpu_keeps_slurms_node_layout(procid: int) -> None:
+    """Pyxis exports RANK, WORLD_SIZE and LOCAL_RANK from SLURM_PROCID, SLURM_NTASKS and SLURM_LOCALID, nothing
+    else (no LOCAL_WORLD_SIZE, no GROUP_RANK): the nodes must still come from Slurm."""
+    env = srun_env(procid)
+    env.update({"RANK": str(procid), "WORLD_SIZE": "4", "LOCAL_RANK": str(procid % 2)})
+    topo = from_environ(env, launcher_argv=None)
+    assert topo.mode is LaunchMode.SRUN
+    assert (topo.rank, topo.local_rank, topo.node_rank) == (procid, procid % 2, procid // 2)
+    assert (topo.world_size, topo.local_world_size, topo.nnodes) == (4, 2, 2)
+
+
+def test_pyxis_shape_passes_the_nnodes_preflight_check() -> None:
+    from slurmrt import preflight
+
+    env = srun_env(3)
+    env.update({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "NNODES": "2"})
+    topo = from_environ(env)
+    preflight.check(topo, preflight.declared_from(env, nnodes=None, gpus_per_node=None, tp=1, pp=1, cp=1),
+                    node_gpus=None)
+
+
+@pytest.mark.parametrize("procid", range(4))
+def test_hand_written_export_of_rank_and_world_size_alone_keeps_slurms_layout(procid: int) -> None:
+    """`srun bash -c 'export RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS; python train.py'`: no LOCAL_RANK."""
+    env = srun_env(procid)
+    env.update({"RANK": str(procid), "WORLD_SIZE": "4"})
+    topo = from_environ(env)
+    assert (topo.mode, topo.local_rank, topo.node_rank, topo.local_world_size) == (LaunchMode.SRUN, procid % 2,
+                                                                                   procid // 2, 2)
+
+
+def test_a_local_rank_that_contradicts_slurm_localid_is_an_error() -> None:
+    env = srun_env(3)
+    env.update({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "3"})
+    with pytest.raises(LauncherConflictError, match=r"LOCAL_RANK=3 contradicts SLURM_LOCALID=1"):
+        from_environ(env)
+
+
+C10D = ["python", "-m", "torch.distributed.run", "--nproc_per_node", "4", "--nnodes", "2", "--rdzv_endpoint",
+        "n1:29500", "--rdzv_backend", "c10d", "--max_restarts", "0", "train.py"]
+STATIC = ["python", "-m", "torch.distributed.run", "--nproc_per_node", "4", "--nnodes", "2", "--node_rank", "0",
+          "--master_addr", "n1", "--master_port", "29500", "train.py"]
+
+
+@pytest.mark.parametrize(("argv", "backend"), [
+    (C10D, "c10d"),
+    (["torchrun", "--rdzv-backend=c10d", "x.py"], "c10d"),
+    (["torchrun", "--rdzv_backend=etcd-v2", "x.py"], "etcd-v2"),
+    (["torchrun", "--standalone", "--nproc-per-node", "2", "x.py"], "c10d"),
+    (STATIC, "static"),
+    (["accelerate", "launch", "--rdzv_backend", "c10d", "--machine_rank", "1", "x.py"], "c10d"),
+    # The guide's Accelerate line: `rdzv_backend=c10d` inside --rdzv_conf is only a config key; the rendezvous
+    # itself stays accelerate's default, static, which takes --machine_rank as the truth.
+    (["accelerate", "launch", "--rdzv_conf", "rdzv_backend=c10d,rdzv_endpoint=n1:29500", "x.py"], "static"),
+    (None, None),
+])
+def test_rendezvous_backend_is_read_off_the_launchers_command_line(argv: list[str] | None,
+                                                                   backend: str | None) -> None:
+    from slurmrt.topology import rendezvous_backend
+
+    assert rendezvous_backend(argv) == backend
+
+
+def test_c10d_rendezvous_may_order_nodes_unlike_slurm_nodeid() -> None:
+    topo = from_environ(torchrun_under_srun(1, 0, group_rank=0), launcher_argv=C10D)
+    assert (topo.node_rank, topo.rank) == (0, 0)
+
+
+def test_static_rendezvous_with_an_early_expanded_node_rank_is_refused() -> None:
+    with pytest.raises(NodeRankError, match=r"node rank 0 but this is node 1 .*srun bash -c"):
+        from_environ(torchrun_under_srun(1, 0, group_rank=0), launcher_argv=STATIC)
+
+
+def test_torchrun_with_one_process_per_node_and_c10d_is_not_mistaken_for_srun() -> None:
+    env = srun_env(0, ntasks=2, tpn="1(x2)")
+    env.update({"SLURM_LOCALID": "0", "SLURM_NODEID": "0", "RANK": "1", "LOCAL_RANK": "0", "WORLD_SIZE": "2",
+                "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": "1", "TORCHELASTIC_RUN_ID": "1", "MASTER_ADDR": "n2"})
+    topo = from_environ(env, launcher_argv=C10D)
+    assert (topo.mode, topo.rank, topo.node_rank) == (LaunchMode.LAUNCHER, 1, 1)
+
+
+def test_batch_shell_with_a_procid_other_than_0_is_a_broken_launch() -> None:
+    env = {"SLURM_JOB_ID": "77", "SLURM_PROCID": "3", "SLURM_LOCALID": "0", "SLURM_NTASKS": "8"}
+    with pytest.raises(EnvironmentVariableError, match=r"SLURM_PROCID=3 without SLURM_STEP_ID"):
+        from_environ(env)
+
+
+@pytest.mark.parametrize("value", ["1_0", "\u0663", " 3", "+3", "3 "])
+def test_integers_in_slurm_variables_are_ascii_digits_only(value: str) -> None:
+    env = srun_env(0)
+    env["SLURM_NTASKS"] = env["SLURM_STEP_NUM_TASKS"] = value
+    with pytest.raises(EnvironmentVariableError, match="SLURM_STEP_NUM_TASKS"):
+        from_environ(env)
+
+
 def test_rank_exported_in_the_batch_shell_contradicting_slurm_procid_is_an_error() -> None:
     env = srun_env(2)
     env.update({"RANK": "0", "WORLD_SIZE": "4", "LOCAL_RANK": "0"})

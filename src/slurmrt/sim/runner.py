@@ -20,19 +20,21 @@ import signal
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
 
 import psutil
 
 from .. import hostlist
+from ..events import COPY_ENV, read_events
 from .environ import batch_env, default_node_names
 from .shims import install
 from .spec import JobSpec
 from .state import ENV, SimState
 
-__all__ = ["RunRecord", "simulate"]
+__all__ = ["RunRecord", "SimInterrupted", "simulate"]
 
 _PR_SET_CHILD_SUBREAPER = 36
 
@@ -47,6 +49,9 @@ class RunRecord:
     reasons: tuple[str, ...] = ()
     checkpoint: int | None = None
     resumed_from: int | None = None
+    #: Exit status of each task of the run's largest step, by rank, as the training processes chose it (negative:
+    #: ended by that signal); ``exit_code`` is the batch shell's, which Slurm's end of a job often kills.
+    task_codes: dict[int, int] = field(default_factory=dict)
 
 
 def _become_subreaper() -> None:
@@ -58,11 +63,13 @@ def _become_subreaper() -> None:
 
 class _Run:
     def __init__(self, spec: JobSpec, restart: int, state: SimState, bin_dir: Path, events: Path,
-                 out: IO[str]) -> None:
+                 out: IO[str], stop_signal: Callable[[], int | None]) -> None:
         self.spec = spec
         self.restart = restart
         self.state = state
         self.out = out
+        self.events = _EventFollower(events)
+        self.stop_signal = stop_signal
         self.record = RunRecord(restart=restart)
         submit_dir = os.getcwd()
         self.started = time.time()
@@ -73,7 +80,7 @@ class _Run:
         env.update(batch_env(spec, restart, submit_dir))
         env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
         env[ENV] = str(state.dir)
-        env.setdefault("SLURMRT_EVENT_LOG", str(events))
+        env[COPY_ENV] = str(events)  # the job's own event log stays where it is (next to its checkpoints)
         env.setdefault("SLURMRT_KILL_WAIT_S", str(spec.kill_wait_s))
         script = spec.script
         if script is None:
@@ -126,19 +133,34 @@ class _Run:
     def run(self) -> RunRecord:
         spec = self.spec
         first = self.restart == 0
-        timeline: list[tuple[float, str]] = []
+        timeline: list[tuple[float, str]] = []  # seconds since the run started
         if spec.time_s is not None:
             timeline.append((spec.time_s, "time"))
             if spec.signal is not None:
                 timeline.append((max(0.0, spec.time_s - spec.signal_lead_s), "signal"))
+        # The faults a user rehearses, in seconds since the start, or since the run's first checkpoint with
+        # --after-checkpoint: then they certainly hit a job that is running, however fast or slow the machine.
+        faults: list[tuple[float, str]] = []
         if first and spec.preempt_at_s is not None:
-            timeline += [(spec.preempt_at_s, "preempt"), (spec.preempt_at_s + spec.grace_s, "preempt_term")]
+            faults += [(spec.preempt_at_s, "preempt"), (spec.preempt_at_s + spec.grace_s, "preempt_term")]
         if first and spec.cancel_at_s is not None:
-            timeline.append((spec.cancel_at_s, "cancel"))
+            faults.append((spec.cancel_at_s, "cancel"))
         if first and spec.fail_node is not None and spec.fail_at_s is not None:
-            timeline.append((spec.fail_at_s, "fail"))
+            faults.append((spec.fail_at_s, "fail"))
+        anchored = not spec.after_checkpoint
+        if anchored:
+            timeline += faults
         timeline.sort()
         while self.batch.poll() is None:
+            if not anchored and self.events.first_save(self.restart):
+                anchored = True
+                self.say(f"first checkpoint of run {self.restart} committed: the rehearsed faults count from now")
+                timeline = sorted(timeline + [(self.elapsed() + t, what) for t, what in faults])
+            signum = self.stop_signal()
+            if signum is not None:
+                self.say(f"slurmrt sim got {signal.Signals(signum).name}: ending job {spec.job_id} as scancel would")
+                self.terminate(f"sim ended by {signal.Signals(signum).name}")
+                break
             if self.state.requested("requeue"):
                 self.say(f"job {spec.job_id} asked to be requeued: ending this run")
                 self.record.requeued = True
@@ -163,6 +185,7 @@ class _Run:
             time.sleep(0.02)
         self.record.exit_code = self.batch.poll()
         self.kill_all()
+        self.record.task_codes = self.state.task_exits()
         _KEEP.discard(self.batch.pid)
         if not self.record.ended_by:
             self.record.ended_by = "finished" if self.record.exit_code == 0 else f"exit {self.record.exit_code}"
@@ -226,16 +249,39 @@ def _reap() -> None:
             pass
 
 
-def _read_events(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
+class _EventFollower:
+    """Reads the events the job appends to the simulator's copy of its event log, as they come."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._offset = 0
+        self._partial = ""
+        self._saved: set[int] = set()  # restarts that committed a checkpoint
+
+    def first_save(self, restart: int) -> bool:
+        """True once run ``restart`` has committed a checkpoint."""
+        if restart not in self._saved:
+            for event in self._new():
+                if event.get("event") == "save":
+                    self._saved.add(int(event.get("restart", 0)))
+        return restart in self._saved
+
+    def _new(self) -> list[dict[str, Any]]:
         try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return out
+            with open(self.path, encoding="utf-8") as f:
+                f.seek(self._offset)
+                text = f.read()
+                self._offset = f.tell()
+        except FileNotFoundError:
+            return []
+        text, self._partial = self._partial + text, ""
+        lines = text.split("\n")
+        self._partial = lines.pop()  # an unfinished last line waits for the next read
+        out = []
+        for line in lines:
+            with contextlib.suppress(json.JSONDecodeError):
+                out.append(json.loads(line))
+        return out
 
 
 def _annotate(records: list[RunRecord], events: list[dict[str, Any]]) -> None:
@@ -270,45 +316,62 @@ def simulate(spec: JobSpec, *, out: IO[str] = sys.stdout, state_dir: Path | None
     print(f"slurmrt sim: {describe}{', requeue' if spec.requeue else ''} (state in {directory})", file=out,
           flush=True)
     records: list[RunRecord] = []
-    previous_sigint = signal.getsignal(signal.SIGINT)
-    current: list[_Run] = []
-
-    def interrupted(signum: int, frame: object) -> None:
-        for run in current:
-            run.terminate("interrupted (Ctrl-C)")
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGINT, interrupted)
+    # Ctrl-C, `timeout`, a CI runner's SIGTERM, a closed terminal: the job ends as Slurm ends a cancelled one
+    # (SIGTERM to the tasks, SIGKILL after the kill wait), then the simulator exits 128 + the signal.
+    received: list[int] = []
+    ending = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {sig: signal.getsignal(sig) for sig in ending}
+    for sig in ending:
+        signal.signal(sig, lambda signum, frame: received.append(signum))
     try:
         for restart in range(spec.max_restarts + 1):
-            run = _Run(spec, restart, state, bin_dir, Path(os.environ.get("SLURMRT_EVENT_LOG", events)), out)
-            current[:] = [run]
+            run = _Run(spec, restart, state, bin_dir, events, out, lambda: received[0] if received else None)
             record = run.run()
             records.append(record)
             run.say(f"run {restart} ended after {record.seconds:.1f} s: {record.ended_by}"
                     f"{' -> requeued' if record.requeued else ''}")
-            if not record.requeued:
+            if not record.requeued or received:
                 break
             if restart == spec.max_restarts:
                 run.say(f"max restarts ({spec.max_restarts}) reached: not starting again")
     finally:
-        signal.signal(signal.SIGINT, previous_sigint)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         for proc in _descendants():
             proc.kill()
         _reap()
-    _annotate(records, _read_events(Path(os.environ.get("SLURMRT_EVENT_LOG", events))))
+    _annotate(records, list(read_events(events)) if events.exists() else [])
     print(summary(records), file=out, flush=True)
+    if received:
+        raise SimInterrupted(received[0])
     return records
 
 
+class SimInterrupted(Exception):
+    """The simulator itself got SIGINT, SIGTERM or SIGHUP; the job was ended and nothing is left running."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _status(code: int) -> str:
+    return f"SIG{signal.Signals(-code).name[3:]}" if code < 0 and -code in signal.valid_signals() else str(code)
+
+
 def summary(records: list[RunRecord]) -> str:
-    rows = [("run", "duration", "ended by", "exit", "stop reasons", "checkpoint", "resumed from")]
+    """One row per run. ``ended by`` says how the run ended (the time limit, a preemption...), ``exit`` the codes
+    the training processes chose (3: stopped and requeued by slurmrt), ``batch`` the batch shell's status, which
+    the end of a job often sets by killing the shell."""
+    rows = [("run", "duration", "ended by", "exit", "batch", "stop reasons", "checkpoint", "resumed from")]
     for r in records:
+        codes = sorted(set(r.task_codes.values()), key=lambda c: (c < 0, c))
         rows.append((
             str(r.restart),
             f"{r.seconds:.1f} s",
             r.ended_by + (" (requeued)" if r.requeued else ""),
-            "-" if r.exit_code is None else str(r.exit_code),
+            ",".join(_status(c) for c in codes) or "-",
+            "-" if r.exit_code is None else _status(r.exit_code),
             ", ".join(r.reasons) or "-",
             "-" if r.checkpoint is None else f"step {r.checkpoint}",
             "fresh start" if r.resumed_from is None else f"step {r.resumed_from}",

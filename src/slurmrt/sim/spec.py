@@ -34,6 +34,8 @@ class JobSpec:
     cancel_at_s: float | None = None
     fail_node: int | None = None
     fail_at_s: float | None = None
+    #: Count preempt_at_s, cancel_at_s and fail_at_s from the first run's first committed checkpoint.
+    after_checkpoint: bool = False
     max_restarts: int = 5
     kill_on_bad_exit: bool = True
     node_names: tuple[str, ...] = field(default=())

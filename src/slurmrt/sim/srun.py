@@ -13,8 +13,10 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
+from typing import IO
 
 from .environ import task_env
 from .state import SimState
@@ -51,12 +53,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     kill_on_bad_exit = spec.kill_on_bad_exit if kill_flag is None else kill_flag
     step = state.next_step()
     procs: list[tuple[subprocess.Popen[bytes], int, int]] = []
+    forwarders: list[threading.Thread] = []
     for rank in range(spec.ntasks):
         env = {**os.environ, **task_env(spec, job["restart"], step, rank, job["submit_dir"])}
         # SLURM_TASK_PID is the task's own pid: only the task can say it, so a shell sets it and execs the command.
         p = subprocess.Popen(["/bin/sh", "-c", 'SLURM_TASK_PID=$$; export SLURM_TASK_PID; exec "$@"', "srun",
-                              *command], env=env, start_new_session=True)
+                              *command], env=env, start_new_session=True, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
         procs.append((p, rank // spec.ntasks_per_node, rank))
+        for pipe, target in ((p.stdout, sys.stdout.buffer), (p.stderr, sys.stderr.buffer)):
+            forwarders.append(threading.Thread(target=_forward_lines, args=(pipe, target), daemon=True))
+            forwarders[-1].start()
     state.add_tasks([(p.pid, node, rank) for p, node, rank in procs])
 
     def forward(signum: int, frame: object) -> None:
@@ -76,6 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 continue
             code = p.returncode
             codes[rank] = code if code >= 0 else 128 - code
+            state.add_task_exit(step, rank, code)  # at once: srun itself may be killed before the step ends
             if code != 0:
                 what = f"Exited with exit code {code}" if code > 0 else (signal.strsignal(-code) or f"signal {-code}")
                 print(f"srun: error: {spec.node_names[node]}: task {rank}: {what}", file=sys.stderr, flush=True)
@@ -87,7 +95,26 @@ def main(argv: Sequence[str] | None = None) -> int:
                             with contextlib.suppress(ProcessLookupError):
                                 os.killpg(q.pid, signal.SIGKILL)
         time.sleep(0.02)
+    for thread in forwarders:
+        # A task's own children may keep its pipe open after it ended (a daemon): their output is not the step's.
+        thread.join(1.0)
     return max(codes.values())
+
+
+_OUTPUT_LOCK = threading.Lock()
+
+
+def _forward_lines(pipe: IO[bytes] | None, target: IO[bytes]) -> None:
+    """Pass a task's output on whole lines at a time, as srun does: with 4 tasks printing 200 unbuffered lines each
+    (PYTHONUNBUFFERED=1, where print() writes its pieces separately), real srun on the test cluster delivered all
+    800 lines whole in 10 of 10 runs, while tasks sharing one pipe broke lines ("PROCIDPROCID 3")."""
+    if pipe is None:
+        return
+    with pipe:
+        for line in pipe:
+            with _OUTPUT_LOCK, contextlib.suppress(OSError, ValueError):
+                target.write(line)
+                target.flush()
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ class SimState:
         data.update({"restart": restart, "submit_dir": submit_dir, "started": started})
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "job.json").write_text(json.dumps(data))
-        for name in ("requeue", "cancel", "tasks", "steps"):  # each run starts at step 0, as in Slurm
+        for name in ("requeue", "cancel", "tasks", "steps", "exits"):  # each run starts at step 0, as in Slurm
             (self.dir / name).unlink(missing_ok=True)
 
     def read_job(self) -> tuple[JobSpec, dict[str, Any]]:
@@ -67,6 +67,22 @@ class SimState:
         if not path.exists():
             return []
         return [tuple(int(x) for x in line.split()) for line in path.read_text().splitlines() if line.strip()]  # type: ignore[misc]
+
+    def add_task_exit(self, step: int, rank: int, code: int) -> None:
+        """A task of ``step`` ended with ``code`` (negative: killed by that signal)."""
+        with open(self.dir / "exits", "a") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            f.write(f"{step} {rank} {code}\n")
+
+    def task_exits(self) -> dict[int, int]:
+        """Exit codes by rank of the run's largest step (the training step, not a `srun --overlap` helper)."""
+        path = self.dir / "exits"
+        steps: dict[int, dict[int, int]] = {}
+        if path.exists():
+            for line in path.read_text().splitlines():
+                step, rank, code = (int(x) for x in line.split())
+                steps.setdefault(step, {})[rank] = code
+        return max(steps.values(), key=len, default={})
 
     # -- requests from the shims -----------------------------------------------------------------------------------
     def request(self, name: str) -> None:
