@@ -13,13 +13,17 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e '.[test,dev,gpu]'
 	touch $@
 
-# A 2-node x 2-task job under `slurmrt sim`: preempted after 12 s (USR1 at once, SIGTERM after a 10 s grace time),
-# it saves, requeues itself and resumes from its checkpoint; the summary lists both runs.
+# A 2-node x 2-task job under `slurmrt sim`: preempted 1 s after its first checkpoint (USR1 at once, SIGTERM after a
+# 10 s grace time), it saves, requeues itself and resumes from its checkpoint; the summary lists both runs, then
+# `slurmrt status` reads the job's event log next to its checkpoints.
 DEMO_DIR := $(shell mktemp -u /tmp/slurmrt-demo-XXXXXX)
 demo: $(VENV)/.installed
 	SLURMRT_DEADLINE_MARGIN_S=5 SLURMRT_SAVE_TIME_S=2 $(VENV)/bin/slurmrt sim --nodes 2 --ntasks-per-node 2 \
-	    --time 1:00 --signal USR1@10 --preempt-at 12 --grace 10 --requeue -- \
-	    $(PY) examples/quickstart/train.py --steps 150 --step-time 0.1 --checkpoint-dir $(DEMO_DIR)
+	    --time 2:00 --signal USR1@10 --preempt-at 1 --after-checkpoint --grace 10 --requeue -- \
+	    $(PY) examples/quickstart/train.py --steps 150 --step-time 0.1 --save-every 20 --checkpoint-dir $(DEMO_DIR)
+	@echo
+	@echo '$$ slurmrt status $(DEMO_DIR)'
+	@$(VENV)/bin/slurmrt status $(DEMO_DIR)
 
 test: $(VENV)/.installed
 	$(PY) -m pytest

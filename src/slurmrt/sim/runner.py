@@ -49,8 +49,10 @@ class RunRecord:
     reasons: tuple[str, ...] = ()
     checkpoint: int | None = None
     resumed_from: int | None = None
-    #: Exit status of each task of the run's largest step, by rank, as the training processes chose it (negative:
-    #: ended by that signal); ``exit_code`` is the batch shell's, which Slurm's end of a job often kills.
+    #: The exit code slurmrt chose for the run (its event log's ``exit``): 3 for a stop and requeue, even when the
+    #: requeue then ended the tasks before they could exit with it, as Slurm's requeue does.
+    chosen_code: int | None = None
+    #: Exit status of each task of the run's largest step, by rank (negative: ended by that signal).
     task_codes: dict[int, int] = field(default_factory=dict)
 
 
@@ -294,6 +296,8 @@ def _annotate(records: list[RunRecord], events: list[dict[str, Any]]) -> None:
                 rec.checkpoint = e.get("step")
             elif e["event"] == "resume":
                 rec.resumed_from = e.get("step")
+            elif e["event"] == "exit":
+                rec.chosen_code = e.get("code")
 
 
 def simulate(spec: JobSpec, *, out: IO[str] = sys.stdout, state_dir: Path | None = None) -> list[RunRecord]:
@@ -360,16 +364,17 @@ def _status(code: int) -> str:
 
 
 def summary(records: list[RunRecord]) -> str:
-    """One row per run. ``ended by`` says how the run ended (the time limit, a preemption...), ``exit`` the codes
-    the training processes chose (3: stopped and requeued by slurmrt), ``batch`` the batch shell's status, which
-    the end of a job often sets by killing the shell."""
-    rows = [("run", "duration", "ended by", "exit", "batch", "stop reasons", "checkpoint", "resumed from")]
+    """One row per run. ``ended by`` says how the run ended (the time limit, a preemption...); ``exit`` is the code
+    slurmrt chose (3: stopped and requeued); ``tasks`` how the training processes really ended, and ``batch`` the
+    batch shell: a requeue or the time limit ends them with signals, as Slurm does."""
+    rows = [("run", "duration", "ended by", "exit", "tasks", "batch", "stop reasons", "checkpoint", "resumed from")]
     for r in records:
         codes = sorted(set(r.task_codes.values()), key=lambda c: (c < 0, c))
         rows.append((
             str(r.restart),
             f"{r.seconds:.1f} s",
             r.ended_by + (" (requeued)" if r.requeued else ""),
+            "-" if r.chosen_code is None else str(r.chosen_code),
             ",".join(_status(c) for c in codes) or "-",
             "-" if r.exit_code is None else _status(r.exit_code),
             ", ".join(r.reasons) or "-",
