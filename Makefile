@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test bench lint clean
+.PHONY: demo test test-repeat bench lint clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,10 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	$(PY) -m pytest
+
+# The suite 5 times on an idle machine, then 3 times while two busy loops spin: how often each test passed.
+test-repeat: $(VENV)/.installed
+	tests/stress/repeat.sh 5 3
 
 bench: $(VENV)/.installed
 	$(PY) -m pip install -q -e '.[bench]'

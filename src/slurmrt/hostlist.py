@@ -1,6 +1,6 @@
 """Slurm hostlist expressions: ``n[001-003,7]`` <-> ``n001 n002 n003 n7``.
 
-The grammar follows what ``scontrol show hostnames`` accepts on Slurm 22.05 (measured, see ../shared/SLURM.md):
+The grammar follows what ``scontrol show hostnames`` accepts on Slurm 22.05 (measured, see docs/slurm.md):
 
 - entries are separated by commas or whitespace outside brackets; empty entries are skipped;
 - a bracket holds comma-separated ``N`` or ``LO-HI``; the width of ``LO`` pads every number (``n[01-10]``);

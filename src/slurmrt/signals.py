@@ -5,7 +5,7 @@ A handler runs between two bytecodes of whatever the main thread was doing -- po
 deadlock (Lightning #21406). So a handler here stores (signal, time) in a dict and returns; everything else happens
 at the next step boundary in :meth:`slurmrt.Runtime.should_stop`.
 
-Slurm sends SIGTERM more than once to some tasks at the time limit (../shared/SLURM.md); only the first arrival time
+Slurm sends SIGTERM more than once to some tasks at the time limit (docs/slurm.md); only the first arrival time
 is kept, later ones just count.
 """
 

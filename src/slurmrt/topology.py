@@ -3,7 +3,7 @@
 :func:`from_environ` reads; :meth:`Topology.exports` says what to write. Nothing here touches ``os.environ``: the one
 place that writes it is :func:`slurmrt.init`.
 
-Launch shapes (see ../shared/SLURM.md for the variables measured in real steps):
+Launch shapes (see docs/slurm.md for the variables measured in real steps):
 
 ``SRUN``
     ``srun`` started one task per process. Step variables win over job variables, because a step may run on fewer

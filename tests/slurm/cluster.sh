@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A real Slurm cluster on this machine: slurmctld and four slurmd nodes (n1..n4), each node name resolving to its own
-# loopback address. Debian's slurm-wlm; settings measured in ../shared/SLURM.md.
+# loopback address. Debian's slurm-wlm; settings explained in docs/slurm.md.
 #
 #   tests/slurm/cluster.sh start    install if missing (apt, root), configure, start, wait until the nodes are idle
 #   tests/slurm/cluster.sh stop     stop every daemon this script started

@@ -290,7 +290,8 @@ def test_5_sim_matches_the_real_cluster_environment_and_event_sequence(
     body = FIDELITY_BODY.replace("$PY", sys.executable).replace("$WORKER", str(WORKER))
     body = body.replace("$OUT", f"{sim_dir}/run${{SLURM_RESTART_COUNT:-0}}")
     script = sim_dir / "fidelity.sbatch"
-    directives = "-N2 --ntasks-per-node=2 --time=0:40 --signal=USR1@20 --requeue --open-mode=append"
+    # The signal comes 40 s after the start: time for 4 tasks to import torch on a loaded 2-core machine.
+    directives = "-N2 --ntasks-per-node=2 --time=1:00 --signal=USR1@20 --requeue --open-mode=append"
     script.write_text(f"#!/bin/bash\n#SBATCH {directives}\n{body}\n")
     out = subprocess.run([sys.executable, "-m", "slurmrt", "sim", str(script)], cwd=sim_dir, env=env,
                          capture_output=True, text=True, timeout=300)

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from slurmrt import HostlistError, hostlist
 
-# Expected values read off `scontrol show hostnames` on Slurm 22.05 (../shared/SLURM.md and this module's docstring).
+# Expected values read off `scontrol show hostnames` on Slurm 22.05 (docs/slurm.md and this module's docstring).
 TABLE = [
     ("n[001-003,7]", ["n001", "n002", "n003", "n7"]),
     ("n[9-11]", ["n9", "n10", "n11"]),

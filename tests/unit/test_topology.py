@@ -1,4 +1,4 @@
-"""Launch shapes, with environments shaped like the ones measured in real srun steps (../shared/SLURM.md)."""
+"""Launch shapes, with environments shaped like the ones measured in real srun steps (docs/slurm.md)."""
 
 from __future__ import annotations
 

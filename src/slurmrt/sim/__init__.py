@@ -1,4 +1,4 @@
-"""``slurmrt sim``: a local stand-in for Slurm that behaves like the real one (../shared/SLURM.md)."""
+"""``slurmrt sim``: a local stand-in for Slurm that behaves like the real one (docs/slurm.md)."""
 
 from __future__ import annotations
 

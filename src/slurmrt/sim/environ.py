@@ -1,6 +1,6 @@
 """The environment Slurm gives the batch shell and each task of an srun step, built purely from a JobSpec.
 
-Shaped after a real srun step on Slurm 22.05 (../shared/SLURM.md): nodelists in compressed hostlist form,
+Shaped after a real srun step on Slurm 22.05 (docs/slurm.md): nodelists in compressed hostlist form,
 tasks-per-node strings such as ``2(x2)``, ``SLURM_RESTART_COUNT`` only after a requeue, no ``SLURM_STEP_ID`` in the
 batch shell, and no ``SLURM_JOB_END_TIME`` (22.05 does not set it: the end time comes from squeue).
 """

@@ -1,6 +1,6 @@
 """Run a command as a Slurm job on this machine: time limit, --signal, preemption, scancel, node failure, requeue.
 
-Timing follows ../shared/SLURM.md: at the time limit SIGCONT+SIGTERM to every task and to the batch shell, SIGKILL
+Timing follows docs/slurm.md: at the time limit SIGCONT+SIGTERM to every task and to the batch shell, SIGKILL
 after the kill wait; ``--signal=SIG@N`` to every task (``B:`` to the batch shell only); preemption sends the job's
 ``--signal`` at once (``preempt_send_user_signal``), then SIGTERM after the grace time, and requeues. Unlike Slurm,
 the signal comes exactly N seconds before the end (Slurm may send it up to a minute early) and a requeued job
@@ -125,9 +125,12 @@ class _Run:
         self.kill_all()
 
     def kill_all(self) -> None:
+        killed = set()
         for proc in _descendants():
             with contextlib.suppress(psutil.Error):
                 proc.kill()
+                killed.add(proc.pid)
+        self.state.record_killed(killed)  # srun died with its tasks: it cannot say how they ended
         with contextlib.suppress(psutil.TimeoutExpired):
             self.batch.wait(5)
         _reap()

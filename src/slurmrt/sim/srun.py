@@ -64,7 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for pipe, target in ((p.stdout, sys.stdout.buffer), (p.stderr, sys.stderr.buffer)):
             forwarders.append(threading.Thread(target=_forward_lines, args=(pipe, target), daemon=True))
             forwarders[-1].start()
-    state.add_tasks([(p.pid, node, rank) for p, node, rank in procs])
+    state.add_tasks(step, [(p.pid, node, rank) for p, node, rank in procs])
 
     def forward(signum: int, frame: object) -> None:
         for p, _, _ in procs:

@@ -56,17 +56,29 @@ class SimState:
             f.write("step\n")
             return count
 
-    def add_tasks(self, rows: list[tuple[int, int, int]]) -> None:
-        """(pid, node, rank) of the tasks a step started."""
+    def add_tasks(self, step: int, rows: list[tuple[int, int, int]]) -> None:
+        """(pid, node, rank) of the tasks ``step`` started."""
         with open(self.dir / "tasks", "a") as f:
             fcntl.flock(f, fcntl.LOCK_EX)
-            f.write("".join(f"{pid} {node} {rank}\n" for pid, node, rank in rows))
+            f.write("".join(f"{pid} {node} {rank} {step}\n" for pid, node, rank in rows))
 
     def tasks(self) -> list[tuple[int, int, int]]:
+        """(pid, node, rank) of every task started in this run."""
+        return [(pid, node, rank) for pid, node, rank, _ in self._task_rows()]
+
+    def _task_rows(self) -> list[tuple[int, int, int, int]]:
         path = self.dir / "tasks"
         if not path.exists():
             return []
-        return [tuple(int(x) for x in line.split()) for line in path.read_text().splitlines() if line.strip()]  # type: ignore[misc]
+        rows = [line.split() for line in path.read_text().splitlines() if line.strip()]
+        return [(int(pid), int(node), int(rank), int(step)) for pid, node, rank, step in rows]
+
+    def record_killed(self, pids: set[int]) -> None:
+        """The simulator SIGKILLed these tasks (and their srun with them): record that as their exit."""
+        recorded = {(step, rank) for step, rank, _ in self._exit_rows()}
+        for pid, _, rank, step in self._task_rows():
+            if pid in pids and (step, rank) not in recorded:
+                self.add_task_exit(step, rank, -9)
 
     def add_task_exit(self, step: int, rank: int, code: int) -> None:
         """A task of ``step`` ended with ``code`` (negative: killed by that signal)."""
@@ -74,14 +86,18 @@ class SimState:
             fcntl.flock(f, fcntl.LOCK_EX)
             f.write(f"{step} {rank} {code}\n")
 
+    def _exit_rows(self) -> list[tuple[int, int, int]]:
+        path = self.dir / "exits"
+        if not path.exists():
+            return []
+        rows = [line.split() for line in path.read_text().splitlines() if line.strip()]
+        return [(int(step), int(rank), int(code)) for step, rank, code in rows]
+
     def task_exits(self) -> dict[int, int]:
         """Exit codes by rank of the run's largest step (the training step, not a `srun --overlap` helper)."""
-        path = self.dir / "exits"
         steps: dict[int, dict[int, int]] = {}
-        if path.exists():
-            for line in path.read_text().splitlines():
-                step, rank, code = (int(x) for x in line.split())
-                steps.setdefault(step, {})[rank] = code
+        for step, rank, code in self._exit_rows():
+            steps.setdefault(step, {})[rank] = code
         return max(steps.values(), key=len, default={})
 
     # -- requests from the shims -----------------------------------------------------------------------------------
