@@ -42,16 +42,22 @@ def test_previous_python_handlers_are_chained_and_restored() -> None:
 
 
 def test_first_sigint_is_recorded_and_the_second_interrupts() -> None:
-    rec = SignalRecorder([signal.SIGINT])
-    rec.install()
+    # Python's own handler first, whatever the test runner inherited: a shell that starts it in the background
+    # (`cmd &` without job control) hands it SIGINT ignored.
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        os.kill(os.getpid(), signal.SIGINT)  # would raise KeyboardInterrupt with Python's default handler
-        assert signal.SIGINT in rec.first_seen
-        with pytest.raises(KeyboardInterrupt):
-            os.kill(os.getpid(), signal.SIGINT)
+        rec = SignalRecorder([signal.SIGINT])
+        rec.install()
+        try:
+            os.kill(os.getpid(), signal.SIGINT)  # would raise KeyboardInterrupt with Python's default handler
+            assert signal.SIGINT in rec.first_seen
+            with pytest.raises(KeyboardInterrupt):
+                os.kill(os.getpid(), signal.SIGINT)
+        finally:
+            rec.close()
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     finally:
-        rec.close()
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        signal.signal(signal.SIGINT, inherited)
 
 
 @pytest.mark.parametrize("value", ["USR1", "SIGUSR1", "usr1", 10, "10", signal.SIGUSR1])
