@@ -111,8 +111,10 @@ class CheckpointStore:
         try:
             tmp.mkdir(parents=True, exist_ok=True)
             if callable(state):
+                # Every rank of a framework saver writes into this one directory, and renames its own temporary
+                # files there: a walk here could meet another rank's file as it vanishes (FileNotFoundError, seen
+                # with Accelerate on the test cluster). Rank 0's commit syncs the whole tree once every rank is done.
                 state(tmp)
-                files = _fsync_tree(tmp)
             else:
                 name = f"rank_{rank:05d}.pt"
                 files = {name: _write_state(tmp / name, state)}

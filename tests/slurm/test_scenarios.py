@@ -167,13 +167,14 @@ def test_7_nnodes_mismatch_fails_every_rank_within_seconds(cluster: Path, tmp_pa
 
 def test_7_early_interpolated_slurm_procid_fails_within_seconds(cluster: Path, tmp_path: Path) -> None:
     # The batch shell expands $SLURM_PROCID (0) once for every task: each one claims to be rank 0.
+    # Each task's stderr goes to its own file: srun, ending the step, may drop the last lines it still forwards.
     job = submit(tmp_path, "export RANK=$SLURM_PROCID WORLD_SIZE=2 LOCAL_RANK=0\n"
-                           "srun --kill-on-bad-exit=1 $PY $WORKER --out $OUT --steps 10; exit $?",
+                           "srun --kill-on-bad-exit=1 --error=$OUT-%t.err $PY $WORKER --out $OUT --steps 10; exit $?",
                  "-N2", "--ntasks-per-node=1", name="early_rank")
     info = job.wait(300)
     assert info["JobState"] == "FAILED"
     assert _seconds(info["EndTime"]) - _seconds(info["StartTime"]) <= 300  # a rendezvous would wait 30 minutes
-    assert "LauncherConflictError: RANK=0 contradicts SLURM_PROCID=1" in job.output()
+    assert "LauncherConflictError: RANK=0 contradicts SLURM_PROCID=1" in (tmp_path / "run0-1.err").read_text()
 
 
 def test_7_early_interpolated_node_rank_under_torchrun_fails_within_seconds(cluster: Path, tmp_path: Path) -> None:
@@ -406,13 +407,14 @@ def test_9_static_torchrun_with_a_node_rank_expanded_by_the_batch_shell_is_refus
     launcher = tmp_path / "bin" / "torchrun"
     launcher.parent.mkdir(parents=True)
     launcher.write_text(STATIC_TORCHRUN)
-    body = (f"srun --kill-on-bad-exit=1 $PY {launcher} --nproc_per_node 2 --nnodes 2 --node_rank $SLURM_PROCID "
+    body = (f"srun --kill-on-bad-exit=1 --error=$OUT-%t.err $PY {launcher} --nproc_per_node 2 --nnodes 2 "
+            "--node_rank $SLURM_PROCID "
             "--master_addr n1 --master_port $((20000 + SLURM_JOB_ID % 10000)) $WORKER --out $OUT --steps 5; exit $?")
     job = submit(tmp_path, body, "-N2", "--ntasks-per-node=1", name="static_early",
                  exports={"SLURMRT_CHECKPOINT_DIR": ""})
     info = job.wait(300)
     assert info["JobState"] == "FAILED"
-    out = job.output()
+    out = (tmp_path / "run0-1.err").read_text()  # the task on the second node, written by slurmstepd directly
     assert "NodeRankError: the launcher says node rank 0 but this is node 1 of the step" in out, out[-3000:]
     assert "srun bash -c 'torchrun --node_rank=$SLURM_NODEID" in out
 
