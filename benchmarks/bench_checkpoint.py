@@ -12,8 +12,8 @@ from pathlib import Path
 
 import torch
 
-from slurmrt.checkpoint import CheckpointStore
-from slurmrt.comm import SoloComm
+from slurmrt._comm import SoloComm
+from slurmrt.checkpoint.store import CheckpointStore
 
 from ._common import ROOT, Section, table
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import random
 import statistics
 
-from slurmrt.deadline import DurationEstimator, PeriodicSaves, budget_saves, time_is_short
+from slurmrt.stop.deadline import DurationEstimator, PeriodicSaves, budget_saves, time_is_short
 
 from ._common import Section, table
 

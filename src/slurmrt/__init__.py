@@ -2,12 +2,15 @@
 
 ``rt = slurmrt.init()`` derives the topology from SLURM, checks the launch, installs signal recorders; then
 ``rt.should_stop(step)``, ``rt.save(...)``, ``rt.load_latest()`` and ``rt.exit()`` carry the run through preemption,
-time limits, ``scancel`` and kill switches. Importing this package imports neither torch nor anything heavy.
+time limits, ``scancel`` and kill switches.
+
+Importing this package imports neither torch nor anything heavy: the names below other than the exceptions load
+their module on first use (``slurmrt.init`` loads the runtime), so a module that only wants ``printflock`` or an
+exception class pays for nothing else.
 """
 
 from __future__ import annotations
 
-from . import cuda, hostlist
 from ._errors import (
     AgreementError,
     CheckpointError,
@@ -23,12 +26,54 @@ from ._errors import (
     ParallelismError,
     SlurmrtError,
 )
-from .agreement import Reason, StopDecision
-from .log import FlockHandler, printflock
-from .options import Options
-from .requeue import ExitCode
-from .runtime import Runtime, init
-from .topology import LaunchMode, Topology
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (mypy knows the name)
+if TYPE_CHECKING:
+    from typing import Any
+
+    from .launch import cuda, hostlist
+    from .launch.parallel import ParallelConfig
+    from .launch.topology import LaunchMode, Topology
+    from .log import FlockHandler, printflock
+    from .options import Options
+    from .outcome import ExitCode, Outcome
+    from .runtime import Runtime, init
+    from .stop.decision import Reason, StopDecision
+
+#: Public name -> the module that defines it (a module's own name: the module itself).
+_LAZY = {
+    "cuda": ".launch.cuda",
+    "hostlist": ".launch.hostlist",
+    "ParallelConfig": ".launch.parallel",
+    "LaunchMode": ".launch.topology",
+    "Topology": ".launch.topology",
+    "FlockHandler": ".log",
+    "printflock": ".log",
+    "Options": ".options",
+    "ExitCode": ".outcome",
+    "Outcome": ".outcome",
+    "Runtime": ".runtime",
+    "init": ".runtime",
+    "Reason": ".stop.decision",
+    "StopDecision": ".stop.decision",
+}
+
+
+def __getattr__(name: str) -> Any:
+    source = _LAZY.get(name)
+    if source is None:
+        raise AttributeError(f"module 'slurmrt' has no attribute {name!r}")
+    import importlib
+
+    module = importlib.import_module(source, __name__)
+    value = module if source.endswith("." + name) else getattr(module, name)
+    globals()[name] = value  # once loaded, a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __version__ = "0.1.0"
 
@@ -48,6 +93,8 @@ __all__ = [
     "NodeCountError",
     "NodeRankError",
     "Options",
+    "Outcome",
+    "ParallelConfig",
     "ParallelismError",
     "Reason",
     "Runtime",

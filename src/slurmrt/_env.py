@@ -51,17 +51,12 @@ def first_str(env: Mapping[str, str], *names: str) -> tuple[str, str] | None:
 
 def parse_tasks_per_node(name: str, raw: str) -> list[int]:
     """Expand Slurm's tasks-per-node string: ``2(x3),1`` -> ``[2, 2, 2, 1]``."""
-    counts: list[int] = []
-    for part in raw.split(","):
-        match = _TASKS_PER_NODE.fullmatch(part)
-        if match is None:
-            raise EnvironmentVariableError(
-                f"{name}={raw!r} is not a Slurm tasks-per-node list such as '2(x3),1'",
-                variable=name,
-                value=raw,
-            )
-        counts.extend([int(match.group(1))] * int(match.group(2) or 1))
-    return counts
+    matches = [_TASKS_PER_NODE.fullmatch(part) for part in raw.split(",")]
+    if not all(matches):
+        raise EnvironmentVariableError(
+            f"{name}={raw!r} is not a Slurm tasks-per-node list such as '2(x3),1'", variable=name, value=raw,
+        )
+    return [int(m.group(1)) for m in matches if m for _ in range(int(m.group(2) or 1))]
 
 
 def format_tasks_per_node(counts: list[int]) -> str:

@@ -7,7 +7,9 @@ it broke, and the fix.
 
 from __future__ import annotations
 
-from typing import Any
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (mypy knows the name)
+if TYPE_CHECKING:
+    from typing import Any
 
 
 class SlurmrtError(Exception):

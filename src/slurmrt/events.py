@@ -1,32 +1,47 @@
-"""The structured event log: JSON lines, one file per job (array task) on the shared filesystem.
+"""The structured event log: its event names, the writer and the reader, in one place.
 
-Every line has ``time`` (ISO 8601, UTC), ``event``, ``job``, ``restart`` and ``rank``; the rest depends on the event
-(init, signal, decision, save, requeue, exit). ``slurmrt status`` reads it. Lines are appended under a file lock so
-that writers on several nodes never interleave.
+JSON lines, one file per job (array task) on the shared filesystem. Every line has ``time`` (ISO 8601, UTC),
+``event`` (an :class:`Event` value), ``job``, ``restart`` and ``rank``; the rest depends on the event. Lines are
+appended under an exclusive ``flock`` on the file itself, so that writers on several nodes never interleave.
+``slurmrt status`` and the simulator's summary read it back through :func:`runs`.
 """
 
 from __future__ import annotations
 
+import enum
+import fcntl
 import json
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from filelock import FileLock
-
 from . import _clock
 
-__all__ = ["COPY_ENV", "EventLog", "read_events"]
+__all__ = ["COPY_ENV", "Event", "EventFollower", "EventLog", "Run", "read_events", "runs"]
 
 logger = logging.getLogger(__name__)
-
 
 #: Set by ``slurmrt sim`` (a process-boundary variable): every event is also appended to this file, so the
 #: simulator can follow the job (its summary, ``--after-checkpoint``) wherever the job keeps its own event log.
 COPY_ENV = "SLURMRT_EVENT_COPY"
+
+
+class Event(str, enum.Enum):
+    """Every event slurmrt writes. Rank 0 writes all but ``SIGNAL``, which each rank writes for itself."""
+
+    INIT = "init"  # mode, world_size, nnodes, nodelist, master, restart_count, kill_switch
+    SIGNAL = "signal"  # signal, received, count
+    DECISION = "decision"  # step, reasons, save, end_time, step_s, save_s
+    SAVE = "save"  # step, seconds, bytes, blocking, path
+    SAVE_SKIPPED = "save_skipped"  # step, save_s
+    RESUME = "resume"  # step
+    FRESH_START = "fresh_start"
+    REQUEUE = "requeue"  # done, message, restart_count
+    EXIT = "exit"  # code, outcome, why, reasons
 
 
 class EventLog:
@@ -36,15 +51,16 @@ class EventLog:
         self._base = {"job": job, "restart": restart, "rank": rank}
         self._paths = [p for p in dict.fromkeys((path, copy)) if p is not None]
 
-    def emit(self, event: str, **data: Any) -> None:
+    def emit(self, event: Event, **data: Any) -> None:
         if not self._paths:
             return
         stamp = datetime.fromtimestamp(_clock.wall(), tz=timezone.utc).isoformat(timespec="milliseconds")
-        line = json.dumps({"time": stamp, "event": event, **self._base, **data}, default=str, sort_keys=False)
+        line = json.dumps({"time": stamp, "event": event.value, **self._base, **data}, default=str)
         for path in self._paths:
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
-                with FileLock(f"{path}.lock"), open(path, "a", encoding="utf-8") as f:
+                with open(path, "a", encoding="utf-8") as f:
+                    fcntl.flock(f.fileno(), fcntl.LOCK_EX)  # released when the file closes
                     f.write(line + "\n")
                     f.flush()
                     os.fsync(f.fileno())
@@ -62,3 +78,81 @@ def read_events(path: Path) -> Iterator[dict[str, Any]]:
                 yield json.loads(line)
             except json.JSONDecodeError:
                 logger.warning("%s:%d is not JSON (a write cut short?); skipped", path, number)
+
+
+class EventFollower:
+    """Reads the events appended to a log since the last call, as a writer adds them (``tail -f``)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._offset = 0
+        self._partial = ""
+
+    def new(self) -> list[dict[str, Any]]:
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                f.seek(self._offset)
+                text = f.read()
+                self._offset = f.tell()
+        except FileNotFoundError:
+            return []
+        lines = (self._partial + text).split("\n")
+        self._partial = lines.pop()  # an unfinished last line waits for the next read
+        out = []
+        for line in lines:
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # an empty line, or one cut short by a killed writer
+        return out
+
+
+@dataclass
+class Run:
+    """One run of a job (one value of ``restart``), as rank 0's events tell it."""
+
+    restart: int
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+    def first(self, event: Event) -> dict[str, Any] | None:
+        return next((e for e in self.events if e.get("event") == event.value), None)
+
+    def all(self, event: Event) -> list[dict[str, Any]]:
+        return [e for e in self.events if e.get("event") == event.value]
+
+    @property
+    def start(self) -> float:
+        return timestamp(self.events[0])
+
+    @property
+    def end(self) -> float:
+        return timestamp(self.events[-1])
+
+    @property
+    def resumed_from(self) -> int | None:
+        resume = self.first(Event.RESUME)
+        return resume.get("step") if resume else None
+
+    @property
+    def reasons(self) -> tuple[str, ...]:
+        decision = self.first(Event.DECISION)
+        return tuple(decision.get("reasons", ())) if decision else ()
+
+    @property
+    def last_checkpoint(self) -> int | None:
+        saves = self.all(Event.SAVE)
+        return saves[-1].get("step") if saves else None
+
+
+def runs(events: Iterable[dict[str, Any]]) -> list[Run]:
+    """Rank 0's events (and rankless ones) grouped by restart, oldest run first."""
+    by_restart: dict[int, Run] = {}
+    for e in events:
+        if e.get("rank") in (0, None):
+            restart = int(e.get("restart", 0))
+            by_restart.setdefault(restart, Run(restart)).events.append(e)
+    return [by_restart[r] for r in sorted(by_restart)]
+
+
+def timestamp(event: dict[str, Any]) -> float:
+    return datetime.fromisoformat(event["time"]).timestamp()

@@ -14,7 +14,8 @@ from typing import Any
 
 from ._env import truthy
 from ._errors import ConfigError
-from .signals import DEFAULT_SIGNALS, parse_signal
+from .launch.parallel import ParallelConfig
+from .stop.signals import DEFAULT_SIGNALS, parse_signal
 
 __all__ = ["Options"]
 
@@ -41,31 +42,31 @@ class Options:
     #: With the kill switch present and no step boundary for this long, the job is hung: cancel it. None: never.
     hang_timeout_s: float | None = 600.0
     event_log: Path | None = None
-    # Launch checks and the CUDA rule.
-    nnodes: int | None = None
-    gpus_per_node: int | None = None
-    tp: int = 1
-    pp: int = 1
-    cp: int = 1
-    fsdp: bool = False
-    moe_overlap: bool = False
-    megatron_args: tuple[str, ...] | None = field(default=None)
+    #: The job's declared shape, for the launch checks and the CUDA rule. Its fields are init() options of their
+    #: own (``tp=2``, ``SLURMRT_TP``), and so is ``megatron_args``, Megatron-LM's command line, read in their place.
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
     @classmethod
     def resolve(cls, given: Mapping[str, Any], env: Mapping[str, str]) -> Options:
-        names = {f.name for f in fields(cls)}
-        unknown = sorted(set(given) - names)
+        own = {f.name for f in fields(cls)} - {"parallel"}
+        shape = {f.name for f in fields(ParallelConfig)} | {"megatron_args"}
+        unknown = sorted(set(given) - own - shape)
         if unknown:
-            raise TypeError(f"slurmrt.init() got unknown options {unknown}; known: {sorted(names)}")
+            raise TypeError(f"slurmrt.init() got unknown options {unknown}; known: {sorted(own | shape)}")
         values: dict[str, Any] = {}
-        for f in fields(cls):
-            if f.name in given and given[f.name] is not None:
-                values[f.name] = given[f.name]
+        for name in sorted(own | shape):
+            if name in given and given[name] is not None:
+                values[name] = _convert(name, given[name])
                 continue
-            raw = env.get(f"SLURMRT_{f.name.upper()}")
+            raw = env.get(f"SLURMRT_{name.upper()}")
             if raw is not None and raw != "":
-                values[f.name] = raw
-        return cls(**{k: _convert(k, v) for k, v in values.items()})
+                values[name] = _convert(name, raw)
+        megatron_args = values.pop("megatron_args", None)
+        parallel = ParallelConfig(**{k: values.pop(k) for k in shape - {"megatron_args"} if k in values})
+        if megatron_args is not None:
+            parallel = parallel.with_megatron_args(megatron_args)
+        # NNODES and GPUS_PER_NODE are the names sbatch scripts use; the options win over them.
+        return cls(parallel=parallel.with_environment(env), **values)
 
 
 _PATHS = {"checkpoint_dir", "kill_switch", "event_log"}

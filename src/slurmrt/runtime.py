@@ -1,35 +1,41 @@
-"""The object a training script talks to: topology, stop decisions, checkpoints, exit."""
+"""``init()`` and the :class:`Runtime` it returns: the wiring of the parts, and the calls a training loop makes.
+
+Each part has one job and its own module; this one only connects them. ``init()`` reads and checks the launch
+(:mod:`slurmrt.launch`), builds the stop machinery (:mod:`slurmrt.stop`) and installs the process-global hooks
+(:mod:`slurmrt._hooks`). The Runtime passes steps, saves and the end of the run between them; how a run ends is
+:func:`slurmrt.outcome.choose`.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import os
-import signal
-import sys
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
-from . import _clock, cuda, preflight
+from . import _clock, outcome
+from ._comm import torch_distributed
 from ._errors import CheckpointError, ConfigError
-from .agreement import Contribution, DistributedAgreement, LocalAgreement, Reason, StopDecision
-from .checkpoint import CheckpointStore, SaveFn, SaveResult
-from .comm import Comm, GlooComm, SoloComm
-from .deadline import DurationEstimator, PeriodicSaves, budget_saves, end_time_from_env, query_end_time, time_is_short
-from .events import COPY_ENV, EventLog
+from ._hooks import ProcessHooks
+from ._report import Reporter
+from .checkpoint.store import CheckpointStore, PendingSave, SaveFn, SaveResult
+from .events import COPY_ENV, Event, EventLog
+from .launch import cuda, preflight
+from .launch.topology import Topology, from_environ, launcher_argv
 from .options import Options
-from .registry import register_process, unregister_process
-from .requeue import ExitCode, requeue
-from .signals import SignalRecorder
-from .topology import Topology, from_environ, launcher_argv
-from .watcher import Watcher
+from .outcome import ExitCode, Outcome
+from .stop.agreement import Agreement, DistributedAgreement, LocalAgreement
+from .stop.deadline import Budget, EndTime
+from .stop.decision import Contribution, Reason, StopDecision, contribution
+from .stop.killswitch import HangGuard, KillSwitch, cancel_and_exit
+from .stop.signals import SignalRecorder
+from .stop.watcher import Watcher
 
 __all__ = ["Runtime", "init"]
 
 logger = logging.getLogger(__name__)
-
-#: A SIGTERM within this many seconds of the end time (or after it) is the time limit, not scancel/preemption.
-TIME_LIMIT_TOLERANCE_S = 15.0
 
 
 def init(**options: Any) -> Runtime:
@@ -43,82 +49,66 @@ def init(**options: Any) -> Runtime:
     topo = from_environ(env, launcher_argv=launcher_argv() if "RANK" in env else None)
     for warning in topo.warnings:
         logger.warning("%s", warning)
-
-    parallel = cuda.ParallelConfig(tp=opts.tp, pp=opts.pp, cp=opts.cp, fsdp=opts.fsdp, moe_overlap=opts.moe_overlap)
-    if opts.megatron_args is not None:
-        parallel = cuda.parse_megatron_args(opts.megatron_args)
-    declared = preflight.declared_from(env, nnodes=opts.nnodes, gpus_per_node=opts.gpus_per_node, tp=parallel.tp,
-                                       pp=parallel.pp, cp=parallel.cp)
     node_gpus = cuda.node_gpu_count(env)
-    preflight.check(topo, declared, node_gpus=node_gpus)
-    arch = cuda.gpu_arch_major() if node_gpus else None
-    connections = cuda.apply(env, arch, parallel)
+    preflight.check(topo, opts.parallel, node_gpus=node_gpus)
+    connections = cuda.apply(env, cuda.gpu_arch_major() if node_gpus else None, opts.parallel)
 
-    events = EventLog(_event_log_path(opts, topo), job=topo.requeue_id, restart=topo.restart_count, rank=topo.rank,
+    log_path = opts.event_log or (opts.checkpoint_dir / f"events-{topo.requeue_id or 'local'}.jsonl"
+                                  if opts.checkpoint_dir else None)
+    events = EventLog(log_path, job=topo.requeue_id, restart=topo.restart_count, rank=topo.rank,
                       copy=Path(env[COPY_ENV]) if env.get(COPY_ENV) else None)
     if opts.kill_switch is not None and opts.kill_switch.exists():
         logger.warning("kill switch %s exists: exiting at init with code 0, no requeue", opts.kill_switch)
         if topo.rank == 0:
-            events.emit("exit", code=int(ExitCode.KILL_SWITCH), reason="kill_switch_at_init")
-        raise SystemExit(int(ExitCode.KILL_SWITCH))
-
+            events.emit(Event.EXIT, code=int(Outcome.KILL_SWITCH.code), outcome=Outcome.KILL_SWITCH.name,
+                        reason="kill_switch_at_init")
+        raise SystemExit(int(Outcome.KILL_SWITCH.code))
     for key, value in topo.exports().items():
         os.environ.setdefault(key, value)  # never overwrite a launcher's value (they agree: we derived ours from it)
-    return Runtime(topo, opts, events, env, connections=connections)
 
-
-def _event_log_path(opts: Options, topo: Topology) -> Path | None:
-    if opts.event_log is not None:
-        return opts.event_log
-    if opts.checkpoint_dir is None:
-        return None
-    return opts.checkpoint_dir / f"events-{topo.requeue_id or 'local'}.jsonl"
+    end_time = EndTime(env, job_id=topo.job_id, ask=opts.deadline and topo.rank == 0,
+                       refresh_s=opts.end_time_refresh_s)
+    switch = KillSwitch(opts.kill_switch) if opts.kill_switch and topo.local_rank == 0 else None
+    budget = Budget(margin_s=opts.deadline_margin_s, save_time_s=opts.save_time_s, kill_wait_s=opts.kill_wait_s)
+    rt = Runtime(topo, opts, events, budget=budget, end_time=end_time, kill_switch=switch,
+                 hooks=ProcessHooks(SignalRecorder(opts.signals), job_id=topo.job_id), connections=connections)
+    pollers = [p.poll for p in (switch, end_time if end_time.asks else None) if p is not None]
+    if switch is not None and opts.hang_timeout_s is not None:
+        on_hung = functools.partial(cancel_and_exit, switch.path, topo.requeue_id)
+        pollers.append(HangGuard(switch, heartbeat=lambda: rt.heartbeat, timeout_s=opts.hang_timeout_s,
+                                 on_hung=on_hung).poll)
+    rt.start(Watcher(pollers, period_s=opts.kill_switch_poll_s))
+    return rt
 
 
 class Runtime:
     """Returned by :func:`slurmrt.init`. Topology attributes, then the training-loop calls."""
 
-    def __init__(self, topology: Topology, options: Options, events: EventLog, env: Mapping[str, str], *,
-                 connections: str | None = None) -> None:
-        self.topology = topology
-        self.options = options
-        self.events = events
+    def __init__(self, topology: Topology, options: Options, events: EventLog, *, budget: Budget, end_time: EndTime,
+                 kill_switch: KillSwitch | None, hooks: ProcessHooks, connections: str | None = None) -> None:
+        self.topology, self.options, self.events = topology, options, events
         self.cuda_device_max_connections = connections
-        self._env_end_time = end_time_from_env(env)
-        self._steps = DurationEstimator(window=64, skip=2, quantile=0.95)
-        self._saves = DurationEstimator(window=4, quantile=1.0, default=options.save_time_s)
-        self._periodic = PeriodicSaves()
+        self._report = Reporter(events, topology)
+        self._budget, self._steps, self._end = budget, budget.steps, end_time
+        self._switch, self._hooks, self._signals = kill_switch, hooks, hooks.signals
         self._last_tick: float | None = None
-        self._heartbeat = _clock.mono()
-        self._signals = SignalRecorder(options.signals)
-        if not self._signals.install():
-            logger.warning("slurmrt.init() was called outside the main thread: signals are not handled")
-        self._signals_logged = 0
-        self._agreement: LocalAgreement | DistributedAgreement | None = None
-        self._comm: Comm | None = None
+        self.heartbeat = _clock.mono()  #: monotonic time of the last step boundary
+        self._agreement: Agreement | None = None
         self._store: CheckpointStore | None = None
+        self._background: PendingSave | None = None
         self._decision: StopDecision | None = None
+        self.outcome: Outcome | None = None  #: how the run ended, once finish() decided
         self._closed = False
-        t = topology
-        poll_here = options.kill_switch is not None and t.local_rank == 0
-        self._watcher = Watcher(
-            kill_switch=options.kill_switch if poll_here else None,
-            poll_s=options.kill_switch_poll_s,
-            job_id=t.job_id,
-            query_end_time=options.deadline and t.rank == 0 and self._env_end_time is None,
-            end_time_refresh_s=options.end_time_refresh_s,
-            fetch_end_time=query_end_time,
-            heartbeat=lambda: self._heartbeat,
-            hang_timeout_s=options.hang_timeout_s,
-            cancel_id=t.requeue_id,
-        )
-        self._watcher.start()
-        self._registration = register_process(t.job_id)
-        if t.rank == 0:
-            events.emit("init", mode=t.mode.value, world_size=t.world_size, nnodes=t.nnodes, nodelist=list(t.nodelist),
-                        master=f"{t.master_addr}:{t.master_port}", restart_count=t.restart_count,
-                        cuda_device_max_connections=connections,
-                        kill_switch=str(options.kill_switch.resolve()) if options.kill_switch else None)
+        self._watcher: Watcher | None = None
+
+    def start(self, watcher: Watcher) -> None:
+        """Install the process-global hooks and start ``watcher``; init() calls it."""
+        self._hooks.install()
+        self._watcher = watcher
+        watcher.start()
+        switch = self.options.kill_switch
+        self._report.started(kill_switch=str(switch.resolve()) if switch else None,
+                             connections=self.cuda_device_max_connections)
 
     # -- topology --------------------------------------------------------------------------------------------------
     rank = property(lambda self: self.topology.rank)
@@ -142,14 +132,18 @@ class Runtime:
     def should_stop(self, step: int) -> bool:
         """True when the job must stop after ``step``: the same answer on every rank, at the same step.
 
-        Cheap: a clock read and a comparison on most steps; never a collective on this thread.
+        Cheap: a clock read and a comparison on most steps; this thread never waits for a collective of its own.
+        The first call after ``init_process_group`` creates slurmrt's two gloo groups, which every rank does at the
+        same point of its program (so do ``save`` and ``load_latest``, whichever comes first).
         """
         now = _clock.mono()
         if self._last_tick is not None:
             self._steps.add(now - self._last_tick)
-        self._heartbeat = now
-        if len(self._signals.first_seen) != self._signals_logged:
-            self._log_signals()
+        self.heartbeat = now
+        if self._background is not None and self._background.done():
+            self._collect()
+        if self._report.has_unreported(self._signals):
+            self._report.new_signals(self._signals)
         agreement = self._agreement or self._start_agreement()
         stop = agreement.should_stop(step)
         if stop and self._decision is None:
@@ -164,8 +158,7 @@ class Runtime:
     def end_time(self) -> float | None:
         """The job's end time (epoch seconds) as far as this rank knows it; None without a limit or before the
         scheduler answered."""
-        agreed = self._agreement.end_time if self._agreement is not None else None
-        return self._env_end_time or self._watcher.end_time or agreed
+        return self._end.value or (self._agreement.end_time if self._agreement is not None else None)
 
     @property
     def stop_decision(self) -> StopDecision | None:
@@ -176,79 +169,27 @@ class Runtime:
         """The most final reason of the agreed stop, or None while running."""
         return self._decision.reason if self._decision is not None else None
 
-    def _start_agreement(self) -> LocalAgreement | DistributedAgreement:
-        comm = self._get_comm()
-        if isinstance(comm, GlooComm):
-            self._agreement = DistributedAgreement(self._contribute, self._control_group,
-                                                   step_estimate=self._steps.estimate)
-        else:
+    def _start_agreement(self) -> Agreement:
+        groups = self._hooks.groups()
+        if groups.control is None:
             self._agreement = LocalAgreement(self._contribute)
+        else:
+            self._agreement = DistributedAgreement(self._contribute, groups.control, step_estimate=self._steps.estimate)
+            self._hooks.watch(self._agreement)
         return self._agreement
 
-    def _get_comm(self) -> Comm:
-        """The collectives for checkpoints; creates both gloo groups the first time (collectively: every rank gets
-        here in the same program order, at its first should_stop, save or load_latest)."""
-        if self._comm is not None:
-            return self._comm
-        torch = sys.modules.get("torch")
-        dist = getattr(torch, "distributed", None) if torch is not None else None
-        if dist is not None and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            # Two groups: one for the agreement thread, one for the training thread (saves, loads, exit). Sharing
-            # one group between threads could pair different collectives on different ranks.
-            self._control_group = dist.new_group(backend="gloo")
-            coord = dist.new_group(backend="gloo")
-            self._comm = GlooComm(coord, dist.get_rank(), dist.get_world_size())
-        else:
-            self._comm = SoloComm()
-        return self._comm
-
     def _contribute(self, step: int, steps_ahead: int, agreed_end: float | None) -> Contribution:
-        """This rank's view: read by the agreement (its thread, or the training thread for one process)."""
-        now = _clock.wall()
-        first_seen = dict(self._signals.first_seen)
-        reasons = {_reason_for(sig) for sig in first_seen}
-        if self._watcher.kill_seen is not None:
-            reasons.add(Reason.KILL_SWITCH)
-        own_end = self._env_end_time or self._watcher.end_time
-        end = own_end or agreed_end
-        step_s = self._steps.estimate()
-        save_s = self._saves.estimate() or 0.0
-        margin = self.options.deadline_margin_s
-        saves = budget_saves(self._periodic, now=now, step_s=step_s, steps_ahead=steps_ahead, save_s=save_s,
-                             margin_s=margin, worst_step_s=self._steps.peak)
-        if self.options.deadline and time_is_short(now=now, end=end, step_s=step_s, steps_ahead=steps_ahead,
-                                                   save_s=save_s, margin_s=margin, worst_step_s=self._steps.peak,
-                                                   saves=saves):
-            reasons.add(Reason.DEADLINE)
-        term = first_seen.get(signal.SIGTERM)
-        unfit = False
-        if term is not None:
-            left = term + self.options.kill_wait_s - now - steps_ahead * (step_s or 0.0)
-            unfit = left - 1.0 < save_s
-        return Contribution(frozenset(reasons), step, 2, own_end, term, unfit)
-
-    def _log_signals(self) -> None:
-        seen = dict(self._signals.first_seen)
-        self._signals_logged = len(seen)
-        for sig, when in seen.items():
-            logger.warning("rank %d received %s", self.rank, sig.name)
-            self.events.emit("signal", signal=sig.name, received=when, count=self._signals.count.get(sig, 1))
+        """This rank's view, read by the agreement (its thread, or the training thread for one process)."""
+        return contribution(now=_clock.wall(), step=step, steps_ahead=steps_ahead,
+                            signals=dict(self._signals.first_seen),
+                            kill_switch_seen=self._switch is not None and self._switch.seen is not None,
+                            own_end=self._end.value, agreed_end=agreed_end, budget=self._budget,
+                            deadline=self.options.deadline)
 
     def _on_decision(self, decision: StopDecision) -> None:
         self._decision = decision
-        names = sorted(r.value for r in decision.reasons)
-        if self.rank == 0 and decision.reasons == {Reason.DEADLINE} and len(self._steps) == 0:
-            # A requeue loop that never gets anywhere: each run stops before it could measure a single step.
-            logger.warning(
-                "the deadline stopped this run before its first measured step: the time left (%s) does not hold "
-                "the margin (%.0f s) plus a save (%.0f s). Raise --time, or lower SLURMRT_DEADLINE_MARGIN_S / "
-                "SLURMRT_SAVE_TIME_S", _left(decision.end_time), self.options.deadline_margin_s,
-                self._saves.estimate() or 0.0)
-        if self.rank == 0:
-            logger.warning("all ranks stop at step %d: %s%s", decision.step, ", ".join(names),
-                           "" if decision.save else " (no time to save before SIGKILL)")
-            self.events.emit("decision", step=decision.step, reasons=names, save=decision.save,
-                             end_time=decision.end_time, step_s=self._steps.estimate(), save_s=self._saves.estimate())
+        self._report.decision(decision, steps_measured=len(self._steps), step_s=self._steps.estimate(),
+                              save_s=self._budget.saves.estimate(), margin_s=self.options.deadline_margin_s)
 
     # -- checkpoints -----------------------------------------------------------------------------------------------
     def _get_store(self) -> CheckpointStore:
@@ -259,9 +200,10 @@ class Runtime:
                     "set SLURMRT_CHECKPOINT_DIR (a path every node sees)",
                 )
             token = f"{self.topology.requeue_id or 'local'}-r{self.restart_count}".replace("/", "_")
-            self._store = CheckpointStore(self.options.checkpoint_dir, self._get_comm(),
+            self._store = CheckpointStore(self.options.checkpoint_dir, self._hooks.groups().work,
                                           keep_last=self.options.keep_last, token=token)
-            self._store.on_saved = self._on_saved
+        if self._background is not None:
+            self._collect()  # the store waits for it anyway; take its result first
         return self._store
 
     def save(self, state: dict[str, Any] | SaveFn, *, step: int, blocking: bool = True) -> bool:
@@ -272,68 +214,66 @@ class Runtime:
         """
         decision = self._decision
         if decision is not None and not decision.save:
-            if self.rank == 0:
-                logger.warning("not saving step %d: SIGTERM leaves too little time before SIGKILL (a save takes "
-                               "about %.1f s); the previous checkpoint stays the latest", step, self._saves.estimate())
-                self.events.emit("save_skipped", step=step, save_s=self._saves.estimate())
+            self._report.save_skipped(step, self._budget.saves.estimate())
             return False
-        store = self._get_store()
-        store.save(state, step, blocking=blocking or decision is not None)
+        got = self._get_store().save(state, step, blocking=blocking or decision is not None)
+        if isinstance(got, PendingSave):
+            self._background = got
+        else:
+            self._saved(got, blocking=True)
         self._last_tick = None  # a save between two steps is not step time
-        self._heartbeat = _clock.mono()
+        self.heartbeat = _clock.mono()
         return True
 
-    def _on_saved(self, result: SaveResult, blocking: bool) -> None:
-        self._saves.add(result.seconds)
-        if self._decision is None:  # a save the loop makes on its own schedule
-            self._periodic.saved(_clock.wall() - result.seconds)
-        if self.rank == 0:
-            logger.info("checkpoint step %d committed: %.2f s, %d bytes", result.step, result.seconds, result.bytes)
-            self.events.emit("save", step=result.step, seconds=round(result.seconds, 4), bytes=result.bytes,
-                             blocking=blocking, path=str(result.path))
+    def _collect(self) -> None:
+        """Take the background save's result (waiting for it if needed). Its error stays with the store, which
+        raises it at its next call: the next save, load_latest() or finish()."""
+        pending, self._background = self._background, None
+        if pending is not None:
+            with contextlib.suppress(CheckpointError):
+                self._saved(pending.wait(), blocking=False)
+
+    def _saved(self, result: SaveResult, *, blocking: bool) -> None:
+        self._budget.save_done(result.seconds, started=result.started, periodic=self._decision is None)
+        self._report.saved(result, blocking=blocking)
 
     def load_latest(self) -> tuple[int, Any] | None:
         """(step, state) of the newest complete checkpoint, the same one on every rank; None on a fresh start."""
         got = self._get_store().load_latest()
-        if self.rank == 0:
-            self.events.emit("resume" if got else "fresh_start", step=got[0] if got else None)
+        self._report.loaded(got)
         return got
 
     # -- the end ---------------------------------------------------------------------------------------------------
     def finish(self) -> ExitCode:
-        """Wait for saves, decide (once, on rank 0, for all) how the run ends, requeue if so, release handlers."""
+        """Wait for saves, decide (once, on rank 0, for all) how the run ends, requeue if so, then close()."""
         if self._closed:
             raise RuntimeError("finish() or exit() was already called")
-        failed_save: CheckpointError | None = None
+        failed_save = False
         if self._store is not None:
             try:
-                self._store.wait()
+                self._get_store().wait()
             except CheckpointError as err:
-                failed_save = err
+                failed_save = True
                 logger.error("the last background checkpoint failed: %s", err)
         if self._agreement is not None:
-            self._agreement.finish()
-        comm = self._get_comm()
-        code, why = self._exit_code() if comm.rank == 0 else (ExitCode.FINISHED, "")
-        if comm.rank == 0:
-            self.events.emit("exit", code=int(code), outcome=code.name, why=why,
-                             reasons=sorted(r.value for r in self._decision.reasons) if self._decision else [])
-            logger.warning("exit %d (%s): %s", int(code), code.name, why) if code else logger.info("finished")
+            self._agreement.end_rounds()
+        comm = self._hooks.groups().work
+        verdict = outcome.choose(self._decision, requeue_enabled=self.options.requeue, is_slurm=self.topology.is_slurm,
+                                 restart_count=self.restart_count, max_restarts=self.options.max_restarts,
+                                 kill_switch=self.options.kill_switch)
+        chosen = outcome.after_failed_save(verdict.outcome) if failed_save else verdict.outcome
+        self._report.exit(chosen, verdict, self._decision)
         # Every rank is past its saves; the others now wait in the broadcast below while rank 0 requeues. Slurm
         # ends every task of the job when it requeues it, and a rank that exited first with a non-zero code would
         # make `srun --kill-on-bad-exit` kill rank 0 before its requeue: so nobody leaves before the requeue.
         comm.all_ok(True)
-        if comm.rank == 0 and code is ExitCode.REQUEUED and self.topology.requeue_id and _requeue_by_us(self._decision):
-            done, message = requeue(self.topology.requeue_id)
-            self.events.emit("requeue", done=done, message=message, restart_count=self.restart_count)
-            (logger.warning if done else logger.error)("%s", message)
-            if not done:
-                code = ExitCode.REQUEUE_NEEDED
-        code = ExitCode(comm.broadcast(int(code)))
+        if comm.rank == 0 and verdict.requeue and self.topology.requeue_id:
+            done, message = outcome.requeue(self.topology.requeue_id)
+            self._report.requeue(done, message)
+            chosen = chosen if done else Outcome.REQUEUE_NEEDED
+        self.outcome = Outcome[comm.broadcast(chosen.name)]
         self.close()
-        if failed_save is not None and code is ExitCode.FINISHED:
-            return ExitCode.FAILED
-        return code
+        return self.outcome.code
 
     def exit(self) -> NoReturn:
         """:meth:`finish`, destroy the default process group if any, then ``sys.exit`` with the code.
@@ -342,62 +282,20 @@ class Runtime:
         destroyed" warning and NCCL's teardown hangs at interpreter exit; exit() ends the program anyway.
         """
         code = self.finish()
-        torch = sys.modules.get("torch")
-        dist = getattr(torch, "distributed", None) if torch is not None else None
+        dist = torch_distributed()
         if dist is not None and dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
         raise SystemExit(int(code))
 
     def close(self) -> None:
-        """Restore signal handlers and stop background threads (finish() calls it).
-
-        Collective when torch.distributed is in use: it ends the agreement rounds, which every rank takes part in.
-        """
+        """Stop the background threads and undo the process-global hooks, without deciding anything (finish()
+        calls it). Collective when torch.distributed is in use: it ends the agreement rounds, which every rank
+        takes part in."""
         if self._closed:
             return
         self._closed = True
         if self._agreement is not None:
-            self._agreement.finish()
-        self._signals.close()
-        self._watcher.stop()
-        unregister_process(self._registration)
-
-    def _exit_code(self) -> tuple[ExitCode, str]:
-        d = self._decision
-        if d is None:
-            return ExitCode.FINISHED, "all steps done"
-        if Reason.KILL_SWITCH in d.reasons:
-            return ExitCode.KILL_SWITCH, f"kill switch {self.options.kill_switch}: stopped, not requeued"
-        if Reason.INTERRUPT in d.reasons:
-            return ExitCode.STOPPED, "SIGINT: stopped, not requeued"
-        if d.reasons == {Reason.TERM} and not _at_time_limit(d):
-            return ExitCode.STOPPED, ("SIGTERM before the time limit (scancel, or preemption, which Slurm requeues "
-                                      "itself): not requeued by slurmrt")
-        if not self.options.requeue:
-            return ExitCode.STOPPED, "stopped; requeue is off (requeue=False)"
-        if not self.topology.is_slurm:
-            return ExitCode.STOPPED, "stopped; not a SLURM job, nothing to requeue"
-        limit = self.options.max_restarts
-        if limit is not None and self.restart_count >= limit:
-            return ExitCode.STOPPED, f"stopped; restart {self.restart_count} reached max_restarts={limit}"
-        return ExitCode.REQUEUED, f"stopped at step {d.step} ({', '.join(sorted(r.value for r in d.reasons))}): requeue"
-
-
-def _left(end_time: float | None) -> str:
-    return "unknown" if end_time is None else f"{end_time - _clock.wall():.0f} s"
-
-
-def _requeue_by_us(decision: StopDecision | None) -> bool:
-    return decision is not None and bool(decision.reasons & {Reason.SIGNAL, Reason.DEADLINE, Reason.TERM})
-
-
-def _at_time_limit(d: StopDecision) -> bool:
-    return d.term_time is not None and d.end_time is not None and d.term_time >= d.end_time - TIME_LIMIT_TOLERANCE_S
-
-
-def _reason_for(sig: signal.Signals) -> Reason:
-    if sig is signal.SIGTERM:
-        return Reason.TERM
-    if sig is signal.SIGINT:
-        return Reason.INTERRUPT
-    return Reason.SIGNAL
+            self._agreement.end_rounds()
+        if self._watcher is not None:
+            self._watcher.stop()
+        self._hooks.undo(destroy_groups=self._agreement is None or not self._agreement.failed)

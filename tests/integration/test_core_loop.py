@@ -87,7 +87,8 @@ def test_kill_switch_created_mid_run_saves_and_exits_zero_without_requeue(workdi
     assert len({r["stopped_at"] for r in results}) == 1
     assert all(r["reasons"] == ["kill_switch"] and r["saved"] for r in results)
     assert not [c for c in _calls(workdir) if c.startswith("requeue")]
-    assert [e["outcome"] for e in _events(workdir) if e["event"] == "exit"] == ["FINISHED"]
+    # Its own outcome, not FINISHED (the exit code is 0 for both, so that a job array drains as COMPLETED).
+    assert [(e["outcome"], e["code"]) for e in _events(workdir) if e["event"] == "exit"] == [("KILL_SWITCH", 0)]
 
 
 def test_kill_switch_present_at_start_exits_every_rank_at_init_within_seconds(workdir: Path) -> None:
@@ -96,7 +97,8 @@ def test_kill_switch_present_at_start_exits_every_rank_at_init_within_seconds(wo
     procs = start(N, workdir, ["--out", str(workdir / "out"), "--steps", "100000"],
                   extra=_env(workdir, SLURMRT_KILL_SWITCH=str(switch)))
     assert wait_all(procs, timeout=300) == [0] * N
-    assert [e.get("reason") for e in _events(workdir) if e["event"] == "exit"] == ["kill_switch_at_init"]
+    exits = [e for e in _events(workdir) if e["event"] == "exit"]
+    assert [(e.get("reason"), e.get("outcome")) for e in exits] == [("kill_switch_at_init", "KILL_SWITCH")]
     assert not (workdir / "out").exists() or not list((workdir / "out").glob("rank*.json"))
     assert not (workdir / "ckpt").exists() or not _committed(workdir)
 

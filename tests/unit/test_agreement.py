@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from slurmrt.agreement import Contribution, DistributedAgreement, LocalAgreement, Reason, decode, encode
+from slurmrt.stop.agreement import DistributedAgreement, LocalAgreement
+from slurmrt.stop.decision import Contribution, Reason, decode, encode
 
 
 def _agreement() -> DistributedAgreement:
@@ -45,7 +46,7 @@ def test_the_first_round_with_a_reason_stops_at_the_step_everyone_is_waiting_at(
 def test_a_finished_rank_ends_the_rounds_and_wins_over_a_late_stop() -> None:
     ag = _agreement()
     ag._apply(Contribution(step=98, window=2))
-    done = ag._apply(Contribution(reasons=frozenset({Reason.SIGNAL}), step=99, finish=True))
+    done = ag._apply(Contribution(reasons=frozenset({Reason.SIGNAL}), step=99, leaving=True))
     assert done and ag.decision is None
     assert ag.should_stop(100) is False  # no round will come: a waiting rank is released
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from slurmrt import CheckpointError
-from slurmrt.checkpoint import CheckpointStore
-from slurmrt.comm import SoloComm
+from slurmrt._comm import SoloComm
+from slurmrt.checkpoint.store import CheckpointStore
 
 
 def _store(root: Path, keep_last: int = 3) -> CheckpointStore:

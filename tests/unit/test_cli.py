@@ -5,9 +5,12 @@ from pathlib import Path
 
 import pytest
 
-from slurmrt import cuda
-from slurmrt._commands import doctor, env_exports, kill, status
+from slurmrt import ParallelConfig
 from slurmrt.cli import main
+from slurmrt.cli.doctor import doctor
+from slurmrt.cli.env import env_exports
+from slurmrt.cli.kill import kill
+from slurmrt.cli.status import status
 
 
 def test_hostnames_prints_one_host_per_line(capsys: pytest.CaptureFixture[str]) -> None:
@@ -24,12 +27,12 @@ ALLOC = {"SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "gpu[01-04]", "SLURM_NTASKS
 
 
 def test_env_exports_the_launch_variables_and_the_cuda_rule() -> None:
-    lines = env_exports(ALLOC, cuda.ParallelConfig(tp=2), 8, 9)
+    lines = env_exports(ALLOC, ParallelConfig(tp=2), 8, 9)
     assert lines[:5] == ["export MASTER_ADDR=gpu01", lines[1], "export NNODES=4", "export GPUS_PER_NODE=8",
                          "export WORLD_SIZE=32"]
     assert lines[1].startswith("export MASTER_PORT=")
     assert lines[5] == "export CUDA_DEVICE_MAX_CONNECTIONS=1"
-    assert env_exports(ALLOC, cuda.ParallelConfig(tp=2), 8, 10)[5].startswith("unset CUDA_DEVICE_MAX_CONNECTIONS")
+    assert env_exports(ALLOC, ParallelConfig(tp=2), 8, 10)[5].startswith("unset CUDA_DEVICE_MAX_CONNECTIONS")
 
 
 def test_env_outside_an_allocation_exits_2(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
@@ -43,14 +46,14 @@ def test_doctor_fails_when_the_master_does_not_resolve() -> None:
     env = {"SLURM_JOB_ID": "5", "SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0",
            "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_NODELIST": "slurmrt-no-such-host-[1-2]",
            "SLURM_STEP_TASKS_PER_NODE": "1(x2)", "SLURM_JOB_END_TIME": "4102444800"}
-    report = doctor(env, cuda.ParallelConfig(), events_dirs=[])
+    report = doctor(env, ParallelConfig(), events_dirs=[])
     assert report.failed
     assert any("FAIL  master: slurmrt-no-such-host-1 does not resolve" in line for line in report.lines)
 
 
 def test_doctor_recommends_a_signal_lead_from_the_measured_save_time(tmp_path: Path) -> None:
     (tmp_path / "events-9.jsonl").write_text(json.dumps({"event": "save", "seconds": 45.0}) + "\n")
-    report = doctor({}, cuda.ParallelConfig(), events_dirs=[tmp_path])
+    report = doctor({}, ParallelConfig(), events_dirs=[tmp_path])
     assert any("--signal=USR1@150" in line for line in report.lines)
 
 

@@ -6,7 +6,8 @@ import types
 import pytest
 
 from slurmrt import CudaConnectionsError, CudaInitializedError, cuda
-from slurmrt.cuda import ParallelConfig, decide, max_connections, parse_megatron_args
+from slurmrt.launch.cuda import decide, max_connections, parse_megatron_args
+from slurmrt.launch.parallel import ParallelConfig
 
 
 @pytest.mark.parametrize(("arch", "kw", "expected"), [

@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from slurmrt.deadline import DurationEstimator, end_time_from_env, parse_squeue_time, time_is_short
+from slurmrt.stop.deadline import DurationEstimator, end_time_from_env, parse_squeue_time, time_is_short
 
 
 def test_estimator_skips_the_slow_first_steps_and_takes_a_high_quantile() -> None:

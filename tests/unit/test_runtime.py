@@ -162,6 +162,7 @@ def test_kill_switch_polled_in_the_background_stops_with_exit_zero(clock: FakeCl
         time.sleep(0.01)
     assert rt.stop_reason is Reason.KILL_SWITCH
     assert rt.finish() == 0
+    assert rt.outcome is slurmrt.Outcome.KILL_SWITCH
     assert "requeue" not in (job.read_text() if job.exists() else "")
 
 

@@ -5,7 +5,7 @@ import signal
 
 import pytest
 
-from slurmrt.signals import SignalRecorder, parse_signal
+from slurmrt.stop.signals import SignalRecorder, parse_signal
 
 
 def test_handler_records_first_arrival_and_counts_repeats() -> None:

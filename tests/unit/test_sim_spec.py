@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from slurmrt import ConfigError
+from slurmrt.launch.topology import from_environ
 from slurmrt.sim.environ import batch_env, task_env
 from slurmrt.sim.spec import JobSpec, parse_sbatch_script, parse_signal_option, parse_time
-from slurmrt.topology import from_environ
 
 
 @pytest.mark.parametrize(("text", "seconds"), [("5", 300), ("1:30", 90), ("0:40", 40), ("1:00:00", 3600),

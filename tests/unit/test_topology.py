@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from slurmrt import EnvironmentVariableError, LauncherConflictError, LaunchMode, NodeRankError
-from slurmrt.topology import PORT_BASE, PORT_SPAN, from_environ, master_port_for
+from slurmrt.launch.topology import PORT_BASE, PORT_SPAN, from_environ, master_port_for
 
 
 def srun_env(procid: int, *, ntasks: int = 4, nodes: str = "n[1-2]", nnodes: int = 2, tpn: str = "2(x2)",
@@ -120,13 +120,13 @@ def test_pyxis_pytorch_hook_in_a_step_of_one_task_per_gpu_keeps_slurms_node_layo
 
 
 def test_pyxis_shape_passes_the_nnodes_preflight_check() -> None:
-    from slurmrt import preflight
+    from slurmrt.launch import preflight
+    from slurmrt.launch.parallel import ParallelConfig
 
     env = srun_env(3)
     env.update({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "NNODES": "2"})
     topo = from_environ(env)
-    preflight.check(topo, preflight.declared_from(env, nnodes=None, gpus_per_node=None, tp=1, pp=1, cp=1),
-                    node_gpus=None)
+    preflight.check(topo, ParallelConfig().with_environment(env), node_gpus=None)
 
 
 @pytest.mark.parametrize("procid", range(4))
@@ -166,7 +166,7 @@ STATIC = ["python", "-m", "torch.distributed.run", "--nproc_per_node", "4", "--n
 ])
 def test_rendezvous_backend_is_read_off_the_launchers_command_line(argv: list[str] | None,
                                                                    backend: str | None) -> None:
-    from slurmrt.topology import rendezvous_backend
+    from slurmrt.launch.topology import rendezvous_backend
 
     assert rendezvous_backend(argv) == backend
 

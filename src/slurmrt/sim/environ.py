@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 import socket
 
-from .. import hostlist
 from .._env import format_tasks_per_node
+from ..launch import hostlist
 from .spec import JobSpec
 
 __all__ = ["batch_env", "default_node_names", "task_env"]

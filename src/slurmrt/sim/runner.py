@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import json
 import os
 import shlex
 import signal
@@ -27,8 +26,8 @@ from typing import IO, Any
 
 import psutil
 
-from .. import hostlist
-from ..events import COPY_ENV, read_events
+from ..events import COPY_ENV, Event, EventFollower, read_events, runs
+from ..launch import hostlist
 from .environ import batch_env, default_node_names
 from .shims import install
 from .spec import JobSpec
@@ -70,7 +69,7 @@ class _Run:
         self.restart = restart
         self.state = state
         self.out = out
-        self.events = _EventFollower(events)
+        self.events = _Saves(events)
         self.stop_signal = stop_signal
         self.record = RunRecord(restart=restart)
         submit_dir = os.getcwd()
@@ -192,11 +191,13 @@ class _Run:
         self.kill_all()
         self.record.task_codes = self.state.task_exits()
         _KEEP.discard(self.batch.pid)
+        # The batch script may ask for the requeue and exit between two polls above (after a node failure, say):
+        # the request counts all the same.
+        requeue_asked = self.state.requested("requeue")
         if not self.record.ended_by:
-            self.record.ended_by = "finished" if self.record.exit_code == 0 else f"exit {self.record.exit_code}"
-            if self.state.requested("requeue"):
-                self.record.requeued = True
-                self.record.ended_by = "requeued by the job"
+            self.record.ended_by = "requeued by the job" if requeue_asked else \
+                "finished" if self.record.exit_code == 0 else f"exit {self.record.exit_code}"
+        self.record.requeued = self.record.requeued or requeue_asked
         self.record.seconds = self.elapsed()
         return self.record
 
@@ -254,53 +255,33 @@ def _reap() -> None:
             pass
 
 
-class _EventFollower:
-    """Reads the events the job appends to the simulator's copy of its event log, as they come."""
+class _Saves:
+    """Which runs of the job have committed a checkpoint, from the events the job appends to the simulator's copy."""
 
     def __init__(self, path: Path) -> None:
-        self.path = path
-        self._offset = 0
-        self._partial = ""
-        self._saved: set[int] = set()  # restarts that committed a checkpoint
+        self._follower = EventFollower(path)
+        self._saved: set[int] = set()
 
     def first_save(self, restart: int) -> bool:
         """True once run ``restart`` has committed a checkpoint."""
         if restart not in self._saved:
-            for event in self._new():
-                if event.get("event") == "save":
+            for event in self._follower.new():
+                if event.get("event") == Event.SAVE.value:
                     self._saved.add(int(event.get("restart", 0)))
         return restart in self._saved
 
-    def _new(self) -> list[dict[str, Any]]:
-        try:
-            with open(self.path, encoding="utf-8") as f:
-                f.seek(self._offset)
-                text = f.read()
-                self._offset = f.tell()
-        except FileNotFoundError:
-            return []
-        text, self._partial = self._partial + text, ""
-        lines = text.split("\n")
-        self._partial = lines.pop()  # an unfinished last line waits for the next read
-        out = []
-        for line in lines:
-            with contextlib.suppress(json.JSONDecodeError):
-                out.append(json.loads(line))
-        return out
-
 
 def _annotate(records: list[RunRecord], events: list[dict[str, Any]]) -> None:
+    by_restart = {run.restart: run for run in runs(events)}
     for rec in records:
-        mine = [e for e in events if e.get("restart") == rec.restart and e.get("rank") in (0, None)]
-        for e in mine:
-            if e["event"] == "decision":
-                rec.reasons = tuple(e.get("reasons", ()))
-            elif e["event"] == "save":
-                rec.checkpoint = e.get("step")
-            elif e["event"] == "resume":
-                rec.resumed_from = e.get("step")
-            elif e["event"] == "exit":
-                rec.chosen_code = e.get("code")
+        run = by_restart.get(rec.restart)
+        if run is None:
+            continue
+        exit_event = run.first(Event.EXIT)
+        rec.reasons = run.reasons
+        rec.checkpoint = run.last_checkpoint
+        rec.resumed_from = run.resumed_from
+        rec.chosen_code = exit_event.get("code") if exit_event else None
 
 
 def simulate(spec: JobSpec, *, out: IO[str] = sys.stdout, state_dir: Path | None = None) -> list[RunRecord]:

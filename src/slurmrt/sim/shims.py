@@ -13,7 +13,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from .. import hostlist
+from ..launch import hostlist
 from .state import SimState
 
 _SHIMS = ("srun", "scontrol", "squeue", "scancel")

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .._errors import ConfigError
-from ..signals import parse_signal
+from ..stop.signals import parse_signal
 
 __all__ = ["JobSpec", "parse_sbatch_script", "parse_signal_option", "parse_time"]
 

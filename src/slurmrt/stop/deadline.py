@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import logging
 import math
-import shutil
-import subprocess
 from collections import deque
-from collections.abc import Mapping
-from datetime import datetime
+from collections.abc import Callable, Mapping
 
-__all__ = ["DurationEstimator", "PeriodicSaves", "end_time_from_env", "query_end_time", "time_is_short"]
+from .. import _clock
+
+__all__ = ["Budget", "DurationEstimator", "EndTime", "PeriodicSaves", "end_time_from_env", "horizon", "query_end_time",
+           "time_is_short"]
 
 logger = logging.getLogger(__name__)
 
@@ -88,23 +88,70 @@ class PeriodicSaves:
 SAVE_SAFETY = 1.25
 
 
-def time_is_short(*, now: float, end: float | None, step_s: float | None, steps_ahead: int, save_s: float,
-                  margin_s: float, worst_step_s: float | None = None, saves: int = 1) -> bool:
-    """True when ``steps_ahead`` more steps (one of them possibly as slow as ``worst_step_s``), ``saves`` saves
-    (each budgeted at SAVE_SAFETY times ``save_s``) and the margin would run past ``end``. All in seconds."""
-    if end is None:
-        return False
+def horizon(*, step_s: float | None, steps_ahead: int, save_s: float, margin_s: float,
+            worst_step_s: float | None = None, saves: int = 1) -> float:
+    """Seconds that ``steps_ahead`` more steps (one of them possibly as slow as ``worst_step_s``), ``saves`` saves
+    (each budgeted at SAVE_SAFETY times ``save_s``) and the margin need: the one formula of the deadline."""
     step = step_s or 0.0
     outlier = max(0.0, (worst_step_s or 0.0) - step)
-    return now + steps_ahead * step + outlier + saves * SAVE_SAFETY * save_s + margin_s >= end
+    return steps_ahead * step + outlier + saves * SAVE_SAFETY * save_s + margin_s
+
+
+def time_is_short(*, now: float, end: float | None, step_s: float | None, steps_ahead: int, save_s: float,
+                  margin_s: float, worst_step_s: float | None = None, saves: int = 1) -> bool:
+    """True when :func:`horizon` seconds from ``now`` reach ``end``. All in seconds."""
+    if end is None:
+        return False
+    return now + horizon(step_s=step_s, steps_ahead=steps_ahead, save_s=save_s, margin_s=margin_s,
+                         worst_step_s=worst_step_s, saves=saves) >= end
 
 
 def budget_saves(periodic: PeriodicSaves, *, now: float, step_s: float | None, steps_ahead: int, save_s: float,
                  margin_s: float, worst_step_s: float | None) -> int:
     """1, or 2 when a periodic save is due before the stop save could be done."""
-    step = step_s or 0.0
-    horizon = steps_ahead * step + max(0.0, (worst_step_s or 0.0) - step) + SAVE_SAFETY * save_s + margin_s
-    return 2 if periodic.due_within(now, horizon) else 1
+    needed = horizon(step_s=step_s, steps_ahead=steps_ahead, save_s=save_s, margin_s=margin_s,
+                     worst_step_s=worst_step_s)
+    return 2 if periodic.due_within(now, needed) else 1
+
+
+class Budget:
+    """What a run has measured (step and save times, how often it saves on its own) and what it needs before the
+    end: the one object every deadline question goes to.
+
+    The training thread records; the agreement thread asks. Each estimate is read whole (a float or None), so a
+    question asked between two records sees one or the other, never half of one.
+    """
+
+    def __init__(self, *, margin_s: float, save_time_s: float, kill_wait_s: float) -> None:
+        self.margin_s = margin_s
+        self.kill_wait_s = kill_wait_s
+        self.steps = DurationEstimator(window=64, skip=2, quantile=0.95)
+        self.saves = DurationEstimator(window=4, quantile=1.0, default=save_time_s)
+        self.periodic = PeriodicSaves()
+
+    def step_done(self, seconds: float) -> None:
+        self.steps.add(seconds)
+
+    def save_done(self, seconds: float, *, started: float, periodic: bool) -> None:
+        """A save took ``seconds``, started at wall time ``started``; ``periodic``: the loop's own schedule."""
+        self.saves.add(seconds)
+        if periodic:
+            self.periodic.saved(started)
+
+    def deadline_near(self, *, now: float, end: float | None, steps_ahead: int) -> bool:
+        """The steps that may still run, a save (two when a periodic one falls due first) and the margin no longer
+        fit before ``end``."""
+        step_s, worst, save_s = self.steps.estimate(), self.steps.peak, self.saves.estimate() or 0.0
+        saves = budget_saves(self.periodic, now=now, step_s=step_s, steps_ahead=steps_ahead, save_s=save_s,
+                             margin_s=self.margin_s, worst_step_s=worst)
+        return time_is_short(now=now, end=end, step_s=step_s, steps_ahead=steps_ahead, save_s=save_s,
+                             margin_s=self.margin_s, worst_step_s=worst, saves=saves)
+
+    def save_fits_after_term(self, *, now: float, term_time: float, steps_ahead: int) -> bool:
+        """After SIGTERM at ``term_time``, a save still fits before SIGKILL (``kill_wait_s`` later, Slurm's
+        KillWait) once the steps that may still run are done, with a second to spare."""
+        left = term_time + self.kill_wait_s - now - steps_ahead * (self.steps.estimate() or 0.0)
+        return left - 1.0 >= (self.saves.estimate() or 0.0)
 
 
 def end_time_from_env(env: Mapping[str, str]) -> float | None:
@@ -117,6 +164,9 @@ def end_time_from_env(env: Mapping[str, str]) -> float | None:
 
 def query_end_time(job_id: str, *, timeout_s: float = 20.0) -> float | None:
     """Ask Slurm once: ``squeue -h -j JOB -o %e``. None for unlimited jobs, a missing squeue, or an error."""
+    import shutil
+    import subprocess
+
     squeue = shutil.which("squeue")
     if squeue is None:
         logger.warning("squeue not found: the time-limit deadline is off for job %s (no end time)", job_id)
@@ -135,8 +185,47 @@ def parse_squeue_time(text: str) -> float | None:
     line = text.strip().splitlines()[0].strip() if text.strip() else ""
     if not line or line in {"N/A", "Unknown", "NONE", "None"}:
         return None
+    from datetime import datetime
+
     try:
         return datetime.strptime(line, "%Y-%m-%dT%H:%M:%S").timestamp()
     except ValueError:
         logger.warning("cannot parse squeue end time %r: no deadline", line)
         return None
+
+
+class EndTime:
+    """The job's end time: ``SLURM_JOB_END_TIME`` when Slurm sets it, else asked of the scheduler by one process
+    per job, at start and then every ``refresh_s`` (a time limit can be changed with ``scontrol update``).
+
+    :meth:`poll` runs on the watcher thread; thousands of ranks asking ``squeue`` gets a user banned from slurmctld,
+    so the other ranks learn the answer through the agreement.
+    """
+
+    def __init__(self, env: Mapping[str, str], *, job_id: str | None, ask: bool, refresh_s: float,
+                 fetch: Callable[[str], float | None] = query_end_time) -> None:
+        self.from_env = end_time_from_env(env)
+        self._job_id = job_id if ask and self.from_env is None else None
+        self._refresh_s = refresh_s
+        self._fetch = fetch
+        self._next = 0.0
+        self.queried: float | None = None
+        self.queries = 0
+
+    @property
+    def asks(self) -> bool:
+        return self._job_id is not None
+
+    @property
+    def value(self) -> float | None:
+        return self.from_env or self.queried
+
+    def poll(self) -> None:
+        if self._job_id is None or _clock.mono() < self._next:
+            return
+        self._next = _clock.mono() + self._refresh_s
+        self.queries += 1
+        end = self._fetch(self._job_id)
+        if end != self.queried:
+            logger.info("job %s ends at %s (epoch s)", self._job_id, end)
+        self.queried = end

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
-from ._errors import CudaConnectionsError, CudaInitializedError
+from .._errors import CudaConnectionsError, CudaInitializedError
+from .parallel import ParallelConfig
 
 __all__ = ["ParallelConfig", "apply", "gpu_arch_major", "max_connections", "node_gpu_count", "parse_megatron_args"]
 
@@ -47,41 +48,9 @@ def max_connections(arch_major: int, *, tp: int = 1, cp: int = 1, fsdp: bool = F
     return None
 
 
-@dataclass(frozen=True)
-class ParallelConfig:
-    tp: int = 1
-    pp: int = 1
-    cp: int = 1
-    fsdp: bool = False
-    moe_overlap: bool = False
-
-
 def parse_megatron_args(argv: Sequence[str]) -> ParallelConfig:
-    """Read the facts the rule needs from Megatron-LM's command line (``--flag N`` and ``--flag=N`` forms)."""
-    ints = {
-        "--tensor-model-parallel-size": "tp",
-        "--pipeline-model-parallel-size": "pp",
-        "--context-parallel-size": "cp",
-    }
-    flags = {"--use-torch-fsdp2", "--use-megatron-fsdp"}
-    values: dict[str, int] = {}
-    fsdp = moe = False
-    args = list(argv)
-    for i, arg in enumerate(args):
-        name, eq, inline = arg.partition("=")
-        if name in ints:
-            raw = inline if eq else (args[i + 1] if i + 1 < len(args) else "")
-            try:
-                values[ints[name]] = int(raw)
-            except ValueError:
-                raise CudaConnectionsError(
-                    f"Megatron argument {name} needs an integer, got {raw!r}", argument=name, value=raw
-                ) from None
-        elif name in flags:
-            fsdp = True
-        elif name == "--overlap-moe-expert-parallel-comm":
-            moe = True
-    return ParallelConfig(fsdp=fsdp, moe_overlap=moe, **values)
+    """The facts the rule needs, from Megatron-LM's command line."""
+    return ParallelConfig().with_megatron_args(argv)
 
 
 def node_gpu_count(env: Mapping[str, str]) -> int | None:
@@ -103,6 +72,22 @@ def node_gpu_count(env: Mapping[str, str]) -> int | None:
 
 def gpu_arch_major() -> int | None:
     """Compute-capability major of GPU 0 via NVML (no CUDA context); ``None`` without NVML or GPUs."""
+
+    def major(nvml: Any) -> int | None:
+        if nvml.nvmlDeviceGetCount() == 0:
+            return None
+        found, _minor = nvml.nvmlDeviceGetCudaComputeCapability(nvml.nvmlDeviceGetHandleByIndex(0))
+        return int(found)
+
+    return _with_nvml(major)
+
+
+def _nvml_count() -> int | None:
+    return _with_nvml(lambda nvml: int(nvml.nvmlDeviceGetCount()))
+
+
+def _with_nvml(query: Callable[[Any], int | None]) -> int | None:
+    """``query(pynvml)`` between NVML's init and shutdown; None when NVML is missing or finds no driver."""
     try:
         import pynvml  # type: ignore[import-not-found,import-untyped]
     except ImportError:
@@ -112,25 +97,7 @@ def gpu_arch_major() -> int | None:
     except Exception:  # NVMLError_LibraryNotFound, DriverNotLoaded: a machine without NVIDIA GPUs
         return None
     try:
-        if pynvml.nvmlDeviceGetCount() == 0:
-            return None
-        major, _minor = pynvml.nvmlDeviceGetCudaComputeCapability(pynvml.nvmlDeviceGetHandleByIndex(0))
-        return int(major)
-    finally:
-        pynvml.nvmlShutdown()
-
-
-def _nvml_count() -> int | None:
-    try:
-        import pynvml
-    except ImportError:
-        return None
-    try:
-        pynvml.nvmlInit()
-    except Exception:
-        return None
-    try:
-        return int(pynvml.nvmlDeviceGetCount())
+        return query(pynvml)
     finally:
         pynvml.nvmlShutdown()
 

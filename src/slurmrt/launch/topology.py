@@ -27,14 +27,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypedDict
 
-from . import hostlist
-from ._env import first_int, first_str, get_int, parse_tasks_per_node, truthy
-from ._errors import (
+from .._env import first_int, first_str, get_int, parse_tasks_per_node, truthy
+from .._errors import (
     EnvironmentVariableError,
     HostlistError,
     LauncherConflictError,
     NodeRankError,
 )
+from . import hostlist
 
 __all__ = ["LaunchMode", "Topology", "from_environ", "launcher_argv", "master_port_for", "rendezvous_backend"]
 
@@ -173,31 +173,17 @@ def from_environ(env: Mapping[str, str], *, hostname: str | None = None,
                 f"other {ntasks - 1} tasks will never start. Launch the script with `srun python train.py` "
                 "(one task per GPU) or `srun torchrun ...` (one task per node)"
             )
-        return Topology(
-            mode=LaunchMode.BATCH,
-            rank=0,
-            local_rank=0,
-            node_rank=0,
-            world_size=1,
-            local_world_size=1,
-            nnodes=1,
-            master_addr=env.get("MASTER_ADDR") or "127.0.0.1",
-            master_port=_port(env, job_id, "batch"),
-            warnings=tuple(warnings),
-            **common,
-        )
-    return Topology(
-        mode=LaunchMode.LOCAL,
-        rank=0,
-        local_rank=0,
-        node_rank=0,
-        world_size=1,
-        local_world_size=1,
-        nnodes=1,
-        master_addr=env.get("MASTER_ADDR") or "127.0.0.1",
-        master_port=_port(env, None, None) if env.get("MASTER_PORT") else 29500,
-        **common,
-    )
+        return _one_process(LaunchMode.BATCH, env, _port(env, job_id, "batch"), common, warnings=tuple(warnings))
+    port = _port(env, None, None) if env.get("MASTER_PORT") else 29500
+    return _one_process(LaunchMode.LOCAL, env, port, common)
+
+
+def _one_process(mode: LaunchMode, env: Mapping[str, str], port: int, common: _Common,
+                 warnings: tuple[str, ...] = ()) -> Topology:
+    """The batch shell, or no Slurm at all: one process, rank 0 of 1."""
+    return Topology(mode=mode, rank=0, local_rank=0, node_rank=0, world_size=1, local_world_size=1, nnodes=1,
+                    master_addr=env.get("MASTER_ADDR") or "127.0.0.1", master_port=port, warnings=warnings,
+                    **common)
 
 
 class _Common(TypedDict):

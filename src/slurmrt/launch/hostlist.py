@@ -17,7 +17,7 @@ import itertools
 import re
 from collections.abc import Iterable
 
-from ._errors import HostlistError
+from .._errors import HostlistError
 
 __all__ = ["compress", "expand"]
 

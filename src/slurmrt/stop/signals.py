@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from types import FrameType
 from typing import Any
 
-from . import _clock
+from .. import _clock
 
 __all__ = ["DEFAULT_SIGNALS", "SignalRecorder", "parse_signal"]
 

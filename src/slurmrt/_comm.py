@@ -1,7 +1,10 @@
-"""The few collectives checkpoints and exit need, on a gloo group of their own, or trivially for one process.
+"""slurmrt's own gloo process groups, and the few collectives checkpoints and the exit need on them.
 
-They run on the training thread only (the agreement thread has its own group), after any background save has been
-joined: two threads issuing collectives on one group could pair them up differently on different ranks.
+Two groups, created together by :func:`open_groups` (collectively: every rank reaches it at the same point of its
+program): the *control* group belongs to the agreement thread alone, the *work* group (a :class:`GlooComm`) to
+whichever thread saves, loads or exits -- one at a time: a background save holds it until it is joined, and the
+training thread joins it before its next collective. Two threads issuing collectives on one group could pair them
+up differently on different ranks; hence two groups.
 
 Every collective here runs on tensors this module owns and returns only once gloo's worker thread has dropped its
 reference to them (:func:`run_collective`). The reason is a crash at interpreter exit, seen as
@@ -18,11 +21,13 @@ frees a Python object at all.
 from __future__ import annotations
 
 import pickle
+import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
-__all__ = ["Comm", "GlooComm", "SoloComm", "run_collective", "wait_released"]
+__all__ = ["Comm", "GlooComm", "Groups", "SoloComm", "open_groups", "run_collective", "wait_released"]
 
 
 class Comm(Protocol):
@@ -121,3 +126,38 @@ def _encode(obj: Any) -> Any:
 
 def _decode(t: Any) -> Any:
     return pickle.loads(t.numpy().tobytes())
+
+
+@dataclass(frozen=True)
+class Groups:
+    """What :func:`open_groups` made: ``control`` is None for one process, where nothing needs agreeing."""
+
+    control: Any
+    work: Comm
+
+    def destroy(self) -> None:
+        """Destroy the two groups (a local call); the default group stays the user's."""
+        dist = torch_distributed()
+        if self.control is None or dist is None or not dist.is_initialized():
+            return
+        for group in (self.control, getattr(self.work, "group", None)):
+            dist.destroy_process_group(group)
+
+
+def open_groups() -> Groups:
+    """The control and work groups when ``torch.distributed`` runs more than one rank, else a one-process stand-in.
+
+    Collective when there are several ranks: ``new_group`` must be called by every rank in the same order.
+    """
+    dist = torch_distributed()
+    if dist is not None and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        control = dist.new_group(backend="gloo")
+        work = dist.new_group(backend="gloo")
+        return Groups(control, GlooComm(work, dist.get_rank(), dist.get_world_size()))
+    return Groups(None, SoloComm())
+
+
+def torch_distributed() -> Any:
+    """``torch.distributed`` if the program imported torch; never imports it (``import slurmrt`` stays light)."""
+    torch = sys.modules.get("torch")
+    return getattr(torch, "distributed", None) if torch is not None else None

@@ -29,11 +29,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import _clock
-from ._errors import CheckpointError
-from .comm import Comm
+from .. import _clock
+from .._comm import Comm
+from .._errors import CheckpointError
+from ._files import fsync_dir, fsync_tree, write_state, write_text
 
-__all__ = ["CheckpointStore", "SaveResult"]
+__all__ = ["CheckpointStore", "PendingSave", "SaveFn", "SaveResult"]
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +49,39 @@ class SaveResult:
     path: Path
     seconds: float
     bytes: int
+    #: Wall time the save began.
+    started: float
+
+
+class PendingSave:
+    """A save running on the ``slurmrt-save`` thread: its result (or error) is a value the caller takes with
+    :meth:`wait`, on its own thread; nothing it learns is pushed anywhere."""
+
+    def __init__(self, save: Callable[[], SaveResult]) -> None:
+        self._save = save
+        self._result: SaveResult | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="slurmrt-save", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._result = self._save()
+        except BaseException as err:  # noqa: BLE001 - handed to the waiting thread by wait()
+            self._error = err
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def wait(self) -> SaveResult:
+        """Join the save; its result, or its error raised here. Calling it again gives the same answer."""
+        self._thread.join()
+        if self._error is not None:
+            if isinstance(self._error, CheckpointError):
+                raise self._error
+            raise CheckpointError(f"background checkpoint save failed: {self._error!r}") from self._error
+        assert self._result is not None
+        return self._result
 
 
 class CheckpointStore:
@@ -59,19 +93,18 @@ class CheckpointStore:
         self.keep_last = keep_last
         self._token = token  # job id and restart: a temp dir name no earlier attempt used
         self._seq = 0
-        self._pending: threading.Thread | None = None
-        self._pending_error: BaseException | None = None
-        self._pending_result: SaveResult | None = None
-        self.on_saved: Callable[[SaveResult, bool], None] | None = None
+        #: The background save in flight, if any.
+        self.pending: PendingSave | None = None
 
     # -- saving ----------------------------------------------------------------------------------------------------
-    def save(self, state: dict[str, Any] | SaveFn, step: int, *, blocking: bool = True) -> SaveResult | None:
+    def save(self, state: dict[str, Any] | SaveFn, step: int, *, blocking: bool = True) -> SaveResult | PendingSave:
         """Write a checkpoint of ``step``; collective: every rank calls it with the same step.
 
         ``state`` is this rank's dict (tensors and plain data), or a callable that writes into the directory it is
         given (the same directory on every rank, as Accelerate's ``save_state`` and Megatron's saver expect).
-        Non-blocking: tensors are copied to host memory now and written by a background thread; at most one such
-        save is in flight, and the next save (or :meth:`wait`) waits for it.
+        Blocking, it returns the :class:`SaveResult`. Non-blocking, tensors are copied to host memory now and
+        written by a background thread, and it returns the :class:`PendingSave`; at most one is in flight, and the
+        next save (or :meth:`wait`) waits for it.
         """
         self.wait()
         self._seq += 1
@@ -79,32 +112,16 @@ class CheckpointStore:
         if blocking:
             return self._save(state, step, tmp)
         snapshot = state if callable(state) else _to_host(state)
-        self._pending = threading.Thread(target=self._background, args=(snapshot, step, tmp),
-                                         name="slurmrt-save", daemon=True)
-        self._pending.start()
-        return None
+        self.pending = PendingSave(lambda: self._save(snapshot, step, tmp))
+        return self.pending
 
     def wait(self) -> SaveResult | None:
-        """Wait for the background save; raise its error here, on the training thread."""
-        thread, self._pending = self._pending, None
-        if thread is not None:
-            thread.join()
-        err, self._pending_error = self._pending_error, None
-        if err is not None:
-            if isinstance(err, CheckpointError):
-                raise err
-            raise CheckpointError(f"background checkpoint save failed: {err!r}") from err
-        result, self._pending_result = self._pending_result, None
-        return result
+        """Wait for the background save; raise its error here, on the calling (training) thread."""
+        pending, self.pending = self.pending, None
+        return pending.wait() if pending is not None else None
 
-    def _background(self, state: dict[str, Any] | SaveFn, step: int, tmp: Path) -> None:
-        try:
-            self._pending_result = self._save(state, step, tmp, blocking=False)
-        except BaseException as err:  # noqa: BLE001 - handed to the training thread by wait()
-            self._pending_error = err
-
-    def _save(self, state: dict[str, Any] | SaveFn, step: int, tmp: Path, blocking: bool = True) -> SaveResult:
-        start = _clock.mono()
+    def _save(self, state: dict[str, Any] | SaveFn, step: int, tmp: Path) -> SaveResult:
+        start, started = _clock.mono(), _clock.wall()
         rank = self.comm.rank
         error: str | None = None
         files: dict[str, int] = {}
@@ -117,7 +134,7 @@ class CheckpointStore:
                 state(tmp)
             else:
                 name = f"rank_{rank:05d}.pt"
-                files = {name: _write_state(tmp / name, state)}
+                files = {name: write_state(tmp / name, state)}
         except Exception as err:  # disk full, permission denied, an unpicklable object: all ranks must hear of it
             # torch.save reports a failed write as "unexpected pos ...", hiding ENOSPC/EFBIG: show the free space.
             error = f"rank {rank}: {err!r} ({_free_space(self.root)})"
@@ -146,34 +163,31 @@ class CheckpointStore:
                 f"checkpoint of step {step} could not be committed ({commit_error}); the previous one is intact",
                 step=step,
             )
-        result = SaveResult(step=step, path=final, seconds=_clock.mono() - start, bytes=size)
-        if self.on_saved is not None:
-            self.on_saved(result, blocking)
-        return result
+        return SaveResult(step=step, path=final, seconds=_clock.mono() - start, bytes=size, started=started)
 
     def _commit(self, tmp: Path, final: Path, step: int, all_files: list[dict[str, int]], is_dir: bool) -> int:
         """Make ``tmp`` the checkpoint ``final``; returns the bytes it holds. Rank 0 only."""
         files: dict[str, int] = {}
         if is_dir:
-            files = _fsync_tree(tmp)  # now that every rank finished writing into it
+            files = fsync_tree(tmp)  # now that every rank finished writing into it
         else:
             for part in all_files:
                 files.update(part)
         manifest = {"step": step, "world_size": self.comm.world_size, "kind": "dir" if is_dir else "state",
                     "files": files}
-        _write_text(tmp / MANIFEST, json.dumps(manifest, indent=1))
-        _fsync_dir(tmp)
+        write_text(tmp / MANIFEST, json.dumps(manifest, indent=1))
+        fsync_dir(tmp)
         if final.exists():
             # The same step saved twice (a periodic save, then the stop at that step): same training state.
             logger.info("checkpoint %s already exists; keeping it", final.name)
             shutil.rmtree(tmp, ignore_errors=True)
         else:
             os.rename(tmp, final)
-        _fsync_dir(self.root)
+        fsync_dir(self.root)
         latest_tmp = self.root / ".latest.tmp"
-        _write_text(latest_tmp, final.name + "\n")
+        write_text(latest_tmp, final.name + "\n")
         os.replace(latest_tmp, self.root / "latest")
-        _fsync_dir(self.root)
+        fsync_dir(self.root)
         self._prune()
         return sum(files.values())
 
@@ -262,43 +276,6 @@ def _free_space(path: Path) -> str:
     except OSError:
         return "free space unknown"
     return f"{free / 2**30:.2f} GiB free in {path}"
-
-
-def _write_state(path: Path, state: dict[str, Any]) -> int:
-    import torch
-
-    with open(path, "wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-        return f.tell()
-
-
-def _write_text(path: Path, text: str) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_tree(root: Path) -> dict[str, int]:
-    files: dict[str, int] = {}
-    for dirpath, _dirs, names in os.walk(root):
-        for name in names:
-            full = Path(dirpath) / name
-            with open(full, "rb") as f:
-                os.fsync(f.fileno())
-            files[str(full.relative_to(root))] = full.stat().st_size
-        _fsync_dir(Path(dirpath))
-    return files
 
 
 def _to_host(obj: Any) -> Any:

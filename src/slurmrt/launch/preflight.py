@@ -7,51 +7,22 @@ hang into a :class:`~slurmrt.ConfigError` naming the value, the rule and the fix
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
-
+from .._errors import GpuCountError, NodeCountError, ParallelismError
 from . import hostlist
-from ._env import get_int
-from ._errors import GpuCountError, NodeCountError, ParallelismError
+from .parallel import ParallelConfig
 from .topology import LaunchMode, Topology
 
-__all__ = ["Declared", "check", "declared_from"]
+__all__ = ["check"]
 
 
-@dataclass(frozen=True)
-class Declared:
-    """What the user says the job looks like (init() options or NNODES / GPUS_PER_NODE in the environment)."""
-
-    nnodes: int | None = None
-    gpus_per_node: int | None = None
-    tp: int = 1
-    pp: int = 1
-    cp: int = 1
-
-
-def declared_from(env: Mapping[str, str], *, nnodes: int | None, gpus_per_node: int | None, tp: int, pp: int,
-                  cp: int) -> Declared:
-    """Options win over the environment; ``NNODES`` and ``GPUS_PER_NODE`` are the names sbatch scripts use."""
-    for name, value in (("tp", tp), ("pp", pp), ("cp", cp)):
-        if value < 1:
-            raise ParallelismError(f"{name}={value}: parallel sizes must be >= 1", **{name: value})
-    return Declared(
-        nnodes=nnodes if nnodes is not None else get_int(env, "NNODES", minimum=1),
-        gpus_per_node=gpus_per_node if gpus_per_node is not None else get_int(env, "GPUS_PER_NODE"),
-        tp=tp,
-        pp=pp,
-        cp=cp,
-    )
-
-
-def check(topo: Topology, declared: Declared, *, node_gpus: int | None) -> None:
+def check(topo: Topology, declared: ParallelConfig, *, node_gpus: int | None) -> None:
     """Raise the first :class:`~slurmrt.ConfigError` this launch deserves; return quietly when it looks sound.
 
     ``node_gpus`` is the number of GPUs this node gives the job (``None`` when it cannot be known, e.g. no NVML).
     """
     _check_nnodes(topo, declared)
     _check_gpus(topo, declared, node_gpus)
-    model = declared.tp * declared.pp * declared.cp
+    model = declared.model_parallel
     if topo.world_size % model:
         raise ParallelismError(
             f"world size {topo.world_size} is not divisible by TP x PP x CP = {declared.tp} x {declared.pp} x "
@@ -64,7 +35,7 @@ def check(topo: Topology, declared: Declared, *, node_gpus: int | None) -> None:
         )
 
 
-def _check_nnodes(topo: Topology, declared: Declared) -> None:
+def _check_nnodes(topo: Topology, declared: ParallelConfig) -> None:
     if declared.nnodes is None or not topo.is_slurm:
         return
     if topo.mode is LaunchMode.BATCH:
@@ -83,7 +54,7 @@ def _check_nnodes(topo: Topology, declared: Declared) -> None:
     )
 
 
-def _check_gpus(topo: Topology, declared: Declared, node_gpus: int | None) -> None:
+def _check_gpus(topo: Topology, declared: ParallelConfig, node_gpus: int | None) -> None:
     if declared.gpus_per_node is not None and node_gpus is not None and declared.gpus_per_node != node_gpus:
         raise GpuCountError(
             f"GPUS_PER_NODE={declared.gpus_per_node} but {node_gpus} GPUs are visible on {topo.hostname}. Fix: "

@@ -1,0 +1,90 @@
+"""Every process-global change slurmrt makes: made in :class:`ProcessHooks`, and undone there.
+
+- Signal handlers that only record (:class:`~slurmrt.stop.signals.SignalRecorder`), from ``init()`` to ``close()``.
+- This process's pid in the node-local pid files that ``slurmrt signal`` reads.
+- An ``atexit`` handler, for a program that ends without ``finish()``: it gets the agreement thread out of its round
+  before the interpreter tears gloo down.
+- slurmrt's two gloo process groups (:func:`slurmrt._comm.open_groups`): made at the first call that needs them,
+  which every rank reaches at the same point (``should_stop``, ``save`` or ``load_latest``), destroyed at close.
+
+Nothing else in the package installs a handler, registers a hook or creates a process group.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+import sys
+from pathlib import Path
+
+from ._comm import Groups, open_groups
+from .stop.agreement import Agreement
+from .stop.pidfiles import register_process, unregister_process
+from .stop.signals import SignalRecorder
+
+__all__ = ["ProcessHooks"]
+
+logger = logging.getLogger(__name__)
+
+
+class ProcessHooks:
+    def __init__(self, signals: SignalRecorder, *, job_id: str | None) -> None:
+        self.signals = signals
+        self._job_id = job_id
+        self._registration: Path | None = None
+        self._groups: Groups | None = None
+        self._agreement: Agreement | None = None
+        self._installed = False
+
+    def install(self) -> None:
+        if not self.signals.install():
+            logger.warning("slurmrt.init() was called outside the main thread: signals are not handled")
+        self._registration = register_process(self._job_id)
+        # Registered at init, so the handlers a program registers later (a tracker's flush) run before this one.
+        atexit.register(self._at_exit)
+        self._installed = True
+
+    def groups(self) -> Groups:
+        """The control and work groups, made on first use (collectively: see the module docstring)."""
+        if self._groups is None:
+            self._groups = open_groups()
+        return self._groups
+
+    def watch(self, agreement: Agreement) -> None:
+        """The agreement to take out of its rounds if the interpreter exits without finish()."""
+        self._agreement = agreement
+
+    def undo(self, *, destroy_groups: bool = True) -> None:
+        """Put everything back. ``destroy_groups`` is False when a peer may be gone (gloo would wait for it)."""
+        if not self._installed:
+            return
+        self._installed = False
+        atexit.unregister(self._at_exit)
+        self.signals.close()
+        unregister_process(self._registration)
+        if self._groups is not None and destroy_groups:
+            self._groups.destroy()
+
+    def _at_exit(self) -> None:
+        """The program ends without finish(), normally or by an uncaught exception.
+
+        Tearing down the gloo groups while peers are dying or rounds are pending makes gloo's C++ threads call
+        std::terminate ("terminate called without an active exception"): the rank would die of SIGABRT, with a core
+        dump, instead of its real exit code. So the agreement thread leaves its round first; and after an uncaught
+        exception, when the exit code is 1 whatever happens next, the process exits now, before that teardown. The
+        atexit handlers registered after init() have run by then; those registered before it do not.
+        """
+        agreement = self._agreement
+        if agreement is None or not agreement.started:
+            return
+        # The interpreter sets sys.last_value when an uncaught exception ends the program (not for SystemExit).
+        uncaught = getattr(sys, "last_value", None) is not None
+        agreement.abandon(collectively=not uncaught)
+        if uncaught:
+            for stream in (sys.stdout, sys.stderr):
+                with contextlib.suppress(OSError, ValueError):
+                    stream.flush()
+            logging.shutdown()
+            os._exit(1)

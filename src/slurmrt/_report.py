@@ -1,0 +1,91 @@
+"""What a run tells its log and its event log: rank 0 speaks for the job, each rank reports the signals it got."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from . import _clock
+from .checkpoint.store import SaveResult
+from .events import Event, EventLog
+from .launch.topology import Topology
+from .outcome import Outcome, Verdict
+from .stop.decision import Reason, StopDecision
+from .stop.signals import SignalRecorder
+
+__all__ = ["Reporter"]
+
+logger = logging.getLogger("slurmrt.runtime")
+
+
+class Reporter:
+    def __init__(self, events: EventLog, topology: Topology) -> None:
+        self.events = events
+        self.topology = topology
+        self._lead = topology.rank == 0
+        self._signals_reported = 0
+
+    def started(self, *, kill_switch: str | None, connections: str | None) -> None:
+        t = self.topology
+        if self._lead:
+            self.events.emit(Event.INIT, mode=t.mode.value, world_size=t.world_size, nnodes=t.nnodes,
+                             nodelist=list(t.nodelist), master=f"{t.master_addr}:{t.master_port}",
+                             restart_count=t.restart_count, cuda_device_max_connections=connections,
+                             kill_switch=kill_switch)
+
+    def new_signals(self, recorder: SignalRecorder) -> None:
+        """Called when the recorder saw a signal not reported yet (cheap to ask: compare two lengths)."""
+        seen = dict(recorder.first_seen)
+        self._signals_reported = len(seen)
+        for sig, when in seen.items():
+            logger.warning("rank %d received %s", self.topology.rank, sig.name)
+            self.events.emit(Event.SIGNAL, signal=sig.name, received=when, count=recorder.count.get(sig, 1))
+
+    def has_unreported(self, recorder: SignalRecorder) -> bool:
+        return len(recorder.first_seen) != self._signals_reported
+
+    def decision(self, decision: StopDecision, *, steps_measured: int, step_s: float | None, save_s: float | None,
+                 margin_s: float) -> None:
+        if not self._lead:
+            return
+        names = sorted(r.value for r in decision.reasons)
+        if decision.reasons == {Reason.DEADLINE} and steps_measured == 0:
+            # A requeue loop that never gets anywhere: each run stops before it could measure a single step.
+            left = "unknown" if decision.end_time is None else f"{decision.end_time - _clock.wall():.0f} s"
+            logger.warning("the deadline stopped this run before its first measured step: the time left (%s) does "
+                           "not hold the margin (%.0f s) plus a save (%.0f s). Raise --time, or lower "
+                           "SLURMRT_DEADLINE_MARGIN_S / SLURMRT_SAVE_TIME_S", left, margin_s, save_s or 0.0)
+        logger.warning("all ranks stop at step %d: %s%s", decision.step, ", ".join(names),
+                       "" if decision.save else " (no time to save before SIGKILL)")
+        self.events.emit(Event.DECISION, step=decision.step, reasons=names, save=decision.save,
+                         end_time=decision.end_time, step_s=step_s, save_s=save_s)
+
+    def saved(self, result: SaveResult, *, blocking: bool) -> None:
+        if self._lead:
+            logger.info("checkpoint step %d committed: %.2f s, %d bytes", result.step, result.seconds, result.bytes)
+            self.events.emit(Event.SAVE, step=result.step, seconds=round(result.seconds, 4), bytes=result.bytes,
+                             blocking=blocking, path=str(result.path))
+
+    def save_skipped(self, step: int, save_s: float | None) -> None:
+        if self._lead:
+            logger.warning("not saving step %d: SIGTERM leaves too little time before SIGKILL (a save takes about "
+                           "%.1f s); the previous checkpoint stays the latest", step, save_s or 0.0)
+            self.events.emit(Event.SAVE_SKIPPED, step=step, save_s=save_s)
+
+    def loaded(self, got: tuple[int, Any] | None) -> None:
+        if self._lead:
+            self.events.emit(Event.RESUME if got else Event.FRESH_START, step=got[0] if got else None)
+
+    def exit(self, chosen: Outcome, verdict: Verdict, decision: StopDecision | None) -> None:
+        if not self._lead:
+            return
+        self.events.emit(Event.EXIT, code=int(chosen.code), outcome=chosen.name, why=verdict.why,
+                         reasons=sorted(r.value for r in decision.reasons) if decision else [])
+        if chosen.code:
+            logger.warning("exit %d (%s): %s", chosen.code, chosen.name, verdict.why)
+        else:
+            logger.info("%s: %s", chosen.name.lower(), verdict.why)
+
+    def requeue(self, done: bool, message: str) -> None:
+        self.events.emit(Event.REQUEUE, done=done, message=message, restart_count=self.topology.restart_count)
+        (logger.warning if done else logger.error)("%s", message)

@@ -1,0 +1,38 @@
+"""The ``slurmrt`` command line: one module per command, each with ``add_parser`` and ``run``.
+
+Exit codes: 0 success, 1 a check failed, 2 bad usage or input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from .._errors import SlurmrtError
+
+__all__ = ["build_parser", "main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from . import doctor, env, hostnames, kill, signal, sim, status
+
+    parser = argparse.ArgumentParser(prog="slurmrt", description="PyTorch training jobs that survive SLURM.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for command in (hostnames, sim, env, doctor, kill, signal, status):
+        command.add_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except SlurmrtError as err:
+        print(f"slurmrt {args.command}: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

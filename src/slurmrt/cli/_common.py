@@ -1,0 +1,59 @@
+"""What several commands share: the parallel-size flags, and finding event logs."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from ..launch.parallel import ParallelConfig
+
+
+def add_parallel(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
+    p.add_argument("--pp", type=int, default=1, help="pipeline-parallel size")
+    p.add_argument("--cp", type=int, default=1, help="context-parallel size")
+    p.add_argument("--fsdp", action="store_true", help="Torch-FSDP2 or Megatron-FSDP")
+    p.add_argument("--moe-overlap", action="store_true", help="overlap_moe_expert_parallel_comm")
+    p.add_argument("--megatron-args", help="Megatron's command line, quoted, instead of the flags above")
+
+
+def parallel(args: argparse.Namespace, env: Mapping[str, str]) -> ParallelConfig:
+    """The flags of :func:`add_parallel`, with NNODES / GPUS_PER_NODE from ``env`` (as init() reads them)."""
+    config = ParallelConfig(tp=args.tp, pp=args.pp, cp=args.cp, fsdp=args.fsdp, moe_overlap=args.moe_overlap)
+    if args.megatron_args:
+        config = config.with_megatron_args(shlex.split(args.megatron_args))
+    return config.with_environment(env)
+
+
+def add_events(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--events", type=Path, action="append", help=f"checkpoint dir or event log {what} (repeatable; "
+                                                                 "default: $SLURMRT_CHECKPOINT_DIR, else .)")
+
+
+def default_dirs(env: Mapping[str, str]) -> list[Path]:
+    return [Path(env["SLURMRT_CHECKPOINT_DIR"])] if env.get("SLURMRT_CHECKPOINT_DIR") else [Path(os.getcwd())]
+
+
+def event_files(dirs: Iterable[Path]) -> list[Path]:
+    files: list[Path] = []
+    for d in dirs:
+        if d.is_file():
+            files.append(d)
+        elif d.is_dir():
+            files.extend(sorted(d.glob("events*.jsonl")) + sorted(d.glob("*/events*.jsonl")))
+    return files
+
+
+def add_command(sub: Any, name: str, run: Callable[[argparse.Namespace], int], *, doc: str | None, help: str,
+                epilog: str) -> argparse.ArgumentParser:
+    """The sub-command ``name``: its description is its module's docstring after the first paragraph, and its
+    epilog (examples) keeps its line breaks."""
+    description = doc.split("\n\n", 1)[1].strip().replace("\n", " ") if doc and "\n\n" in doc else None
+    p = sub.add_parser(name, help=help, description=description, epilog=epilog,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.set_defaults(func=run)
+    return p

@@ -1,0 +1,142 @@
+"""``slurmrt doctor``: a preflight report from inside an allocation.
+
+Checks the derived topology, the master address and port, the time left, whether the job can be requeued, the
+--signal lead time against the measured save time, GPUs and CUDA_DEVICE_MAX_CONNECTIONS, and /dev/shm. Exit 0:
+nothing would break the job (warnings may remain); 1: something would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import shutil
+import socket
+import subprocess
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from .._errors import ConfigError
+from ..events import Event, read_events
+from ..launch import cuda, preflight
+from ..launch.parallel import ParallelConfig
+from ..launch.topology import from_environ
+from ..stop.deadline import end_time_from_env, query_end_time
+from ._common import add_command, add_events, add_parallel, default_dirs, event_files, parallel
+
+
+def run(args: argparse.Namespace) -> int:
+    dirs = args.events or default_dirs(os.environ)
+    report = doctor(os.environ, parallel(args, os.environ), events_dirs=dirs)
+    print("slurmrt doctor")
+    print("\n".join(report.lines))
+    return 1 if report.failed else 0
+
+
+class Report:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.failed = False
+
+    def ok(self, what: str, text: str) -> None:
+        self.lines.append(f"  ok    {what}: {text}")
+
+    def warn(self, what: str, text: str) -> None:
+        self.lines.append(f"  warn  {what}: {text}")
+
+    def fail(self, what: str, text: str) -> None:
+        self.failed = True
+        self.lines.append(f"  FAIL  {what}: {text}")
+
+
+def doctor(env: Mapping[str, str], config: ParallelConfig, *, events_dirs: Iterable[Path]) -> Report:
+    r = Report()
+    try:
+        topo = from_environ(env)
+    except ConfigError as err:
+        r.fail("topology", str(err))
+        return r
+    r.ok("topology", f"{topo.mode.value}: rank {topo.rank}/{topo.world_size}, local {topo.local_rank}/"
+                     f"{topo.local_world_size}, node {topo.node_rank}/{topo.nnodes}, job {topo.job_id}")
+    for warning in topo.warnings:
+        r.warn("launch", warning)
+    gpus = cuda.node_gpu_count(env)
+    try:
+        preflight.check(topo, config, node_gpus=gpus)
+        r.ok("preflight", "node count, GPUs and parallel sizes agree")
+    except ConfigError as err:
+        r.fail("preflight", str(err))
+    try:
+        address = socket.gethostbyname(topo.master_addr)
+        r.ok("master", f"{topo.master_addr} resolves to {address}, port {topo.master_port}")
+    except OSError as err:
+        r.fail("master", f"{topo.master_addr} does not resolve ({err}): the rendezvous cannot start")
+    if topo.job_id:
+        end = end_time_from_env(env) or query_end_time(topo.job_id)
+        if end is None:
+            r.ok("time", "no time limit known (unlimited job, or squeue unavailable)")
+        else:
+            left = end - datetime.now().timestamp()
+            (r.ok if left > 600 else r.warn)("time", f"{left / 60:.1f} min left (ends {datetime.fromtimestamp(end)})")
+        _requeue_check(r, topo.job_id)
+    else:
+        r.warn("slurm", "not inside a Slurm job: time limit and requeue not checked")
+    save_s = _max_save_seconds(events_dirs)
+    if save_s is None:
+        r.ok("signal", "no save measured yet (no event log): use --signal=USR1@120 or more")
+    else:
+        lead = max(60, math.ceil(2 * save_s + 60))
+        r.ok("signal", f"the slowest save took {save_s:.1f} s: use --signal=USR1@{lead} (or more) so a save fits "
+                       "even when Slurm's warning comes late")
+    arch = cuda.gpu_arch_major() if gpus else None
+    if arch is None:
+        r.ok("gpu", "no GPU visible: CUDA_DEVICE_MAX_CONNECTIONS not relevant")
+    else:
+        r.ok("gpu", f"{gpus} GPU(s), compute capability {arch}.x")
+        try:
+            value = cuda.decide(env, arch, config)
+            shown = env.get(cuda.VARIABLE, "unset")
+            if value is None:
+                r.ok("cuda", f"{cuda.VARIABLE}={shown} agrees with the rules")
+            else:
+                r.warn("cuda", f"{cuda.VARIABLE}={shown}; slurmrt.init() will set {value} (or export it yourself)")
+        except ConfigError as err:
+            r.fail("cuda", str(err))
+    try:
+        shm = shutil.disk_usage("/dev/shm").total
+        (r.ok if shm >= 2**30 else r.warn)("/dev/shm", f"{shm / 2**30:.1f} GiB (NCCL and data loaders use it; "
+                                                       "below 1 GiB they fail in odd ways)")
+    except OSError:
+        r.warn("/dev/shm", "missing: NCCL falls back or fails; mount a tmpfs there")
+    return r
+
+
+def _requeue_check(r: Report, job_id: str) -> None:
+    scontrol = shutil.which("scontrol")
+    if scontrol is None:
+        r.warn("requeue", "scontrol not found: slurmrt will exit 75 to ask the batch script to requeue")
+        return
+    out = subprocess.run([scontrol, "show", "job", job_id], capture_output=True, text=True, timeout=30,
+                         check=False).stdout
+    if "Requeue=1" in out:
+        r.ok("requeue", "the job can be requeued")
+    elif "Requeue=0" in out:
+        r.warn("requeue", "the job cannot be requeued: add `#SBATCH --requeue`")
+    else:
+        r.warn("requeue", "could not tell whether the job can be requeued")
+
+
+def _max_save_seconds(dirs: Iterable[Path]) -> float | None:
+    seconds = [float(e["seconds"]) for f in event_files(dirs) for e in read_events(f)
+               if e.get("event") == Event.SAVE.value]
+    return max(seconds) if seconds else None
+
+
+def add_parser(sub: Any) -> None:
+    p = add_command(sub, "doctor", run, doc=__doc__,
+                    help="preflight report inside an allocation; exit 1 if something would break the job",
+                    epilog="example: srun --ntasks-per-node=1 slurmrt doctor --tp 2 --events /shared/ckpt/run17")
+    add_parallel(p)
+    add_events(p, "to read save times from")

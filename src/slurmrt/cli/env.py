@@ -1,0 +1,69 @@
+"""``slurmrt env``: export lines for an sbatch script, derived from the allocation.
+
+Prints shell `export` lines derived from the allocation: MASTER_ADDR, MASTER_PORT, NNODES, GPUS_PER_NODE,
+WORLD_SIZE and CUDA_DEVICE_MAX_CONNECTIONS by the rules. Exit 2 outside an allocation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from .._errors import ConfigError
+from ..launch import cuda, hostlist
+from ..launch.parallel import ParallelConfig
+from ..launch.topology import master_port_for
+from ._common import add_command, add_parallel, parallel
+
+
+def run(args: argparse.Namespace) -> int:
+    config = parallel(args, os.environ)
+    arch = cuda.gpu_arch_major() if cuda.node_gpu_count(os.environ) else None
+    for line in env_exports(os.environ, config, args.gpus_per_node, arch):
+        print(line)
+    return 0
+
+
+def env_exports(env: Mapping[str, str], config: ParallelConfig, gpus_per_node: int | None,
+                arch_major: int | None) -> list[str]:
+    """Shell lines for an sbatch script: what torchrun/accelerate and the training script need."""
+    job = env.get("SLURM_JOB_ID")
+    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+    if not job or not nodelist:
+        raise ConfigError("slurmrt env runs inside a Slurm allocation (SLURM_JOB_ID and SLURM_JOB_NODELIST are unset): "
+                          "call it from the sbatch script or inside salloc")
+    hosts = hostlist.expand(nodelist)
+    nnodes = len(hosts)
+    gpus = gpus_per_node if gpus_per_node is not None else cuda.node_gpu_count(env)
+    world = nnodes * gpus if gpus else int(env.get("SLURM_NTASKS") or nnodes)
+    port = env.get("MASTER_PORT") or str(master_port_for(job, "0"))
+    lines = [
+        f"export MASTER_ADDR={env.get('MASTER_ADDR') or hosts[0]}",
+        f"export MASTER_PORT={port}",
+        f"export NNODES={nnodes}",
+        f"export GPUS_PER_NODE={gpus or 0}",
+        f"export WORLD_SIZE={world}",
+    ]
+    return [*lines, _cuda_line(env, config, arch_major)]
+
+
+def _cuda_line(env: Mapping[str, str], config: ParallelConfig, arch_major: int | None) -> str:
+    if arch_major is None:
+        return "# CUDA_DEVICE_MAX_CONNECTIONS: no GPU visible here, left unset"
+    value = cuda.decide(env, arch_major, config)
+    current = env.get(cuda.VARIABLE)
+    if value is not None:
+        return f"export {cuda.VARIABLE}={value}"
+    if current is not None:
+        return f"# {cuda.VARIABLE}={current} already exported and agrees with the rules"
+    return f"unset {cuda.VARIABLE}  # the rules say: leave it to the driver"
+
+
+def add_parser(sub: Any) -> None:
+    p = add_command(sub, "env", run, doc=__doc__,
+                    help="print export lines for an sbatch script (MASTER_ADDR, NNODES, ...)",
+                    epilog="example (in an sbatch script): eval \"$(slurmrt env --tp 4)\"")
+    add_parallel(p)
+    p.add_argument("--gpus-per-node", type=int, help="default: what the node shows (SLURM_GPUS_ON_NODE, NVML)")

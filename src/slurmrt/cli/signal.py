@@ -1,0 +1,53 @@
+"""``slurmrt signal``: send a signal to this node's training processes of a job, not to launchers.
+
+Sends SIG to every process on this node that called slurmrt.init() in the job (they register their pid in a
+node-local directory). Launchers such as torchrun and `accelerate launch` die of SIGUSR1, so a `--signal=B:USR1`
+warning must go to the training processes only. Exit 1 when no process was found.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from .._errors import SlurmrtError
+from ..stop.pidfiles import process_dir
+from ..stop.signals import parse_signal
+from ._common import add_command
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        sig = parse_signal(args.signal)
+    except ValueError as err:
+        raise SlurmrtError(str(err)) from None
+    pids = signal_training(sig, args.job or os.environ.get("SLURM_JOB_ID"))
+    host = os.environ.get("SLURMD_NODENAME") or os.uname().nodename
+    print(f"slurmrt signal: {sig.name} to {len(pids)} training process(es) on {host}: {' '.join(map(str, pids))}")
+    return 0 if pids else 1
+
+
+def signal_training(sig: int, job_id: str | None) -> list[int]:
+    """Send ``sig`` to this node's training processes of the job (those registered by slurmrt.init())."""
+    import psutil
+
+    signalled = []
+    directory = process_dir(job_id)
+    for entry in sorted(directory.iterdir()) if directory.is_dir() else []:
+        pid = int(entry.name) if entry.name.isdigit() else -1
+        if pid <= 0 or not psutil.pid_exists(pid):
+            entry.unlink(missing_ok=True)  # a process that died without close()
+            continue
+        os.kill(pid, sig)
+        signalled.append(pid)
+    return signalled
+
+
+def add_parser(sub: Any) -> None:
+    p = add_command(sub, "signal", run, doc=__doc__,
+                    help="send a signal to this node's training processes of the job, not launchers",
+                    epilog="example (in an sbatch script with --signal=B:USR1@300):\n"
+                           "  trap 'srun --overlap --ntasks-per-node=1 slurmrt signal USR1' USR1")
+    p.add_argument("signal", help="USR1, SIGUSR1 or a number")
+    p.add_argument("--job", help="job id (default: $SLURM_JOB_ID)")

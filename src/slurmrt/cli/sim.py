@@ -1,0 +1,81 @@
+"""``slurmrt sim``: run a command or batch script as a Slurm job on this machine.
+
+Runs COMMAND as a job of N nodes x M tasks on this machine, with the environment of a real srun step, and does to it
+what Slurm would: the time limit, --signal, preemption, scancel, a node failure, requeue. Prints a summary of every
+run of the job at the end. Exit code: 0 when the last run finished with 0, 1 otherwise, 2 for bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from .._errors import SlurmrtError
+from ._common import add_command
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..sim.runner import SimInterrupted, simulate
+    from ..sim.spec import JobSpec, apply_option, parse_sbatch_script
+
+    command = list(args.command)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    spec = JobSpec(kill_wait_s=args.kill_wait, grace_s=args.grace, max_restarts=args.max_restarts)
+    if command and command[0].endswith((".sbatch", ".sh")) and Path(command[0]).is_file() and len(command) == 1:
+        spec, ignored = parse_sbatch_script(Path(command[0]), spec)
+        if ignored:
+            print(f"slurmrt sim: ignoring #SBATCH options it does not simulate: {' '.join(ignored)}", file=sys.stderr)
+    elif command:
+        spec = replace(spec, command=tuple(command))
+    else:
+        raise SlurmrtError("nothing to run: give `-- COMMAND ...` or a batch script")
+    for name, value in (("nodes", args.nodes), ("ntasks-per-node", args.ntasks_per_node), ("time", args.time),
+                        ("signal", args.signal), ("job-name", args.job_name)):
+        if value is not None:
+            spec = apply_option(spec, name, str(value))
+    if args.requeue:
+        spec = replace(spec, requeue=True)
+    if args.fail_node is not None and args.at is None:
+        raise SlurmrtError("--fail-node needs --at SECONDS (when the node fails)")
+    spec = replace(spec, preempt_at_s=args.preempt_at, cancel_at_s=args.cancel_at, fail_node=args.fail_node,
+                   fail_at_s=args.at, after_checkpoint=args.after_checkpoint)
+    if args.fail_node is not None and not 0 <= args.fail_node < spec.nodes:
+        raise SlurmrtError(f"--fail-node {args.fail_node}: nodes are numbered 0..{spec.nodes - 1}")
+    try:
+        records = simulate(spec)
+    except SimInterrupted as stop:
+        return 128 + stop.signum
+    last = records[-1]
+    return 0 if last.exit_code == 0 and last.ended_by == "finished" else 1
+
+
+def add_parser(sub: Any) -> None:
+    p = add_command(sub, "sim", run, doc=__doc__,
+                    help="run a command or batch script as a Slurm job on this machine (signals, limits, requeue)",
+                    epilog="examples:\n"
+                           "  slurmrt sim --nodes 2 --ntasks-per-node 2 --time 1:00 --signal USR1@20 --requeue -- "
+                           "python train.py\n"
+                           "  slurmrt sim --nodes 2 --preempt-at 15 --grace 10 --signal USR1@5 --requeue -- "
+                           "python train.py\n"
+                           "  slurmrt sim job.sbatch          # reads its #SBATCH lines; srun inside starts the tasks")
+    p.add_argument("-N", "--nodes", type=int)
+    p.add_argument("--ntasks-per-node", type=int)
+    p.add_argument("-t", "--time", help="time limit, as sbatch: minutes, MM:SS or HH:MM:SS")
+    p.add_argument("--signal", help="[B:]SIG@SECONDS, as sbatch")
+    p.add_argument("--requeue", action="store_true", help="the job may be requeued")
+    p.add_argument("-J", "--job-name")
+    p.add_argument("--kill-wait", type=float, default=10.0, help="seconds from SIGTERM to SIGKILL (Slurm's KillWait)")
+    p.add_argument("--preempt-at", type=float, metavar="SECS", help="preempt the first run after SECS")
+    p.add_argument("--grace", type=float, default=20.0, metavar="SECS", help="preemption grace time")
+    p.add_argument("--cancel-at", type=float, metavar="SECS", help="scancel the first run after SECS")
+    p.add_argument("--fail-node", type=int, metavar="N", help="SIGKILL the tasks of node N (0-based) ...")
+    p.add_argument("--at", type=float, metavar="SECS", help="... after SECS of the first run")
+    p.add_argument("--after-checkpoint", action="store_true",
+                   help="count --preempt-at, --cancel-at and --at from the first run's first committed checkpoint "
+                        "instead of its start, so the fault certainly hits a running job, on a fast or slow machine")
+    p.add_argument("--max-restarts", type=int, default=5)
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ARGS..., or a batch script")

@@ -1,0 +1,115 @@
+"""How a run ends: its :class:`Outcome`, the exit code that tells ``sacct`` why, and whether slurmrt requeues the job.
+
+The policy is one pure function, :func:`choose`, of the agreed stop decision and a few facts about the job; rank 0
+applies it for every rank. :func:`requeue` is the one side effect, ``scontrol requeue``.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from pathlib import Path
+
+from .stop.decision import Reason, StopDecision
+
+__all__ = ["ExitCode", "Outcome", "Verdict", "choose", "requeue"]
+
+#: A SIGTERM within this many seconds of the end time (or after it) is the time limit, not scancel/preemption.
+TIME_LIMIT_TOLERANCE_S = 15.0
+
+
+class ExitCode(enum.IntEnum):
+    """Exit codes of :meth:`slurmrt.Runtime.exit` (and values of :meth:`~slurmrt.Runtime.finish`)."""
+
+    #: All steps done, or stopped by the kill switch: the tasks of a job array drain as COMPLETED, not FAILED.
+    FINISHED = 0
+    #: An error, or a run that ended for good without its last checkpoint.
+    FAILED = 1
+    #: Stopped after a checkpoint, and the job was requeued (by slurmrt, or Slurm requeues it: preemption).
+    REQUEUED = 3
+    #: Stopped, and not to be requeued: scancel, SIGINT, SIGTERM before the time limit, max restarts reached.
+    STOPPED = 4
+    #: Stopped for a requeue that slurmrt could not make (no scontrol in a container, requeue refused): a batch
+    #: script may run `scontrol requeue` itself when it sees this code (EX_TEMPFAIL: "try again later").
+    REQUEUE_NEEDED = 75
+
+
+class Outcome(enum.Enum):
+    """How the run ended; each outcome has one exit code, and the event log records the outcome's name."""
+
+    FINISHED = ExitCode.FINISHED, "all steps done"
+    KILL_SWITCH = ExitCode.FINISHED, "the kill switch stopped it; not requeued"
+    REQUEUED = ExitCode.REQUEUED, "stopped for a requeue"
+    STOPPED = ExitCode.STOPPED, "stopped; not requeued"
+    REQUEUE_NEEDED = ExitCode.REQUEUE_NEEDED, "stopped for a requeue that slurmrt could not make"
+    FAILED = ExitCode.FAILED, "ended for good, but its last checkpoint failed"
+
+    def __init__(self, code: ExitCode, meaning: str) -> None:
+        self.code = code
+        self.meaning = meaning
+
+
+@dataclass(frozen=True)
+class Verdict:
+    outcome: Outcome
+    #: Why, in words, for the log and the event log.
+    why: str
+
+    @property
+    def requeue(self) -> bool:
+        """slurmrt must requeue the job itself (``scontrol requeue``)."""
+        return self.outcome is Outcome.REQUEUED
+
+
+def choose(decision: StopDecision | None, *, requeue_enabled: bool, is_slurm: bool, restart_count: int,
+           max_restarts: int | None, kill_switch: Path | None = None) -> Verdict:
+    """The outcome of a run that stopped for ``decision`` (None: it ran all its steps), before any save failure."""
+    if decision is None:
+        return Verdict(Outcome.FINISHED, "all steps done")
+    if Reason.KILL_SWITCH in decision.reasons:
+        return Verdict(Outcome.KILL_SWITCH, f"kill switch {kill_switch}: stopped, not requeued")
+    if Reason.INTERRUPT in decision.reasons:
+        return Verdict(Outcome.STOPPED, "SIGINT: stopped, not requeued")
+    if decision.reasons == {Reason.TERM} and not at_time_limit(decision):
+        return Verdict(Outcome.STOPPED, "SIGTERM before the time limit (scancel, or preemption, which Slurm requeues "
+                                        "itself): not requeued by slurmrt")
+    if not requeue_enabled:
+        return Verdict(Outcome.STOPPED, "stopped; requeue is off (requeue=False)")
+    if not is_slurm:
+        return Verdict(Outcome.STOPPED, "stopped; not a SLURM job, nothing to requeue")
+    if max_restarts is not None and restart_count >= max_restarts:
+        return Verdict(Outcome.STOPPED, f"stopped; restart {restart_count} reached max_restarts={max_restarts}")
+    reasons = ", ".join(sorted(r.value for r in decision.reasons))
+    return Verdict(Outcome.REQUEUED, f"stopped at step {decision.step} ({reasons}): requeue")
+
+
+def after_failed_save(outcome: Outcome) -> Outcome:
+    """A run that ends for good (all steps done, or the kill switch) without its last checkpoint has failed: its
+    final state is not on disk. A stop that exits non-zero already says something went wrong, and a requeued run
+    resumes from the checkpoint before."""
+    return Outcome.FAILED if outcome in (Outcome.FINISHED, Outcome.KILL_SWITCH) else outcome
+
+
+def at_time_limit(decision: StopDecision) -> bool:
+    """The SIGTERM came at the job's end time: the time limit, which a requeue survives."""
+    term, end = decision.term_time, decision.end_time
+    return term is not None and end is not None and term >= end - TIME_LIMIT_TOLERANCE_S
+
+
+def requeue(job_id: str, *, timeout_s: float = 30.0) -> tuple[bool, str]:
+    """``scontrol requeue JOB``; returns (done, message)."""
+    import shutil
+    import subprocess
+
+    scontrol = shutil.which("scontrol")
+    if scontrol is None:
+        code = int(ExitCode.REQUEUE_NEEDED)
+        return False, f"scontrol not found on PATH: exiting with {code} so the batch script can requeue"
+    try:
+        out = subprocess.run([scontrol, "requeue", job_id], capture_output=True, text=True, timeout=timeout_s,
+                             check=False)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return False, f"scontrol requeue {job_id} failed: {err}"
+    if out.returncode != 0:
+        return False, f"scontrol requeue {job_id} refused (exit {out.returncode}): {out.stderr.strip()}"
+    return True, f"requeued {job_id}"

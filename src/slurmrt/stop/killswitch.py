@@ -1,0 +1,67 @@
+"""The kill switch: a path anyone with write access can create to stop a job (or every task of an array) cleanly.
+
+The watcher thread polls it (:meth:`KillSwitch.poll`); the agreement carries what it saw to every rank. It must work
+when the job hangs too, which made kill switches useless elsewhere: :class:`HangGuard` notices a switch that the
+training loop never acts on, because no step boundary comes, and gives up on the job.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+from .. import _clock
+
+__all__ = ["HangGuard", "KillSwitch", "cancel_and_exit"]
+
+logger = logging.getLogger(__name__)
+
+
+class KillSwitch:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        #: Wall time the switch was first seen, or None. Read by the agreement.
+        self.seen: float | None = None
+
+    def poll(self) -> None:
+        if self.seen is None and self.path.exists():
+            self.seen = _clock.wall()
+            logger.warning("kill switch %s exists: stopping at the next agreed step", self.path)
+
+
+class HangGuard:
+    """With the switch seen, no step boundary (``heartbeat``, monotonic) for ``timeout_s``: the step is hung (a dead
+    peer, a stuck collective), and ``on_hung(idle seconds)`` runs -- on the watcher thread, the only one left."""
+
+    def __init__(self, switch: KillSwitch, *, heartbeat: Callable[[], float], timeout_s: float,
+                 on_hung: Callable[[float], None]) -> None:
+        self.switch = switch
+        self._heartbeat = heartbeat
+        self._timeout_s = timeout_s
+        self._on_hung = on_hung
+
+    def poll(self) -> None:
+        seen = self.switch.seen
+        if seen is None:
+            return
+        idle = _clock.mono() - self._heartbeat()
+        if idle > self._timeout_s and _clock.wall() - seen > self._timeout_s:
+            self._on_hung(idle)
+
+
+def cancel_and_exit(switch: Path, cancel_id: str | None, idle: float) -> None:
+    """Cancel the job (array task) and exit this process with 0: the switch means "stop, no requeue", even when
+    hung. No checkpoint: the training thread that would write it is the one that hangs."""
+    import os
+    import shutil
+    import subprocess
+
+    logger.error(
+        "kill switch %s seen, but the training loop has not reached a step boundary for %.0f s: it is hung. "
+        "Cancelling %s and exiting without a checkpoint", switch, idle, cancel_id or "this process",
+    )
+    scancel = shutil.which("scancel")
+    if cancel_id and scancel:
+        subprocess.run([scancel, cancel_id], check=False, timeout=30)
+    os._exit(0)
