@@ -23,7 +23,7 @@ class Reporter:
         self.events = events
         self.topology = topology
         self._lead = topology.rank == 0
-        self._signals_reported = 0
+        self.signals_reported = 0
 
     def started(self, *, kill_switch: str | None, connections: str | None) -> None:
         t = self.topology
@@ -34,15 +34,13 @@ class Reporter:
                              kill_switch=kill_switch)
 
     def new_signals(self, recorder: SignalRecorder) -> None:
-        """Called when the recorder saw a signal not reported yet (cheap to ask: compare two lengths)."""
+        """Report the signals ``recorder`` saw since the last call; the caller compares ``len(first_seen)`` with
+        :attr:`signals_reported` first, which costs nothing."""
         seen = dict(recorder.first_seen)
-        self._signals_reported = len(seen)
+        self.signals_reported = len(seen)
         for sig, when in seen.items():
             logger.warning("rank %d received %s", self.topology.rank, sig.name)
             self.events.emit(Event.SIGNAL, signal=sig.name, received=when, count=recorder.count.get(sig, 1))
-
-    def has_unreported(self, recorder: SignalRecorder) -> bool:
-        return len(recorder.first_seen) != self._signals_reported
 
     def decision(self, decision: StopDecision, *, steps_measured: int, step_s: float | None, save_s: float | None,
                  margin_s: float) -> None:

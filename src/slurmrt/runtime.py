@@ -142,7 +142,7 @@ class Runtime:
         self.heartbeat = now
         if self._background is not None and self._background.done():
             self._collect()
-        if self._report.has_unreported(self._signals):
+        if len(self._signals.first_seen) != self._report.signals_reported:  # no call on the per-step path
             self._report.new_signals(self._signals)
         agreement = self._agreement or self._start_agreement()
         stop = agreement.should_stop(step)
