@@ -50,12 +50,19 @@ def main() -> int:
         "",
     ]
     body = [f"## {s.title}\n\n{s.body}\n" for s in sections]
-    args.out.write_text("\n".join(header) + "\n".join(body) + _NOTES)
+    args.out.write_text("\n".join(header) + "\n".join(body) + _kept_notes(args.out))
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
 
 
-_NOTES = ""
+#: The hand-written reading of the figures at the end of RESULTS.md; a new run keeps it, to be updated by hand.
+NOTES_HEADING = "## What the figures mean"
+
+
+def _kept_notes(out: Path) -> str:
+    old = out.read_text() if out.exists() else ""
+    at = old.find(NOTES_HEADING)
+    return "" if at < 0 else "\n" + old[at:]
 
 if __name__ == "__main__":
     sys.exit(main())
