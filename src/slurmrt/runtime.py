@@ -288,9 +288,9 @@ class Runtime:
         raise SystemExit(int(code))
 
     def close(self) -> None:
-        """Stop the background threads and undo the process-global hooks, without deciding anything (finish()
-        calls it). Collective when torch.distributed is in use: it ends the agreement rounds, which every rank
-        takes part in."""
+        """Stop the background threads (a background save is waited for) and undo the process-global hooks, without
+        deciding anything (finish() calls it). Collective when torch.distributed is in use: it ends the agreement
+        rounds, and the save, which every rank takes part in."""
         if self._closed:
             return
         self._closed = True
@@ -298,4 +298,12 @@ class Runtime:
             self._agreement.end_rounds()
         if self._watcher is not None:
             self._watcher.stop()
+        if self._store is not None:
+            # A background save still in flight is the user's checkpoint, and its thread is inside a collective:
+            # the interpreter must not end under it (gloo aborts the process). Let it commit.
+            try:
+                self._get_store().wait()
+            except CheckpointError as err:
+                logger.error("the last background checkpoint failed: %s", err)
+        # After a failed round a peer is probably gone: destroying the groups could wait for it.
         self._hooks.undo(destroy_groups=self._agreement is None or not self._agreement.failed)

@@ -83,3 +83,25 @@ def test_an_exception_during_the_agreement_rounds_exits_1_after_the_earlier_atex
     assert wait_all(procs, timeout=300) == [1, 1]
     assert "RuntimeError: boom" in (tmp_path / "rank1.log").read_text()
     assert sorted(p.name for p in tmp_path.glob("flushed-*")) == ["flushed-0", "flushed-1"]
+
+
+def test_close_with_a_background_save_in_flight_commits_it_and_exits_cleanly(tmp_path: Path) -> None:
+    """A script that leaves with close() right after a non-blocking save: the save's thread is inside a gloo
+    collective, and an interpreter that ended under it died of SIGABRT ("terminate called ..."), the checkpoint lost.
+    close() lets the save commit first."""
+    script = tmp_path / "close_early.py"
+    script.write_text(textwrap.dedent("""
+        import torch, torch.distributed as dist, slurmrt
+        rt = slurmrt.init(checkpoint_dir="ckpt")
+        dist.init_process_group("gloo")
+        for step in range(3):
+            rt.should_stop(step)
+        rt.save({"w": torch.randn(4_000_000)}, step=3, blocking=False)
+        rt.close()
+        dist.destroy_process_group()
+    """))
+    procs = start(2, tmp_path, [], script=script, extra={"SLURMRT_DEADLINE": "0"})
+    assert wait_all(procs, timeout=150) == [0, 0]
+    logs = "".join((tmp_path / f"rank{r}.log").read_text() for r in range(2))
+    assert "terminate called" not in logs
+    assert (tmp_path / "ckpt" / "latest").read_text().strip() == "step_000000003"
