@@ -4,7 +4,15 @@ import time
 
 import pytest
 
-from slurmrt.stop.deadline import DurationEstimator, end_time_from_env, parse_squeue_time, time_is_short
+from slurmrt import _clock
+from slurmrt.stop.deadline import (
+    Budget,
+    DurationEstimator,
+    EndTime,
+    end_time_from_env,
+    parse_squeue_time,
+    time_is_short,
+)
 
 
 def test_estimator_skips_the_slow_first_steps_and_takes_a_high_quantile() -> None:
@@ -66,3 +74,50 @@ def test_squeue_end_time_is_local_time_and_unlimited_jobs_have_none() -> None:
 def test_slurm_job_end_time_is_used_when_slurm_sets_it() -> None:
     assert end_time_from_env({"SLURM_JOB_END_TIME": "1800000000"}) == 1_800_000_000
     assert end_time_from_env({}) is None
+
+
+def test_budget_holds_two_saves_when_a_periodic_save_falls_due_before_the_stop() -> None:
+    budget = Budget(margin_s=30.0, save_time_s=20.0, kill_wait_s=30.0)
+    for _ in range(5):  # 2 skipped as warm-up, then 3 steps of 3 s
+        budget.step_done(3.0)
+    # One save: 3 steps x 3 s + 25 s (a 20 s save budgeted at 1.25x) + 30 s margin = 64 s before the end at 1000.
+    assert not budget.deadline_near(now=935.0, end=1000.0, steps_ahead=3)
+    assert budget.deadline_near(now=936.0, end=1000.0, steps_ahead=3)
+    # The loop saves every 100 s on its own, the last at 850: the next is due within the horizon, so two saves.
+    budget.save_done(20.0, started=750.0, periodic=True)
+    budget.save_done(20.0, started=850.0, periodic=True)
+    assert budget.deadline_near(now=911.0, end=1000.0, steps_ahead=3)  # 9 + 2 x 25 + 30 = 89 s
+    assert not budget.deadline_near(now=910.0, end=1000.0, steps_ahead=3)
+
+
+def test_budget_says_whether_a_save_still_fits_between_sigterm_and_sigkill() -> None:
+    budget = Budget(margin_s=30.0, save_time_s=10.0, kill_wait_s=30.0)
+    # SIGTERM at 100, SIGKILL at 130; no step measured: 30 s left - 1 s spare >= a 10 s save.
+    assert budget.save_fits_after_term(now=119.0, term_time=100.0, steps_ahead=2)
+    assert not budget.save_fits_after_term(now=120.0, term_time=100.0, steps_ahead=2)
+    for _ in range(3):
+        budget.step_done(4.0)  # the third counts: 2 steps ahead now cost 8 s
+    assert not budget.save_fits_after_term(now=112.0, term_time=100.0, steps_ahead=2)
+    assert budget.save_fits_after_term(now=111.0, term_time=100.0, steps_ahead=2)
+
+
+def test_end_time_from_slurm_wins_and_the_scheduler_is_asked_once_per_refresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    now = [0.0]
+    monkeypatch.setattr(_clock, "mono", lambda: now[0])
+    asked: list[str] = []
+
+    def fetch(job: str) -> float:
+        asked.append(job)
+        return 5000.0 + len(asked)
+
+    assert not EndTime({"SLURM_JOB_END_TIME": "4000"}, job_id="7", ask=True, refresh_s=60, fetch=fetch).asks
+    end = EndTime({}, job_id="7", ask=True, refresh_s=60, fetch=fetch)
+    assert end.value is None
+    end.poll()
+    now[0] = 59.0
+    end.poll()
+    assert (asked, end.value) == (["7"], 5001.0)
+    now[0] = 60.0
+    end.poll()  # `scontrol update TimeLimit=...` moved the end: the refresh picks it up
+    assert (asked, end.value) == (["7", "7"], 5002.0)
+    assert not EndTime({}, job_id="7", ask=False, refresh_s=60, fetch=fetch).asks  # not the asking rank
