@@ -10,6 +10,7 @@ import enum
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import _slurm
 from .stop.decision import Reason, StopDecision
 
 __all__ = ["ExitCode", "Outcome", "Verdict", "choose", "requeue"]
@@ -98,18 +99,9 @@ def at_time_limit(decision: StopDecision) -> bool:
 
 def requeue(job_id: str, *, timeout_s: float = 30.0) -> tuple[bool, str]:
     """``scontrol requeue JOB``; returns (done, message)."""
-    import shutil
-    import subprocess
-
-    scontrol = shutil.which("scontrol")
-    if scontrol is None:
-        code = int(ExitCode.REQUEUE_NEEDED)
-        return False, f"scontrol not found on PATH: exiting with {code} so the batch script can requeue"
-    try:
-        out = subprocess.run([scontrol, "requeue", job_id], capture_output=True, text=True, timeout=timeout_s,
-                             check=False)
-    except (OSError, subprocess.TimeoutExpired) as err:
-        return False, f"scontrol requeue {job_id} failed: {err}"
+    out = _slurm.run("scontrol", "requeue", job_id, timeout_s=timeout_s)
+    if isinstance(out, str):
+        return False, f"{out}: exiting with {int(ExitCode.REQUEUE_NEEDED)} so the batch script can requeue"
     if out.returncode != 0:
         return False, f"scontrol requeue {job_id} refused (exit {out.returncode}): {out.stderr.strip()}"
     return True, f"requeued {job_id}"

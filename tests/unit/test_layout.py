@@ -9,7 +9,7 @@ ROOT = Path(__file__).resolve().parents[2] / "src" / "slurmrt"  # read, not impo
 
 #: Bottom first. A module not listed here fails the test: a new module must say where it belongs.
 FLOORS = [
-    ["_errors", "_clock", "_env"],
+    ["_errors", "_clock", "_env", "_slurm"],
     ["_comm", "log", "launch.hostlist", "stop.signals", "stop.pidfiles", "checkpoint._files"],
     ["launch.parallel", "launch.topology", "stop.deadline", "stop.watcher", "stop.killswitch", "events"],
     ["launch.preflight", "launch.cuda", "stop.decision", "checkpoint.store", "options"],

@@ -12,12 +12,12 @@ import math
 import os
 import shutil
 import socket
-import subprocess
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from .. import _slurm
 from .._errors import ConfigError
 from ..events import Event, read_events
 from ..launch import cuda, preflight
@@ -114,15 +114,12 @@ def doctor(env: Mapping[str, str], config: ParallelConfig, *, events_dirs: Itera
 
 
 def _requeue_check(r: Report, job_id: str) -> None:
-    scontrol = shutil.which("scontrol")
-    if scontrol is None:
-        r.warn("requeue", "scontrol not found: slurmrt will exit 75 to ask the batch script to requeue")
-        return
-    out = subprocess.run([scontrol, "show", "job", job_id], capture_output=True, text=True, timeout=30,
-                         check=False).stdout
-    if "Requeue=1" in out:
+    out = _slurm.run("scontrol", "show", "job", job_id)
+    if isinstance(out, str):
+        r.warn("requeue", f"{out}: slurmrt will exit 75 to ask the batch script to requeue")
+    elif "Requeue=1" in out.stdout:
         r.ok("requeue", "the job can be requeued")
-    elif "Requeue=0" in out:
+    elif "Requeue=0" in out.stdout:
         r.warn("requeue", "the job cannot be requeued: add `#SBATCH --requeue`")
     else:
         r.warn("requeue", "could not tell whether the job can be requeued")

@@ -19,7 +19,7 @@ import math
 from collections import deque
 from collections.abc import Callable, Mapping
 
-from .. import _clock
+from .. import _clock, _slurm
 
 __all__ = ["Budget", "DurationEstimator", "EndTime", "PeriodicSaves", "end_time_from_env", "horizon", "query_end_time",
            "time_is_short"]
@@ -164,18 +164,9 @@ def end_time_from_env(env: Mapping[str, str]) -> float | None:
 
 def query_end_time(job_id: str, *, timeout_s: float = 20.0) -> float | None:
     """Ask Slurm once: ``squeue -h -j JOB -o %e``. None for unlimited jobs, a missing squeue, or an error."""
-    import shutil
-    import subprocess
-
-    squeue = shutil.which("squeue")
-    if squeue is None:
-        logger.warning("squeue not found: the time-limit deadline is off for job %s (no end time)", job_id)
-        return None
-    try:
-        out = subprocess.run([squeue, "-h", "-j", job_id, "-o", "%e"], capture_output=True, text=True,
-                             timeout=timeout_s, check=False)
-    except (OSError, subprocess.TimeoutExpired) as err:
-        logger.warning("squeue for job %s failed (%s): no deadline until the next try", job_id, err)
+    out = _slurm.run("squeue", "-h", "-j", job_id, "-o", "%e", timeout_s=timeout_s)
+    if isinstance(out, str):
+        logger.warning("%s: no time-limit deadline for job %s until the next try", out, job_id)
         return None
     return parse_squeue_time(out.stdout)
 

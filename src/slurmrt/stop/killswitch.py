@@ -11,7 +11,7 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from .. import _clock
+from .. import _clock, _slurm
 
 __all__ = ["HangGuard", "KillSwitch", "cancel_and_exit"]
 
@@ -54,14 +54,13 @@ def cancel_and_exit(switch: Path, cancel_id: str | None, idle: float) -> None:
     """Cancel the job (array task) and exit this process with 0: the switch means "stop, no requeue", even when
     hung. No checkpoint: the training thread that would write it is the one that hangs."""
     import os
-    import shutil
-    import subprocess
 
     logger.error(
         "kill switch %s seen, but the training loop has not reached a step boundary for %.0f s: it is hung. "
         "Cancelling %s and exiting without a checkpoint", switch, idle, cancel_id or "this process",
     )
-    scancel = shutil.which("scancel")
-    if cancel_id and scancel:
-        subprocess.run([scancel, cancel_id], check=False, timeout=30)
+    if cancel_id:
+        out = _slurm.run("scancel", cancel_id)
+        if isinstance(out, str):  # exit all the same: a hung process that stays helps no one
+            logger.error("%s", out)
     os._exit(0)
