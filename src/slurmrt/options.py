@@ -61,12 +61,8 @@ class Options:
             raw = env.get(f"SLURMRT_{name.upper()}")
             if raw is not None and raw != "":
                 values[name] = _convert(name, raw)
-        megatron_args = values.pop("megatron_args", None)
-        parallel = ParallelConfig(**{k: values.pop(k) for k in shape - {"megatron_args"} if k in values})
-        if megatron_args is not None:
-            parallel = parallel.with_megatron_args(megatron_args)
-        # NNODES and GPUS_PER_NODE are the names sbatch scripts use; the options win over them.
-        return cls(parallel=parallel.with_environment(env), **values)
+        declared = {k: values.pop(k) for k in shape if k in values}
+        return cls(parallel=ParallelConfig.declared(env, **declared), **values)
 
 
 _PATHS = {"checkpoint_dir", "kill_switch", "event_log"}

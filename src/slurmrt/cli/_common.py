@@ -23,10 +23,8 @@ def add_parallel(p: argparse.ArgumentParser) -> None:
 
 def parallel(args: argparse.Namespace, env: Mapping[str, str]) -> ParallelConfig:
     """The flags of :func:`add_parallel`, with NNODES / GPUS_PER_NODE from ``env`` (as init() reads them)."""
-    config = ParallelConfig(tp=args.tp, pp=args.pp, cp=args.cp, fsdp=args.fsdp, moe_overlap=args.moe_overlap)
-    if args.megatron_args:
-        config = config.with_megatron_args(shlex.split(args.megatron_args))
-    return config.with_environment(env)
+    return ParallelConfig.declared(env, megatron_args=shlex.split(args.megatron_args) if args.megatron_args else None,
+                                   tp=args.tp, pp=args.pp, cp=args.cp, fsdp=args.fsdp, moe_overlap=args.moe_overlap)
 
 
 def add_events(p: argparse.ArgumentParser, what: str) -> None:

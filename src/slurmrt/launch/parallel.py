@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from .._env import get_int
 from .._errors import CudaConnectionsError, ParallelismError
@@ -41,6 +42,16 @@ class ParallelConfig:
             value = getattr(self, name)
             if value < 1:
                 raise ParallelismError(f"{name}={value}: parallel sizes must be >= 1", **{name: value})
+
+    @classmethod
+    def declared(cls, env: Mapping[str, str], *, megatron_args: Sequence[str] | None = None,
+                 **fields: Any) -> ParallelConfig:
+        """What the user declared: ``fields``, then Megatron-LM's command line in place of the parallel sizes when
+        given, then ``NNODES`` / ``GPUS_PER_NODE`` from ``env`` for nodes and GPUs left undeclared."""
+        config = cls(**fields)
+        if megatron_args is not None:
+            config = config.with_megatron_args(megatron_args)
+        return config.with_environment(env)
 
     @property
     def model_parallel(self) -> int:
