@@ -74,11 +74,11 @@ class Reporter:
         if self._lead:
             self.events.emit(Event.RESUME if got else Event.FRESH_START, step=got[0] if got else None)
 
-    def exit(self, chosen: Outcome, verdict: Verdict, decision: StopDecision | None) -> None:
+    def exit(self, chosen: Outcome, verdict: Verdict, decision: StopDecision | None, **extra: Any) -> None:
         if not self._lead:
             return
         self.events.emit(Event.EXIT, code=int(chosen.code), outcome=chosen.name, why=verdict.why,
-                         reasons=sorted(r.value for r in decision.reasons) if decision else [])
+                         reasons=sorted(r.value for r in decision.reasons) if decision else [], **extra)
         if chosen.code:
             logger.warning("exit %d (%s): %s", chosen.code, chosen.name, verdict.why)
         else:

@@ -21,7 +21,7 @@ from ._errors import CheckpointError, ConfigError
 from ._hooks import ProcessHooks
 from ._report import Reporter
 from .checkpoint.store import CheckpointStore, PendingSave, SaveFn, SaveResult
-from .events import COPY_ENV, Event, EventLog
+from .events import COPY_ENV, EventLog
 from .launch import cuda, preflight
 from .launch.topology import Topology, from_environ, launcher_argv
 from .options import Options
@@ -59,9 +59,8 @@ def init(**options: Any) -> Runtime:
                       copy=Path(env[COPY_ENV]) if env.get(COPY_ENV) else None)
     if opts.kill_switch is not None and opts.kill_switch.exists():
         logger.warning("kill switch %s exists: exiting at init with code 0, no requeue", opts.kill_switch)
-        if topo.rank == 0:
-            events.emit(Event.EXIT, code=int(Outcome.KILL_SWITCH.code), outcome=Outcome.KILL_SWITCH.name,
-                        reason="kill_switch_at_init")
+        verdict = outcome.Verdict(Outcome.KILL_SWITCH, f"kill switch {opts.kill_switch} exists at init")
+        Reporter(events, topo).exit(verdict.outcome, verdict, None, reason="kill_switch_at_init")
         raise SystemExit(int(Outcome.KILL_SWITCH.code))
     for key, value in topo.exports().items():
         os.environ.setdefault(key, value)  # never overwrite a launcher's value (they agree: we derived ours from it)
@@ -233,6 +232,17 @@ class Runtime:
             with contextlib.suppress(CheckpointError):
                 self._saved(pending.wait(), blocking=False)
 
+    def _wait_for_saves(self) -> bool:
+        """Wait for a background save, if any; False when it failed (logged here)."""
+        if self._store is None:
+            return True
+        try:
+            self._get_store().wait()
+        except CheckpointError as err:
+            logger.error("the last background checkpoint failed: %s", err)
+            return False
+        return True
+
     def _saved(self, result: SaveResult, *, blocking: bool) -> None:
         self._budget.save_done(result.seconds, started=result.started, periodic=self._decision is None)
         self._report.saved(result, blocking=blocking)
@@ -245,16 +255,11 @@ class Runtime:
 
     # -- the end ---------------------------------------------------------------------------------------------------
     def finish(self) -> ExitCode:
-        """Wait for saves, decide (once, on rank 0, for all) how the run ends, requeue if so, then close()."""
+        """Wait for saves, decide how the run ends, requeue if so, then close(). Every rank returns rank 0's outcome:
+        the others wait for it while rank 0 requeues."""
         if self._closed:
             raise RuntimeError("finish() or exit() was already called")
-        failed_save = False
-        if self._store is not None:
-            try:
-                self._get_store().wait()
-            except CheckpointError as err:
-                failed_save = True
-                logger.error("the last background checkpoint failed: %s", err)
+        failed_save = not self._wait_for_saves()
         if self._agreement is not None:
             self._agreement.end_rounds()
         comm = self._hooks.groups().work
@@ -298,12 +303,8 @@ class Runtime:
             self._agreement.end_rounds()
         if self._watcher is not None:
             self._watcher.stop()
-        if self._store is not None:
-            # A background save still in flight is the user's checkpoint, and its thread is inside a collective:
-            # the interpreter must not end under it (gloo aborts the process). Let it commit.
-            try:
-                self._get_store().wait()
-            except CheckpointError as err:
-                logger.error("the last background checkpoint failed: %s", err)
+        # A background save still in flight is the user's checkpoint, and its thread is inside a collective: the
+        # interpreter must not end under it (gloo aborts the process). Let it commit.
+        self._wait_for_saves()
         # After a failed round a peer is probably gone: destroying the groups could wait for it.
         self._hooks.undo(destroy_groups=self._agreement is None or not self._agreement.failed)

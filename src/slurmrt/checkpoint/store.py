@@ -139,7 +139,8 @@ class CheckpointStore:
             # torch.save reports a failed write as "unexpected pos ...", hiding ENOSPC/EFBIG: show the free space.
             error = f"rank {rank}: {err!r} ({_free_space(self.root)})"
             logger.error("checkpoint step %d: writing failed on rank %d: %s", step, rank, err)
-        errors = [e for e in self.comm.all_gather(error) if e]
+        reports: list[tuple[str | None, dict[str, int]]] = self.comm.all_gather((error, files))  # one round trip
+        errors = [e for e, _ in reports if e]
         if errors:
             if rank == 0:
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -148,7 +149,7 @@ class CheckpointStore:
                 f"{'; '.join(errors)}. Fix: free space or fix permissions in {self.root}",
                 step=step, errors=errors,
             )
-        all_files = self.comm.all_gather(files)
+        all_files = [part for _, part in reports]
         final = self.root / f"step_{step:09d}"
         outcome: tuple[str | None, int] = (None, 0)
         if rank == 0:
