@@ -50,6 +50,7 @@ class EventLog:
         self.path = path
         self._base = {"job": job, "restart": restart, "rank": rank}
         self._paths = [p for p in dict.fromkeys((path, copy)) if p is not None]
+        self._made: set[Path] = set()  # directories known to exist: no mkdir per event
 
     def emit(self, event: Event, **data: Any) -> None:
         if not self._paths:
@@ -58,7 +59,9 @@ class EventLog:
         line = json.dumps({"time": stamp, "event": event.value, **self._base, **data}, default=str)
         for path in self._paths:
             try:
-                path.parent.mkdir(parents=True, exist_ok=True)
+                if path.parent not in self._made:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    self._made.add(path.parent)
                 with open(path, "a", encoding="utf-8") as f:
                     fcntl.flock(f.fileno(), fcntl.LOCK_EX)  # released when the file closes
                     f.write(line + "\n")

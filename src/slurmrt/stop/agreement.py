@@ -82,7 +82,6 @@ class DistributedAgreement:
         self.decision: StopDecision | None = None
         self.end_time: float | None = None
         self.window = 2
-        self.rounds = 0
         self._leaving = False
         self._over = False
         self._error: BaseException | None = None
@@ -203,7 +202,6 @@ class DistributedAgreement:
     def _apply(self, verdict: Contribution) -> bool:
         """Fold one round's reduced values into the state; True when the rounds are over."""
         with self._cond:
-            self.rounds += 1
             if verdict.end_time is not None:
                 self.end_time = verdict.end_time
             if verdict.leaving:
