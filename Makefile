@@ -24,6 +24,9 @@ demo: $(VENV)/.installed
 	@echo
 	@echo '$$ slurmrt status $(DEMO_DIR)'
 	@$(VENV)/bin/slurmrt status $(DEMO_DIR)
+	@echo
+	@echo 'Draw it as a picture (needs matplotlib: $(PY) -m pip install matplotlib):'
+	@echo '  $(VENV)/bin/slurmrt status $(DEMO_DIR) --plot job.png'
 
 test: $(VENV)/.installed
 	$(PY) -m pytest

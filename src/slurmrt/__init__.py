@@ -31,6 +31,7 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (mypy kno
 if TYPE_CHECKING:
     from typing import Any
 
+    from . import trackers
     from .launch import cuda, hostlist
     from .launch.parallel import ParallelConfig
     from .launch.topology import LaunchMode, Topology
@@ -56,6 +57,7 @@ _LAZY = {
     "init": ".runtime",
     "Reason": ".stop.decision",
     "StopDecision": ".stop.decision",
+    "trackers": ".trackers",
 }
 
 
@@ -106,4 +108,5 @@ __all__ = [
     "hostlist",
     "init",
     "printflock",
+    "trackers",
 ]

@@ -25,13 +25,13 @@ class Reporter:
         self._lead = topology.rank == 0
         self.signals_reported = 0
 
-    def started(self, *, kill_switch: str | None, connections: str | None) -> None:
+    def started(self, *, kill_switch: str | None, connections: str | None, experiment: str | None) -> None:
         t = self.topology
         if self._lead:
             self.events.emit(Event.INIT, mode=t.mode.value, world_size=t.world_size, nnodes=t.nnodes,
                              nodelist=list(t.nodelist), master=f"{t.master_addr}:{t.master_port}",
                              restart_count=t.restart_count, cuda_device_max_connections=connections,
-                             kill_switch=kill_switch)
+                             kill_switch=kill_switch, experiment=experiment)
 
     def new_signals(self, recorder: SignalRecorder) -> None:
         """Report the signals ``recorder`` saw since the last call; the caller compares ``len(first_seen)`` with
@@ -57,6 +57,10 @@ class Reporter:
                        "" if decision.save else " (no time to save before SIGKILL)")
         self.events.emit(Event.DECISION, step=decision.step, reasons=names, save=decision.save,
                          end_time=decision.end_time, step_s=step_s, save_s=save_s)
+
+    def progress(self, step: int, step_s: float | None) -> None:
+        if self._lead:
+            self.events.emit(Event.PROGRESS, step=step, step_s=None if step_s is None else round(step_s, 6))
 
     def saved(self, result: SaveResult, *, blocking: bool) -> None:
         if self._lead:

@@ -33,8 +33,9 @@ COPY_ENV = "SLURMRT_EVENT_COPY"
 class Event(str, enum.Enum):
     """Every event slurmrt writes. Rank 0 writes all but ``SIGNAL``, which each rank writes for itself."""
 
-    INIT = "init"  # mode, world_size, nnodes, nodelist, master, restart_count, kill_switch
+    INIT = "init"  # mode, world_size, nnodes, nodelist, master, restart_count, kill_switch, experiment
     SIGNAL = "signal"  # signal, received, count
+    PROGRESS = "progress"  # step, step_s (rank 0, every progress_s)
     DECISION = "decision"  # step, reasons, save, end_time, step_s, save_s
     SAVE = "save"  # step, seconds, bytes, blocking, path
     SAVE_SKIPPED = "save_skipped"  # step, save_s

@@ -42,6 +42,10 @@ class Options:
     #: With the kill switch present and no step boundary for this long, the job is hung: cancel it. None: never.
     hang_timeout_s: float | None = 600.0
     event_log: Path | None = None
+    #: The experiment id: by default the one stored next to the checkpoints (new for a fresh directory).
+    experiment_id: str | None = None
+    #: Rank 0 records its step in the event log this often (the timeline of ``slurmrt status``, ``slurmrt sim``).
+    progress_s: float | None = 10.0
     #: The job's declared shape, for the launch checks and the CUDA rule. Its fields are init() options of their
     #: own (``tp=2``, ``SLURMRT_TP``), and so is ``megatron_args``, Megatron-LM's command line, read in their place.
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
@@ -68,7 +72,7 @@ class Options:
 _PATHS = {"checkpoint_dir", "kill_switch", "event_log"}
 _INTS = {"keep_last", "max_restarts", "nnodes", "gpus_per_node", "tp", "pp", "cp"}
 _FLOATS = {"deadline_margin_s", "save_time_s", "kill_wait_s", "kill_switch_poll_s", "end_time_refresh_s",
-           "hang_timeout_s"}
+           "hang_timeout_s", "progress_s"}
 _BOOLS = {"requeue", "deadline", "fsdp", "moe_overlap"}
 
 

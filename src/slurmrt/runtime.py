@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any, NoReturn
 
-from . import _clock, outcome
+from . import _clock, experiment, outcome
 from ._comm import torch_distributed
 from ._errors import CheckpointError, ConfigError
 from ._hooks import ProcessHooks
@@ -62,6 +62,9 @@ def init(**options: Any) -> Runtime:
         verdict = outcome.Verdict(Outcome.KILL_SWITCH, f"kill switch {opts.kill_switch} exists at init")
         Reporter(events, topo).exit(verdict.outcome, verdict, None, reason="kill_switch_at_init")
         raise SystemExit(int(Outcome.KILL_SWITCH.code))
+    # Rank 0 stores the experiment id next to the checkpoints as the run starts; the other ranks read it on demand.
+    experiment_id = experiment.establish(opts.checkpoint_dir, job=topo.requeue_id, override=opts.experiment_id) \
+        if topo.rank == 0 else None
     for key, value in topo.exports().items():
         os.environ.setdefault(key, value)  # never overwrite a launcher's value (they agree: we derived ours from it)
 
@@ -70,7 +73,8 @@ def init(**options: Any) -> Runtime:
     switch = KillSwitch(opts.kill_switch) if opts.kill_switch and topo.local_rank == 0 else None
     budget = Budget(margin_s=opts.deadline_margin_s, save_time_s=opts.save_time_s, kill_wait_s=opts.kill_wait_s)
     rt = Runtime(topo, opts, events, budget=budget, end_time=end_time, kill_switch=switch,
-                 hooks=ProcessHooks(SignalRecorder(opts.signals), job_id=topo.job_id), connections=connections)
+                 hooks=ProcessHooks(SignalRecorder(opts.signals), job_id=topo.job_id), connections=connections,
+                 experiment_id=experiment_id)
     pollers = [p.poll for p in (switch, end_time if end_time.asks else None) if p is not None]
     if switch is not None and opts.hang_timeout_s is not None:
         on_hung = functools.partial(cancel_and_exit, switch.path, topo.requeue_id)
@@ -84,7 +88,8 @@ class Runtime:
     """Returned by :func:`slurmrt.init`. Topology attributes, then the training-loop calls."""
 
     def __init__(self, topology: Topology, options: Options, events: EventLog, *, budget: Budget, end_time: EndTime,
-                 kill_switch: KillSwitch | None, hooks: ProcessHooks, connections: str | None = None) -> None:
+                 kill_switch: KillSwitch | None, hooks: ProcessHooks, connections: str | None = None,
+                 experiment_id: str | None = None) -> None:
         self.topology, self.options, self.events = topology, options, events
         self.cuda_device_max_connections = connections
         self._report = Reporter(events, topology)
@@ -92,6 +97,12 @@ class Runtime:
         self._switch, self._hooks, self._signals = kill_switch, hooks, hooks.signals
         self._last_tick: float | None = None
         self.heartbeat = _clock.mono()  #: monotonic time of the last step boundary
+        self._experiment_id = experiment_id
+        #: The step of the checkpoint load_latest() resumed from; None before it, or on a fresh start.
+        self.resumed_step: int | None = None
+        self.loaded = False  #: True once load_latest() was called
+        # Rank 0 records its progress at the first step, then every progress_s; never, on the other ranks.
+        self._next_progress = 0.0 if topology.rank == 0 and options.progress_s is not None else float("inf")
         self._agreement: Agreement | None = None
         self._store: CheckpointStore | None = None
         self._background: PendingSave | None = None
@@ -107,7 +118,7 @@ class Runtime:
         watcher.start()
         switch = self.options.kill_switch
         self._report.started(kill_switch=str(switch.resolve()) if switch else None,
-                             connections=self.cuda_device_max_connections)
+                             connections=self.cuda_device_max_connections, experiment=self._experiment_id)
 
     # -- topology --------------------------------------------------------------------------------------------------
     rank = property(lambda self: self.topology.rank)
@@ -120,6 +131,16 @@ class Runtime:
     master_port = property(lambda self: self.topology.master_port)
     job_id = property(lambda self: self.topology.job_id)
     restart_count = property(lambda self: self.topology.restart_count)
+
+    @property
+    def experiment_id(self) -> str:
+        """The same for every run of the job, across requeues: stored in ``experiment.json`` next to the checkpoints
+        (new for a fresh checkpoint directory; ``experiment_id=`` overrides it). Without a checkpoint directory it
+        cannot outlive the process, and ranks other than 0 each get their own."""
+        if self._experiment_id is None:
+            self._experiment_id = experiment.establish(self.options.checkpoint_dir, job=self.topology.requeue_id,
+                                                       override=self.options.experiment_id)
+        return self._experiment_id
 
     def __repr__(self) -> str:
         t = self.topology
@@ -139,6 +160,8 @@ class Runtime:
         if self._last_tick is not None:
             self._steps.add(now - self._last_tick)
         self.heartbeat = now
+        if now >= self._next_progress:
+            self._progress(step, now)
         if self._background is not None and self._background.done():
             self._collect()
         if len(self._signals.first_seen) != self._report.signals_reported:  # no call on the per-step path
@@ -152,6 +175,11 @@ class Runtime:
         # made slow rounds look like slow steps, which shrank the window and made training wait again.
         self._last_tick = _clock.mono()
         return stop
+
+    def _progress(self, step: int, now: float) -> None:
+        assert self.options.progress_s is not None
+        self._next_progress = now + self.options.progress_s
+        self._report.progress(step, self._steps.estimate())
 
     @property
     def end_time(self) -> float | None:
@@ -250,6 +278,8 @@ class Runtime:
     def load_latest(self) -> tuple[int, Any] | None:
         """(step, state) of the newest complete checkpoint, the same one on every rank; None on a fresh start."""
         got = self._get_store().load_latest()
+        self.resumed_step = got[0] if got is not None else None
+        self.loaded = True
         self._report.loaded(got)
         return got
 

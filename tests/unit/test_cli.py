@@ -89,8 +89,8 @@ def test_status_reports_runs_stops_checkpoints_and_lost_time(tmp_path: Path) -> 
     lines = status([tmp_path])
     assert lines[0].startswith("job 12: 2 run(s), 1 restart(s)")
     assert "stopped at step 150 (deadline); last checkpoint step 150; exit REQUEUED" in lines[1]
-    assert "resumed after step 150" in lines[2] and "180 s down between runs" in lines[2]
-    assert "110 s of work after the last checkpoint" in lines[2]
+    assert "resumed after step 150" in lines[2] and "3m00s down between runs" in lines[2]
+    assert "1m50s of work after the checkpoint kept" in lines[2]
 
 
 def test_every_command_has_help_with_an_example(capsys: pytest.CaptureFixture[str]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -187,3 +188,36 @@ def test_save_without_a_checkpoint_dir_says_how_to_fix_it(job: Path) -> None:
     with pytest.raises(slurmrt.ConfigError, match="checkpoint_dir"):
         rt.save({}, step=0)
     rt.close()
+
+
+def test_the_experiment_id_is_stored_with_the_checkpoints_and_kept_by_the_next_run(job: Path, tmp_path: Path,
+                                                                                   monkeypatch: pytest.MonkeyPatch
+                                                                                   ) -> None:
+    ckpt = tmp_path / "ckpt"
+    rt = slurmrt.init(checkpoint_dir=ckpt, deadline=False)
+    first = rt.experiment_id
+    assert first.startswith("99-") and json.loads((ckpt / "experiment.json").read_text())["id"] == first
+    assert rt.load_latest() is None and rt.loaded and rt.resumed_step is None
+    rt.save({"x": 1}, step=4)
+    rt.close()
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")  # the requeued run
+    rt = slurmrt.init(checkpoint_dir=ckpt, deadline=False)
+    assert rt.experiment_id == first and not rt.loaded
+    assert rt.load_latest() is not None and rt.resumed_step == 4
+    rt.close()
+    inits = [e for e in map(json.loads, (ckpt / "events-99.jsonl").read_text().splitlines()) if e["event"] == "init"]
+    assert [e["experiment"] for e in inits] == [first, first]
+    rt = slurmrt.init(checkpoint_dir=tmp_path / "other", deadline=False)
+    assert rt.experiment_id != first, "a fresh checkpoint directory is a new experiment"
+    rt.close()
+
+
+def test_rank_zero_records_its_progress_every_progress_s(clock: FakeClock, job: Path, tmp_path: Path) -> None:
+    log = tmp_path / "events.jsonl"
+    rt = slurmrt.init(event_log=log, deadline=False, progress_s=10)
+    for step in range(25):
+        rt.should_stop(step)
+        clock.advance(1.0)
+    rt.close()
+    progress = [e["step"] for e in map(json.loads, log.read_text().splitlines()) if e["event"] == "progress"]
+    assert progress == [0, 10, 20]

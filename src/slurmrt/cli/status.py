@@ -1,7 +1,8 @@
-"""``slurmrt status``: restarts, stop reasons, checkpoints and lost time, from the event log.
+"""``slurmrt status``: the life of a job from its event log: runs, stop reasons, checkpoints, lost work, waits.
 
-Reads the event logs (events-*.jsonl) in checkpoint directories: one line per run of each job, with how it started,
-why it stopped, its last checkpoint, how it exited and the time lost.
+Reads the event logs (events-*.jsonl) in checkpoint directories. For each job: one line per run (how it started,
+why it stopped, its last checkpoint, how it exited, what it lost), the timeline drawn as text (wall time across,
+steps up), and the totals. ``--plot FILE`` also draws it with matplotlib (.png, .svg or .pdf).
 """
 
 from __future__ import annotations
@@ -13,49 +14,63 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import SlurmrtError
-from ..events import Event, Run, read_events, runs, timestamp
+from ..events import read_events
+from ..timeline import JobLife, RunLife, build, draw, duration, render, totals
 from ._common import add_command, default_dirs, event_files
 
 
 def run(args: argparse.Namespace) -> int:
-    for line in status(args.dirs or default_dirs(os.environ)):
+    dirs = args.dirs or default_dirs(os.environ)
+    for line in status(dirs, chart=not args.no_chart, plot=args.plot):
         print(line)
     return 0
 
 
-def status(dirs: Iterable[Path]) -> list[str]:
+def status(dirs: Iterable[Path], *, chart: bool = True, plot: Path | None = None) -> list[str]:
+    dirs = list(dirs)
     files = event_files(dirs)
     if not files:
         raise SlurmrtError(f"no event log (events-*.jsonl) in {', '.join(str(d) for d in dirs)}")
     out: list[str] = []
     for f in files:
-        job_runs = runs(read_events(f))
-        job = job_runs[0].events[0].get("job") if job_runs else f.stem
-        restarts = max((r.restart for r in job_runs), default=0)
-        out.append(f"job {job}: {len(job_runs)} run(s), {restarts} restart(s)  [{f}]")
-        previous_end: float | None = None
-        for run_ in job_runs:
-            out.append(f"  run {run_.restart}: {'; '.join(_describe(run_, previous_end))}")
-            previous_end = run_.end
+        life = build(read_events(f), job=f.stem.removeprefix("events-"))
+        restarts = max((r.restart for r in life.runs), default=0)
+        experiment = f", experiment {life.experiment}" if life.experiment else ""
+        out.append(f"job {life.job}{experiment}: {len(life.runs)} run(s), {restarts} restart(s)  [{f}]")
+        for i, run_ in enumerate(life.runs):
+            gap = life.gaps[i - 1] if i else None
+            out.append(f"  run {run_.restart}: {'; '.join(_describe(run_, gap))}")
+        if chart:
+            out.append("  timeline (wall time across, steps up; 0-9: the run, -: start-up, *: checkpoint, x: stop, "
+                       "!: lost work, .: waiting):")
+            out.extend(f"    {line}" for line in render(life))
+        out.append(f"  {totals(life)}")
+        if plot is not None:
+            target = plot if len(files) == 1 else plot.with_name(f"{plot.stem}-{life.job}{plot.suffix}")
+            out.append(f"  drawn: {_draw(life, target)}")
     return out
 
 
-def _describe(run_: Run, previous_end: float | None) -> list[str]:
-    decision = run_.first(Event.DECISION)
-    exit_event = run_.first(Event.EXIT)
-    saves = run_.all(Event.SAVE)
-    lost = []
-    if previous_end is not None:
-        lost.append(f"{run_.start - previous_end:.0f} s down between runs")
-    if exit_event is None:
-        since = timestamp(saves[-1]) if saves else run_.start
-        lost.append(f"{run_.end - since:.0f} s of work after the last checkpoint (the run ended without a clean exit)")
+def _draw(life: JobLife, path: Path) -> Path:
+    try:
+        return draw(life, path)
+    except ImportError as err:
+        raise SlurmrtError(str(err)) from None
+
+
+def _describe(run_: RunLife, gap: float | None) -> list[str]:
     parts = [
         f"resumed after step {run_.resumed_from}" if run_.resumed_from is not None else "fresh start",
-        f"stopped at step {decision['step']} ({', '.join(decision['reasons'])})" if decision else "no stop",
-        f"last checkpoint step {run_.last_checkpoint}" if saves else "last checkpoint none",
-        f"exit {exit_event.get('outcome', exit_event.get('code'))}" if exit_event else "no exit recorded",
+        f"stopped at step {run_.stop_step} ({', '.join(run_.reasons)})" if run_.stop_step is not None else "no stop",
+        f"last checkpoint step {run_.last_checkpoint}" if run_.checkpoints else "last checkpoint none",
+        f"exit {run_.outcome}" if run_.outcome else "no exit recorded (killed?)",
     ]
+    lost = []
+    if gap is not None:
+        lost.append(f"{duration(gap)} down between runs")
+    if run_.lost_steps or run_.lost_s:
+        bound = "at least " if run_.outcome is None else ""
+        lost.append(f"{duration(run_.lost_s)} of work after the checkpoint kept ({bound}{run_.lost_steps} step(s))")
     if lost:
         parts.append(f"lost: {', '.join(lost)}")
     return parts
@@ -63,7 +78,11 @@ def _describe(run_: Run, previous_end: float | None) -> list[str]:
 
 def add_parser(sub: Any) -> None:
     p = add_command(sub, "status", run, doc=__doc__,
-                    help="restarts, stop reasons, checkpoints and lost time, from the event log",
-                    epilog="example: slurmrt status /shared/ckpt/run17")
+                    help="the life of a job: runs, stop reasons, checkpoints, lost work, from the event log",
+                    epilog="examples:\n  slurmrt status /shared/ckpt/run17\n"
+                           "  slurmrt status /shared/ckpt/run17 --plot run17.png   (needs matplotlib)")
     p.add_argument("dirs", type=Path, nargs="*", help="checkpoint dirs or event logs (default: "
                                                       "$SLURMRT_CHECKPOINT_DIR, else the current directory)")
+    p.add_argument("--plot", type=Path, metavar="FILE",
+                   help="also draw the timeline into FILE (.png, .svg, .pdf); needs matplotlib")
+    p.add_argument("--no-chart", action="store_true", help="leave out the text timeline")

@@ -69,7 +69,7 @@ class _Run:
         self.restart = restart
         self.state = state
         self.out = out
-        self.events = _Saves(events)
+        self.events = _Follow(events, progress=self.say if _is_terminal(out) else None)
         self.stop_signal = stop_signal
         self.record = RunRecord(restart=restart)
         submit_dir = os.getcwd()
@@ -156,7 +156,8 @@ class _Run:
             timeline += faults
         timeline.sort()
         while self.batch.poll() is None:
-            if not anchored and self.events.first_save(self.restart):
+            self.events.poll()
+            if not anchored and self.events.saved(self.restart):
                 anchored = True
                 self.say(f"first checkpoint of run {self.restart} committed: the rehearsed faults count from now")
                 timeline = sorted(timeline + [(self.elapsed() + t, what) for t, what in faults])
@@ -188,6 +189,7 @@ class _Run:
             _reap()
             time.sleep(0.02)
         self.record.exit_code = self.batch.poll()
+        self.events.poll(final=True)  # what the run wrote since the last poll
         self.kill_all()
         self.record.task_codes = self.state.task_exits()
         _KEEP.discard(self.batch.pid)
@@ -255,20 +257,41 @@ def _reap() -> None:
             pass
 
 
-class _Saves:
-    """Which runs of the job have committed a checkpoint, from the events the job appends to the simulator's copy."""
+class _Follow:
+    """Follows the events the job appends to the simulator's copy: which runs committed a checkpoint (what
+    --after-checkpoint waits for), and, on a terminal, the progress of the run (its step, its last checkpoint)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, progress: Callable[[str], None] | None = None) -> None:
         self._follower = EventFollower(path)
-        self._saved: set[int] = set()
+        self._saved: dict[int, int] = {}  # restart -> its last committed step
+        self._progress = progress
+        self._next_read = 0.0
 
-    def first_save(self, restart: int) -> bool:
-        """True once run ``restart`` has committed a checkpoint."""
-        if restart not in self._saved:
-            for event in self._follower.new():
-                if event.get("event") == Event.SAVE.value:
-                    self._saved.add(int(event.get("restart", 0)))
+    def poll(self, *, final: bool = False) -> None:
+        now = time.monotonic()
+        if now < self._next_read and not final:
+            return
+        self._next_read = now + 0.1
+        for event in self._follower.new():
+            kind, restart, step = event.get("event"), int(event.get("restart", 0)), event.get("step")
+            if kind == Event.SAVE.value and isinstance(step, int):
+                self._saved[restart] = step
+            if self._progress is not None and kind in (Event.PROGRESS.value, Event.DECISION.value):
+                last = self._saved.get(restart)
+                stopping = f" -- stopping: {', '.join(event.get('reasons', []))}" if kind == "decision" else ""
+                self._progress(f"run {restart}: step {step}, last checkpoint "
+                               f"{'none' if last is None else f'step {last}'}{stopping}")
+
+    def saved(self, restart: int) -> bool:
+        """True once run ``restart`` has committed a checkpoint (as of the last poll)."""
         return restart in self._saved
+
+
+def _is_terminal(out: IO[str]) -> bool:
+    try:
+        return out.isatty()
+    except (AttributeError, ValueError):
+        return False
 
 
 def _annotate(records: list[RunRecord], events: list[dict[str, Any]]) -> None:

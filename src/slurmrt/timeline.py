@@ -1,0 +1,270 @@
+"""The life of a job, from its event log: each run's steps over wall time, its checkpoints, why it stopped, the work
+it lost, and the waits between runs. ``slurmrt status`` prints it, and draws it with matplotlib when asked.
+
+Steps come from rank 0's events: ``resume``, ``progress`` (every ``progress_s``), ``save`` and ``decision``. Work
+lost by a run is the steps it trained after the checkpoint that the next run resumed from (for the last run: its
+own last checkpoint). A run that ended without a clean exit (SIGKILL, a node failure) may have trained a few steps
+after its last ``progress`` event; its lost work is a lower bound.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+from .events import Event, Run, runs, timestamp
+
+__all__ = ["JobLife", "RunLife", "build", "draw", "duration", "render", "totals"]
+
+
+@dataclass
+class RunLife:
+    restart: int
+    start: float
+    end: float
+    #: (time, step) at each step the events name, in time order; the step only grows.
+    points: list[tuple[float, int]] = field(default_factory=list)
+    #: (commit time, step, seconds the save took)
+    checkpoints: list[tuple[float, int, float]] = field(default_factory=list)
+    resumed_from: int | None = None
+    stop_step: int | None = None
+    reasons: tuple[str, ...] = ()
+    outcome: str | None = None  # None: no clean exit was recorded
+    last_step: int | None = None
+    lost_steps: int = 0
+    lost_s: float = 0.0
+
+    @property
+    def save_s(self) -> float:
+        return sum(seconds for _, _, seconds in self.checkpoints)
+
+    @property
+    def last_checkpoint(self) -> int | None:
+        return max((step for _, step, _ in self.checkpoints), default=None)
+
+
+@dataclass
+class JobLife:
+    job: str
+    experiment: str | None
+    runs: list[RunLife]
+
+    @property
+    def gaps(self) -> list[float]:
+        """Seconds between the end of each run and the start of the next: the queue, then the job's start-up."""
+        return [max(0.0, b.start - a.end) for a, b in pairwise(self.runs)]
+
+    @property
+    def lost_steps(self) -> int:
+        return sum(r.lost_steps for r in self.runs)
+
+    @property
+    def lost_s(self) -> float:
+        return sum(r.lost_s for r in self.runs)
+
+    @property
+    def save_s(self) -> float:
+        return sum(r.save_s for r in self.runs)
+
+    @property
+    def checkpoints(self) -> int:
+        return sum(len(r.checkpoints) for r in self.runs)
+
+    @property
+    def wall_s(self) -> float:
+        return self.runs[-1].end - self.runs[0].start if self.runs else 0.0
+
+    @property
+    def last_step(self) -> int | None:
+        return max((r.last_step for r in self.runs if r.last_step is not None), default=None)
+
+
+def build(events: Iterable[dict[str, Any]], job: str = "?") -> JobLife:
+    grouped = runs(events)
+    experiment = None
+    lives = []
+    for run in grouped:
+        init = run.first(Event.INIT)
+        if init is not None:
+            job = str(init.get("job") or job)
+            experiment = init.get("experiment") or experiment
+        lives.append(_run_life(run))
+    for life, following in zip(lives, [*lives[1:], None], strict=True):
+        _account_lost(life, following)
+    return JobLife(job=job, experiment=experiment, runs=lives)
+
+
+def _run_life(run: Run) -> RunLife:
+    life = RunLife(restart=run.restart, start=run.start, end=run.end, resumed_from=run.resumed_from,
+                   reasons=run.reasons)
+    steps: list[tuple[float, int]] = []
+    for e in run.events:
+        kind, step = e.get("event"), e.get("step")
+        if not isinstance(step, int):
+            continue
+        t = timestamp(e)
+        if kind in (Event.RESUME.value, Event.PROGRESS.value, Event.DECISION.value):
+            steps.append((t, step))
+        if kind == Event.SAVE.value:
+            life.checkpoints.append((t, step, float(e.get("seconds") or 0.0)))
+            steps.append((t, step))
+        if kind == Event.DECISION.value:
+            life.stop_step = step
+    top = -1
+    for t, step in sorted(steps):
+        if step > top:  # a background save commits after later steps ran: it adds no progress
+            life.points.append((t, step))
+            top = step
+    life.last_step = top if life.points else None
+    exit_event = run.first(Event.EXIT)
+    life.outcome = exit_event.get("outcome") if exit_event else None
+    return life
+
+
+def _account_lost(life: RunLife, following: RunLife | None) -> None:
+    """The steps ``life`` trained beyond what survived it, and the wall time they took."""
+    if following is not None:
+        kept = following.resumed_from if following.resumed_from is not None else -1
+    else:
+        kept = max(life.last_checkpoint if life.last_checkpoint is not None else -1,
+                   life.resumed_from if life.resumed_from is not None else -1)
+    if life.last_step is not None and life.last_step > kept:
+        first_trained = life.resumed_from + 1 if life.resumed_from is not None else 0
+        life.lost_steps = life.last_step - max(kept, first_trained - 1)
+    if not life.lost_steps and life.outcome is not None:
+        return
+    # From the moment the run was at the kept step (the kept checkpoint's commit, when this run made it; else the
+    # first step of the run) to its last step; for a run that was killed, to its last event.
+    since = next((t for t, step, _ in life.checkpoints if step == kept), None)
+    if since is None:
+        since = next((t for t, step in life.points if step >= kept), life.start)
+    until = life.end if life.outcome is None else life.points[-1][0]
+    life.lost_s = max(0.0, until - since)
+
+
+# -- the text rendering ------------------------------------------------------------------------------------------
+
+
+def totals(life: JobLife) -> str:
+    last = "no step recorded" if life.last_step is None else f"reached step {life.last_step}"
+    return (f"totals: {len(life.runs)} run(s), {last} in {duration(life.wall_s)}; work lost {life.lost_steps} "
+            f"step(s) ({duration(life.lost_s)}); waiting between runs {duration(sum(life.gaps))}; saving "
+            f"{duration(life.save_s)} ({life.checkpoints} checkpoint(s))")
+
+
+def render(life: JobLife, *, width: int = 64, height: int = 12) -> list[str]:
+    """The timeline as text: wall time across, steps up. A run is drawn with its number (its last digit), then
+    ``-`` its start-up, ``*`` a checkpoint, ``x`` the stop, ``!`` steps that were lost, ``.`` the wait before the
+    next run."""
+    points = [(t, s) for r in life.runs for t, s in r.points]
+    if not points:
+        return ["(no steps recorded: nothing to draw)"]
+    t0, t1 = life.runs[0].start, max(life.runs[-1].end, max(t for t, _ in points))
+    s0, s1 = min(0, min(s for _, s in points)), max(s for _, s in points)
+    grid = [[" "] * width for _ in range(height)]
+
+    def col(t: float) -> int:
+        return min(width - 1, int((t - t0) / max(t1 - t0, 1e-9) * (width - 1) + 0.5))
+
+    def row(step: int) -> int:
+        return height - 1 - min(height - 1, int((step - s0) / max(s1 - s0, 1) * (height - 1) + 0.5))
+
+    for run, following in zip(life.runs, [*life.runs[1:], None], strict=True):
+        mark = str(run.restart % 10)
+        if run.points:  # start-up: from the run's start to its first step
+            for c in range(col(run.start), col(run.points[0][0])):
+                grid[row(run.points[0][1])][c] = "-"
+        lost_from = run.last_step - run.lost_steps if run.last_step is not None else None
+        for (ta, sa), (tb, sb) in zip(run.points, run.points[1:] + run.points[-1:], strict=True):
+            for c in range(col(ta), col(tb) + 1):
+                frac = 0.0 if col(tb) == col(ta) else (c - col(ta)) / (col(tb) - col(ta))
+                step = round(sa + frac * (sb - sa))
+                lost = run.lost_steps and lost_from is not None and step > lost_from
+                grid[row(step)][c] = "!" if lost else mark
+        for t, step, _ in run.checkpoints:
+            grid[row(step)][col(t)] = "*"
+        if run.stop_step is not None:
+            t_stop = next((t for t, s in run.points if s == run.stop_step), run.points[-1][0])
+            grid[row(run.stop_step)][col(t_stop)] = "x"
+        if following is not None and run.points:
+            level = row(following.resumed_from if following.resumed_from is not None else s0)
+            for c in range(col(run.end) + 1, col(following.start)):
+                if grid[level][c] == " ":
+                    grid[level][c] = "."
+    label = len(str(s1))
+    lines = []
+    for i, cells in enumerate(grid):
+        step_here = s1 if i == 0 else s0 if i == height - 1 else None
+        lines.append(f"{'' if step_here is None else step_here:>{label}} |{''.join(cells).rstrip()}")
+    lines.append(f"{'':>{label}} +{'-' * width}")
+    start, end = "0 s", duration(t1 - t0)
+    lines.append(f"{'':>{label}}  {start}{end:>{width - len(start)}}")
+    return lines
+
+
+def duration(seconds: float) -> str:
+    if seconds < 100:
+        return f"{seconds:.1f} s"
+    minutes, secs = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
+
+
+# -- the picture (matplotlib, optional) --------------------------------------------------------------------------
+
+
+def draw(life: JobLife, path: Path, *, title: str | None = None) -> Path:
+    """Write the timeline to ``path`` (its suffix picks the format: .png, .svg, .pdf). Needs matplotlib
+    (``pip install 'slurmrt[plot]'``)."""
+    try:
+        import matplotlib
+    except ImportError as err:
+        raise ImportError("drawing the timeline needs matplotlib: pip install 'slurmrt[plot]' (or matplotlib); "
+                          "without it, `slurmrt status` prints the timeline as text") from err
+    matplotlib.use("Agg")  # no display on a login node; and never a GUI window
+    import matplotlib.pyplot as plt
+
+    t0 = life.runs[0].start if life.runs else 0.0
+    fig, ax = plt.subplots(figsize=(10, 5), dpi=100)
+    try:
+        colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+        for run, following in zip(life.runs, [*life.runs[1:], None], strict=True):
+            color = colors[run.restart % len(colors)]
+            xs = [t - t0 for t, _ in run.points]
+            ys = [s for _, s in run.points]
+            ending = run.outcome or "no clean exit"
+            why = f" ({', '.join(run.reasons)})" if run.reasons else ""
+            ax.plot(xs, ys, color=color, linewidth=2, label=f"run {run.restart}: {ending}{why}")
+            if run.points:  # start-up: from the run's start to its first step
+                ax.plot([run.start - t0, xs[0]], [ys[0], ys[0]], color=color, linewidth=1, linestyle=":")
+            if run.checkpoints:
+                ax.scatter([t - t0 for t, _, _ in run.checkpoints], [s for _, s, _ in run.checkpoints],
+                           marker="o", color=color, edgecolor="black", zorder=3, s=30)
+            if run.lost_steps and run.last_step is not None:
+                lost_from = run.last_step - run.lost_steps
+                lost = [(t - t0, s) for t, s in run.points if s >= lost_from]
+                ax.plot([x for x, _ in lost], [s for _, s in lost], color="red", linewidth=5, alpha=0.35)
+                ax.annotate(f"lost {run.lost_steps} steps", (lost[-1][0], lost[-1][1]), textcoords="offset points",
+                            xytext=(4, 6), color="red", fontsize=8)
+            if run.stop_step is not None and run.points:
+                t_stop = next((t for t, s in run.points if s == run.stop_step), run.points[-1][0])
+                ax.scatter([t_stop - t0], [run.stop_step], marker="x", color="black", s=60, zorder=4)
+            if following is not None:
+                ax.axvspan(run.end - t0, following.start - t0, color="grey", alpha=0.2, linewidth=0)
+        ax.set_xlim(left=0)
+        ax.set_xlabel("wall time since the first run started (s)")
+        ax.set_ylabel("step")
+        ax.set_title(title or f"job {life.job}" + (f" - experiment {life.experiment}" if life.experiment else ""))
+        ax.grid(alpha=0.3)
+        ax.legend(loc="upper left", fontsize=8)
+        legend = "o checkpoint   x stop   dotted: start-up   red: lost work   grey: waiting between runs"
+        fig.text(0.01, 0.01, f"{legend}   |   {totals(life).removeprefix('totals: ')}", fontsize=7)
+        fig.tight_layout(rect=(0, 0.04, 1, 1))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path)
+    finally:
+        plt.close(fig)
+    return path

@@ -1,0 +1,152 @@
+"""One experiment across a requeue, under `slurmrt sim`: the trackers continue their run, and `slurmrt status`
+tells and draws the job's life. The job: 2 nodes, the trackers example logging to W&B (offline), MLflow (files)
+and TensorBoard; the last rank dies after step 15 of the first run (a node failure, tied to the job's progress),
+the batch script requeues, and the second run resumes from the checkpoint of step 9 and trains to step 39."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import subprocess
+import sys
+import threading
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from slurmrt.events import Event, read_events, runs
+from slurmrt.timeline import duration
+
+from .launch import ROOT
+from .test_sim import sim
+
+pytestmark = pytest.mark.timeout(300)
+
+STEPS, SAVE_EVERY, KILL_AT = 40, 10, 15
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp = tmp_path_factory.mktemp("experiment")
+    batch = tmp / "job.sbatch"
+    batch.write_text("\n".join([
+        "#!/bin/bash", "#SBATCH -N 2 --ntasks-per-node=1 --requeue",
+        f"srun --kill-on-bad-exit=1 {sys.executable} {ROOT / 'examples' / 'trackers' / 'train.py'} "
+        f"--steps {STEPS} --save-every {SAVE_EVERY} --kill-at {KILL_AT} --checkpoint-dir {tmp}/ckpt "
+        f"--wandb-dir {tmp}/wandb-logs --mlflow-uri file:{tmp}/mlruns --tensorboard-dir {tmp}/tb",
+        "rc=$?",
+        'case $rc in 0|3|4) ;; *) scontrol requeue "$SLURM_JOB_ID" ;; esac', "exit $rc", ""]))
+    out = sim(tmp, str(batch), env={"WANDB_MODE": "offline", "WANDB_SILENT": "true", "MLFLOW_ALLOW_FILE_STORE": "true",
+                                    "SLURMRT_PROGRESS_S": "0"})  # progress at every step: exact lost work
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "finished 40 steps" in out.stdout, out.stdout[-3000:]
+    return tmp
+
+
+def _events(job: Path) -> list[dict[str, Any]]:
+    (log,) = (job / "ckpt").glob("events-*.jsonl")
+    return list(read_events(log))
+
+
+def _experiment(job: Path) -> str:
+    return str(json.loads((job / "ckpt" / "experiment.json").read_text())["id"])
+
+
+def test_both_runs_belong_to_the_experiment_stored_with_the_checkpoints(job: Path) -> None:
+    inits = [e for e in _events(job) if e["event"] == "init"]
+    assert [e["restart"] for e in inits] == [0, 1]
+    assert {e["experiment"] for e in inits} == {_experiment(job)}
+
+
+def test_wandb_logs_both_runs_under_one_run_id(job: Path) -> None:
+    dirs = sorted((job / "wandb-logs" / "wandb").glob("offline-run-*"))
+    assert len(dirs) == 2, dirs
+    assert {d.name.split("-", 3)[-1] for d in dirs} == {_experiment(job)}
+
+
+def test_mlflow_has_one_run_with_every_step(job: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    mlflow = pytest.importorskip("mlflow")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    client = mlflow.tracking.MlflowClient(f"file:{job / 'mlruns'}")
+    found = client.search_runs(experiment_ids=["0"])
+    assert [r.info.run_id for r in found] == [json.loads((job / "ckpt" / "trackers.json").read_text())["mlflow"]]
+    steps = {m.step for m in client.get_metric_history(found[0].info.run_id, "loss")}
+    assert steps == set(range(STEPS))
+
+
+def test_tensorboard_shows_each_step_once_after_the_purge(job: Path) -> None:
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    written = Counter(e.step for f in sorted((job / "tb").glob("events.out.tfevents.*"))
+                      for e in EventFileLoader(str(f)).Load() if e.summary.value)
+    # The first run logged steps 10..14 at least before its checkpoint-less death: the files hold them twice...
+    assert {s for s, n in written.items() if n > 1} >= set(range(SAVE_EVERY, KILL_AT))
+    accumulator = EventAccumulator(str(job / "tb"))
+    accumulator.Reload()
+    # ...and what TensorBoard shows has each step once: purge_step dropped the first run's steps from 10 on.
+    assert [s.step for s in accumulator.Scalars("loss")] == list(range(STEPS))
+
+
+def test_status_tells_the_jobs_life_with_the_figures_of_its_event_log(job: Path, tmp_path: Path) -> None:
+    events = _events(job)
+    run0, run1 = runs(events)
+    last_step0 = max(e["step"] for e in run0.all(Event.PROGRESS))
+    lost = last_step0 - run1.resumed_from
+    assert run1.resumed_from == SAVE_EVERY - 1 and lost >= KILL_AT - SAVE_EVERY
+    gap = run1.start - run0.end
+    saving = sum(e["seconds"] for e in events if e["event"] == "save" and e["rank"] == 0)
+    status = subprocess.run([sys.executable, "-m", "slurmrt", "status", str(job / "ckpt"), "--plot",
+                             str(tmp_path / "life.png")], capture_output=True, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    assert status.returncode == 0, status.stderr
+    text = status.stdout
+    assert f"experiment {_experiment(job)}: 2 run(s), 1 restart(s)" in text
+    assert f"run 0: fresh start; no stop; last checkpoint step {SAVE_EVERY - 1}; no exit recorded" in text
+    assert f"(at least {lost} step(s))" in text
+    assert f"run 1: resumed after step {SAVE_EVERY - 1}; no stop; last checkpoint step {STEPS - 1}; exit FINISHED" \
+        in text
+    assert (f"reached step {STEPS - 1} in {duration(run1.end - run0.start)}; work lost {lost} step(s)" in text)
+    assert f"waiting between runs {duration(gap)}; saving {duration(saving)} (5 checkpoint(s))" in text
+    assert "!" in text.split("timeline")[1], "the lost steps are drawn"
+    import matplotlib.image
+
+    pixels = matplotlib.image.imread(tmp_path / "life.png")
+    assert pixels.shape[:2] == (500, 1000) and (pixels[..., :3].min(axis=2) < 0.9).mean() > 0.02
+
+
+def test_sim_shows_the_runs_progress_on_a_terminal(tmp_path: Path) -> None:
+    leader, follower = pty.openpty()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SLURMD_"))}
+    env.update({"PYTHONPATH": str(ROOT / "src"), "SLURMRT_PROGRESS_S": "0"})
+    proc = subprocess.Popen([sys.executable, "-m", "slurmrt", "sim", "-N", "1", "--", sys.executable,
+                             str(ROOT / "examples" / "quickstart" / "train.py"), "--steps", "5", "--checkpoint-dir",
+                             str(tmp_path / "ckpt")], stdout=follower, stderr=follower, env=env, cwd=tmp_path)
+    os.close(follower)
+    chunks: list[bytes] = []
+
+    def read() -> None:
+        while True:
+            try:
+                data = os.read(leader, 4096)
+            except OSError:  # EIO: every writer closed the terminal
+                return
+            if not data:
+                return
+            chunks.append(data)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    assert proc.wait(120) == 0
+    reader.join(30)
+    os.close(leader)
+    text = b"".join(chunks).decode(errors="replace")
+    assert "slurmrt sim: run 0: step 4, last checkpoint" in text, text[-2000:]
+    # and not in a pipe: a log file gets no progress lines
+    piped = sim(tmp_path, "-N", "1", "--", sys.executable, str(ROOT / "examples" / "quickstart" / "train.py"),
+                "--steps", "5", "--checkpoint-dir", str(tmp_path / "ckpt2"), env={"SLURMRT_PROGRESS_S": "0"})
+    assert piped.returncode == 0 and "run 0: step" not in piped.stdout
