@@ -261,8 +261,9 @@ def draw(life: JobLife, path: Path, *, title: str | None = None) -> Path:
         ax.grid(alpha=0.3)
         ax.legend(loc="upper left", fontsize=8)
         legend = "o checkpoint   x stop   dotted: start-up   red: lost work   grey: waiting between runs"
-        fig.text(0.01, 0.01, f"{legend}   |   {totals(life).removeprefix('totals: ')}", fontsize=7)
-        fig.tight_layout(rect=(0, 0.04, 1, 1))
+        fig.text(0.01, 0.035, legend, fontsize=7)
+        fig.text(0.01, 0.01, totals(life), fontsize=7)
+        fig.tight_layout(rect=(0, 0.06, 1, 1))
         path.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path)
     finally:
