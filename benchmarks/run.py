@@ -37,22 +37,43 @@ def main() -> int:
         section = importlib.import_module(f"benchmarks.bench_{name}").run(quick=args.quick)
         print(f"  {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
         sections.append(section)
-    command = "python -m benchmarks.run " + shlex.join(sys.argv[1:])
+    command = ("python -m benchmarks.run " + shlex.join(sys.argv[1:])).strip()
+    stamp = f"{datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}, `{command}`" + \
+        (" (quick sizes)" if args.quick else "")
+    fresh = {s.title: f"## {s.title}\n\n_measured {stamp}_\n\n{s.body}\n" for s in sections}
+    # A run of some benchmarks replaces their sections and keeps the others, each with the run that measured it.
+    kept = {} if set(names) == set(NAMES) else _old_sections(args.out)
+    merged = [fresh.pop(title, text) for title, text in kept.items()] + list(fresh.values())
     header = [
         "# slurmrt benchmarks",
         "",
-        f"- date: {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
         f"- machine: {machine()}",
-        f"- command: `{command.strip()}`" + (" (quick sizes)" if args.quick else ""),
+        "- every section says when and by which command it was measured",
         "",
         "Every figure is measured against a comparator in the same run; absolute times on a shared 2-core machine "
         "move from run to run, the ratios much less.",
         "",
     ]
-    body = [f"## {s.title}\n\n{s.body}\n" for s in sections]
-    args.out.write_text("\n".join(header) + "\n".join(body) + _kept_notes(args.out))
+    args.out.write_text("\n".join(header) + "\n".join(merged) + _kept_notes(args.out))
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
+
+
+def _old_sections(out: Path) -> dict[str, str]:
+    """The measured sections of an earlier RESULTS.md, by title (the notes at the end are kept apart)."""
+    old = out.read_text() if out.exists() else ""
+    notes = old.find(NOTES_HEADING)
+    old = old if notes < 0 else old[:notes]
+    # A file written before sections carried their own stamp: its header's date and command stand for all of them.
+    date = next((line[len("- date: "):] for line in old.splitlines() if line.startswith("- date: ")), None)
+    command = next((line[len("- command: "):] for line in old.splitlines() if line.startswith("- command: ")), "")
+    sections = {}
+    for part in old.split("\n## ")[1:]:
+        title, _, body = part.rstrip("\n").partition("\n")
+        if date and not body.lstrip().startswith("_measured "):
+            body = f"\n_measured {date}, {command}_\n{body}"
+        sections[title] = f"## {title}\n{body}\n"
+    return sections
 
 
 #: The hand-written reading of the figures at the end of RESULTS.md; a new run keeps it, to be updated by hand.
