@@ -17,7 +17,8 @@ from pathlib import Path
 
 from ._common import HERE, machine
 
-NAMES = ["stop_check", "stop_latency", "time_limit", "checkpoint", "logging", "startup", "hostlist"]
+NAMES = ["stop_check", "stop_latency", "time_limit", "checkpoint", "logging", "startup", "hostlist",
+         "integrations"]
 
 
 def main() -> int:

@@ -27,6 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ._errors import ConfigError
+
 __all__ = ["Comm", "GlooComm", "Groups", "SoloComm", "open_groups", "run_collective", "wait_released"]
 
 
@@ -144,16 +146,25 @@ class Groups:
             dist.destroy_process_group(group)
 
 
-def open_groups() -> Groups:
+def open_groups(world_size: int = 1) -> Groups:
     """The control and work groups when ``torch.distributed`` runs more than one rank, else a one-process stand-in.
 
     Collective when there are several ranks: ``new_group`` must be called by every rank in the same order.
+    ``world_size`` is the number of processes of the launch: with more than one, ``torch.distributed`` must be
+    initialized, or each rank would stop, save and commit on its own (two ranks committing one checkpoint).
     """
     dist = torch_distributed()
     if dist is not None and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         control = dist.new_group(backend="gloo")
         work = dist.new_group(backend="gloo")
         return Groups(control, GlooComm(work, dist.get_rank(), dist.get_world_size()))
+    if world_size > 1:
+        raise ConfigError(
+            f"the launch has {world_size} processes but torch.distributed is not initialized: should_stop(), save() "
+            "and load_latest() agree across ranks through it. Call torch.distributed.init_process_group() first "
+            "(env:// works: slurmrt.init() exported RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT); a framework that "
+            "initializes it inside its train() call (Lightning) needs slurmrt's integration for it",
+            world_size=world_size)
     return Groups(None, SoloComm())
 
 

@@ -30,9 +30,10 @@ logger = logging.getLogger(__name__)
 
 
 class ProcessHooks:
-    def __init__(self, signals: SignalRecorder, *, job_id: str | None) -> None:
+    def __init__(self, signals: SignalRecorder, *, job_id: str | None, world_size: int = 1) -> None:
         self.signals = signals
         self._job_id = job_id
+        self._world_size = world_size
         self._registration: Path | None = None
         self._groups: Groups | None = None
         self._agreement: Agreement | None = None
@@ -49,7 +50,7 @@ class ProcessHooks:
     def groups(self) -> Groups:
         """The control and work groups, made on first use (collectively: see the module docstring)."""
         if self._groups is None:
-            self._groups = open_groups()
+            self._groups = open_groups(self._world_size)
         return self._groups
 
     def watch(self, agreement: Agreement) -> None:

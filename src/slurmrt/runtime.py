@@ -73,7 +73,8 @@ def init(**options: Any) -> Runtime:
     switch = KillSwitch(opts.kill_switch) if opts.kill_switch and topo.local_rank == 0 else None
     budget = Budget(margin_s=opts.deadline_margin_s, save_time_s=opts.save_time_s, kill_wait_s=opts.kill_wait_s)
     rt = Runtime(topo, opts, events, budget=budget, end_time=end_time, kill_switch=switch,
-                 hooks=ProcessHooks(SignalRecorder(opts.signals), job_id=topo.job_id), connections=connections,
+                 hooks=ProcessHooks(SignalRecorder(opts.signals), job_id=topo.job_id, world_size=topo.world_size),
+                 connections=connections,
                  experiment_id=experiment_id)
     pollers = [p.poll for p in (switch, end_time if end_time.asks else None) if p is not None]
     if switch is not None and opts.hang_timeout_s is not None:
@@ -181,6 +182,20 @@ class Runtime:
         self._next_progress = now + self.options.progress_s
         self._report.progress(step, self._steps.estimate())
 
+    def restart_step_clock(self) -> None:
+        """The time since the last step boundary was not a training step (an evaluation, a framework's own save):
+        leave it out of the measured step time, which the deadline relies on."""
+        self._last_tick = None
+        self.heartbeat = _clock.mono()
+
+    def reclaim_signals(self) -> None:
+        """Put slurmrt's signal recorders back where a framework replaced them with handlers of its own (Lightning
+        installs a SIGTERM handler at the start of ``fit``). Call it on the main thread, after the framework's set-up.
+        """
+        taken = self._signals.reclaim()
+        if taken:
+            logger.info("slurmrt's handlers for %s are back in place", ", ".join(s.name for s in taken))
+
     @property
     def end_time(self) -> float | None:
         """The job's end time (epoch seconds) as far as this rank knows it; None without a limit or before the
@@ -248,8 +263,7 @@ class Runtime:
             self._background = got
         else:
             self._saved(got, blocking=True)
-        self._last_tick = None  # a save between two steps is not step time
-        self.heartbeat = _clock.mono()
+        self.restart_step_clock()  # a save between two steps is not step time
         return True
 
     def _collect(self) -> None:

@@ -61,10 +61,10 @@ def wandb_args(rt: _Run, *, rewind: bool = False, resumed_step: int | None = _UN
     """Keyword arguments for ``wandb.init``: the experiment id as the run id, ``resume="allow"``.
 
     Every run of the job logs into one W&B run. The steps logged after the checkpoint, before the stop, are then
-    logged again by the resumed run; W&B ignores those (it warns that steps must increase) and keeps the old values. ``rewind=True`` asks
-    W&B to cut the run's history back to the resumed step instead (``resume_from="<id>?_step=<first step>"``, W&B's
-    rewind: SDK 0.17.1 or newer, and a server that has the feature, in preview). With an SDK without it, a warning
-    says so and the plain resume is used."""
+    logged again by the resumed run; W&B ignores those (it warns that steps must increase) and keeps the old
+    values. ``rewind=True`` asks W&B to cut the run's history back to the resumed step instead
+    (``resume_from="<id>?_step=<first step>"``, W&B's rewind: SDK 0.17.1 or newer, and a server that has the
+    feature, in preview). With an SDK without it, a warning says so and the plain resume is used."""
     run_id = rt.experiment_id
     step = first_step(rt, resumed_step)
     if not rewind or step == 0:

@@ -272,6 +272,8 @@ def _event_sequence(path: Path) -> list[tuple[Any, ...]]:
     seq: list[tuple[Any, ...]] = []
     for line in path.read_text().splitlines():
         e = json.loads(line)
+        if e["event"] == "progress":
+            continue  # a sample every SLURMRT_PROGRESS_S: how many depends on how long the run took
         detail = e.get("reasons") if e["event"] in {"decision", "exit"} else e.get("signal")
         detail = e.get("outcome", detail) if e["event"] == "exit" else detail
         seq.append((e["restart"], e["rank"], e["event"], str(detail)))
@@ -438,3 +440,28 @@ def test_9_the_guides_accelerate_launch_runs_across_two_nodes(cluster: Path, tmp
     assert info["JobState"] == "COMPLETED", job.output()[-3000:]
     assert "finished 20 steps" in job.output()
     assert (ckpt / "latest").read_text().strip() == "step_000000019"
+
+
+# -- the trainers people use -----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("framework", ["transformers", "lightning"])
+def test_10_a_trainer_example_stops_on_the_warning_requeues_and_resumes_on_two_nodes(cluster: Path, tmp_path: Path,
+                                                                                  framework: str) -> None:
+    pytest.importorskip(framework)
+    steps = 60
+    args = f"--checkpoint-dir {tmp_path}/ckpt --steps {steps} --step-time 0.2"
+    args += f" --output-dir {tmp_path}/out --save-steps 10" if framework == "transformers" else " --save-every 10"
+    body = f"srun --kill-on-bad-exit=1 $PY {ROOT}/examples/{framework}/train.py {args}"
+    job = submit(tmp_path, body, "-N2", "--ntasks-per-node=1", "--requeue", name=framework)
+    wait_for_file(tmp_path / "ckpt" / "latest", 600, job)  # the first checkpoint: the job is training
+    slurm("scancel", "--signal=USR1", job.id)  # the warning, to every task of the step (as --signal without B:)
+    info = job.wait(900)
+    assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) >= 1, job.output()[-3000:]
+    evts = events(tmp_path, job)
+    stops = [e for e in evts if e["event"] == "decision" and e["restart"] == 0]
+    assert stops and stops[0]["reasons"] == ["signal"], job.output()[-3000:]
+    stopped = stops[0]["step"]
+    assert stopped < steps
+    assert any(e["event"] == "save" and e["restart"] == 0 and e["step"] == stopped for e in evts)
+    assert [e["step"] for e in evts if e["event"] == "resume" and e["restart"] == 1] == [stopped]
+    assert f"finished {steps} steps" in job.output()

@@ -18,7 +18,7 @@ FLOORS = [
     ["stop.agreement", "outcome", "timeline"],
     ["_hooks", "_report"],
     ["runtime"],
-    ["__init__", "__main__", "cli", "sim"],
+    ["__init__", "__main__", "cli", "sim", "integrations"],
 ]
 
 

@@ -221,3 +221,23 @@ def test_rank_zero_records_its_progress_every_progress_s(clock: FakeClock, job: 
     rt.close()
     progress = [e["step"] for e in map(json.loads, log.read_text().splitlines()) if e["event"] == "progress"]
     assert progress == [0, 10, 20]
+
+
+def test_several_processes_without_torch_distributed_is_a_clear_error_not_a_run_per_rank() -> None:
+    from slurmrt._comm import open_groups
+
+    with pytest.raises(slurmrt.ConfigError, match=r"2 processes but torch.distributed is not initialized"):
+        open_groups(2)
+    assert open_groups(1).control is None
+
+
+def test_time_outside_the_steps_is_left_out_of_the_step_time(clock: FakeClock, job: Path) -> None:
+    rt = slurmrt.init(deadline=False)
+    for step in range(5):
+        rt.should_stop(step)
+        clock.advance(1.0)
+    clock.advance(600.0)  # an evaluation
+    rt.restart_step_clock()
+    rt.should_stop(5)
+    assert rt._steps.estimate() == pytest.approx(1.0)
+    rt.close()

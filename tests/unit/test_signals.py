@@ -68,3 +68,18 @@ def test_parse_signal_accepts_the_spellings_sbatch_uses(value: object) -> None:
 def test_parse_signal_rejects_unknown_names() -> None:
     with pytest.raises(ValueError, match="unknown signal 'USR3'"):
         parse_signal("USR3")
+
+
+def test_reclaim_puts_the_recorder_back_where_a_framework_replaced_it_and_keeps_the_chain() -> None:
+    seen: list[str] = []
+    previous = signal.signal(signal.SIGUSR2, lambda s, f: seen.append("user"))
+    rec = SignalRecorder([signal.SIGUSR1, signal.SIGUSR2])
+    try:
+        assert rec.install()
+        signal.signal(signal.SIGUSR2, lambda s, f: seen.append("framework"))  # what Lightning does to SIGTERM
+        assert rec.reclaim() == [signal.SIGUSR2] and rec.reclaim() == []
+        os.kill(os.getpid(), signal.SIGUSR2)
+        assert signal.SIGUSR2 in rec.first_seen and seen == ["user"], "recorded, then the handler from before init"
+    finally:
+        rec.close()
+        signal.signal(signal.SIGUSR2, previous)

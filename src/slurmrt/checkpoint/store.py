@@ -138,7 +138,7 @@ class CheckpointStore:
         except Exception as err:  # disk full, permission denied, an unpicklable object: all ranks must hear of it
             # torch.save reports a failed write as "unexpected pos ...", hiding ENOSPC/EFBIG: show the free space.
             error = f"rank {rank}: {err!r} ({_free_space(self.root)})"
-            logger.error("checkpoint step %d: writing failed on rank %d: %s", step, rank, err)
+            logger.exception("checkpoint step %d: writing failed on rank %d: %s", step, rank, err)
         reports: list[tuple[str | None, dict[str, int]]] = self.comm.all_gather((error, files))  # one round trip
         errors = [e for e, _ in reports if e]
         if errors:
@@ -156,6 +156,7 @@ class CheckpointStore:
             try:
                 outcome = (None, self._commit(tmp, final, step, all_files, callable(state)))
             except Exception as err:
+                logger.exception("checkpoint step %d: the commit failed", step)  # with the traceback
                 outcome = (repr(err), 0)
                 shutil.rmtree(tmp, ignore_errors=True)
         commit_error, size = self.comm.broadcast(outcome)

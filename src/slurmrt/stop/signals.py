@@ -61,6 +61,17 @@ class SignalRecorder:
         self.installed = True
         return True
 
+    def reclaim(self) -> list[signal.Signals]:
+        """Put the recording handlers back where something replaced them since :meth:`install` (a framework's own
+        SLURM handling); the handlers chained behind them stay the ones seen at install. Returns the signals taken
+        back. Main thread only, like :meth:`install`."""
+        if not self.installed or threading.current_thread() is not threading.main_thread():
+            return []
+        taken = [sig for sig in self.signals if signal.getsignal(sig) != self._handle]
+        for sig in taken:
+            signal.signal(sig, self._handle)
+        return taken
+
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         sig = signal.Signals(signum)
         self.first_seen.setdefault(sig, _clock.wall())

@@ -1,0 +1,149 @@
+"""Lightning's ``Trainer`` with slurmrt: the topology from slurmrt, the agreed stop, atomic checkpoints, requeue.
+
+A few lines in a Lightning script (the ``lightning`` package, 2.x)::
+
+    rt = slurmrt.init(checkpoint_dir="/shared/ckpt/run17")       # first, before anything touches CUDA
+    trainer = L.Trainer(devices=rt.local_world_size, num_nodes=rt.nnodes,
+                        plugins=[SlurmrtEnvironment(rt)], callbacks=[SlurmrtCallback(rt, every_n_steps=500)])
+    trainer.fit(model, data, ckpt_path=resume_from(rt))       # the newest complete checkpoint, or None
+    rt.exit()                                                 # exit code and requeue
+
+What changes against Lightning's own SLURM support:
+
+- :class:`SlurmrtEnvironment` takes ranks, world size and the master address from slurmrt's topology, which is right
+  for job steps on a subset of the nodes and under launchers (Lightning's ``SLURMEnvironment`` takes the master from
+  the job's ``SLURM_NODELIST``, wrong for a step on other nodes), and it checks ``devices`` and ``num_nodes``
+  against the launch. With it, Lightning's ``auto_requeue`` is off: Lightning saves a checkpoint and runs
+  ``scontrol requeue`` inside its SIGUSR1 handler, where a save can deadlock (Lightning #21406), on rank 0 alone.
+- :class:`SlurmrtCallback` puts slurmrt's signal recorders back at the start of training (Lightning installs a
+  SIGTERM handler of its own, which issues a collective inside the handler); asks ``rt.should_stop`` after each
+  training batch; saves through ``trainer.save_checkpoint`` into slurmrt's commit (the stop, and every
+  ``every_n_steps`` steps); and stops the Trainer at the agreed step on every rank. Validation time is left out of
+  the measured step time. The requeue is ``rt.exit()``'s.
+- Checkpoints are slurmrt's ``step_N/last.ckpt`` (``keep_last`` newest), not ``hpc_ckpt_N`` files that pile up.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from lightning.fabric.plugins.environments import ClusterEnvironment
+from lightning.pytorch.callbacks import Callback
+
+__all__ = ["CHECKPOINT_FILE", "SlurmrtCallback", "SlurmrtEnvironment", "resume_from"]
+
+logger = logging.getLogger(__name__)
+
+#: The Lightning checkpoint inside each of slurmrt's step directories.
+CHECKPOINT_FILE = "last.ckpt"
+
+
+def resume_from(rt: Any) -> str | None:
+    """``trainer.fit(..., ckpt_path=...)``: the newest complete checkpoint, the same on every rank; None on a fresh
+    start. Collective: every rank calls it.
+
+    Finding the checkpoint every rank can read is a collective, and Lightning initializes ``torch.distributed`` only
+    inside ``fit``: so this initializes it first, with the backend Lightning's DDP would choose (NCCL with GPUs, else
+    gloo); Lightning then finds it initialized and uses it."""
+    if rt.world_size > 1:
+        import torch
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")  # env://, from slurmrt.init()
+    got = rt.load_latest()
+    if got is None:
+        return None
+    step, directory = got
+    if not isinstance(directory, Path) or not (directory / CHECKPOINT_FILE).is_file():
+        raise FileNotFoundError(f"the checkpoint of step {step} in {rt.options.checkpoint_dir} holds no "
+                                f"{CHECKPOINT_FILE}: it was not written by SlurmrtCallback; use a checkpoint "
+                                "directory of its own for Lightning")
+    return str(directory / CHECKPOINT_FILE)
+
+
+class SlurmrtEnvironment(ClusterEnvironment):  # type: ignore[misc]
+    """Lightning's cluster environment from slurmrt's topology. One process per device, started by the launch
+    (``srun`` with one task per GPU, or a launcher such as torchrun): Lightning starts no processes itself."""
+
+    def __init__(self, rt: Any) -> None:
+        super().__init__()
+        self.rt = rt
+
+    @property
+    def creates_processes_externally(self) -> bool:
+        return True
+
+    @property
+    def main_address(self) -> str:
+        return str(self.rt.master_addr)
+
+    @property
+    def main_port(self) -> int:
+        return int(self.rt.master_port)
+
+    @staticmethod
+    def detect() -> bool:
+        return True
+
+    def world_size(self) -> int:
+        return int(self.rt.world_size)
+
+    def set_world_size(self, size: int) -> None:
+        if size != self.rt.world_size:
+            raise ValueError(f"Lightning computed a world size of {size} (devices x num_nodes), the launch has "
+                             f"{self.rt.world_size} processes: set devices={self.rt.local_world_size}, "
+                             f"num_nodes={self.rt.nnodes}")
+
+    def global_rank(self) -> int:
+        return int(self.rt.rank)
+
+    def set_global_rank(self, rank: int) -> None:
+        if rank != self.rt.rank:
+            raise ValueError(f"Lightning computed global rank {rank}, the launch says {self.rt.rank}")
+
+    def local_rank(self) -> int:
+        return int(self.rt.local_rank)
+
+    def node_rank(self) -> int:
+        return int(self.rt.node_rank)
+
+    def validate_settings(self, num_devices: int, num_nodes: int) -> None:
+        if num_devices != self.rt.local_world_size or num_nodes != self.rt.nnodes:
+            raise ValueError(
+                f"Trainer(devices={num_devices}, num_nodes={num_nodes}) does not match the launch: "
+                f"{self.rt.local_world_size} process(es) per node on {self.rt.nnodes} node(s). slurmrt starts no "
+                f"processes: set devices={self.rt.local_world_size}, num_nodes={self.rt.nnodes}, or change the "
+                "tasks per node of the launch (one task per device)")
+
+
+class SlurmrtCallback(Callback):  # type: ignore[misc]
+    """The agreed stop and atomic checkpoints for a Lightning ``Trainer`` (see the module).
+
+    ``every_n_steps``: also save every N optimizer steps (0 or None: only at the stop). ``trainer.global_step``
+    labels the checkpoints."""
+
+    def __init__(self, rt: Any, *, every_n_steps: int | None = None) -> None:
+        super().__init__()
+        self.rt = rt
+        self.every_n_steps = every_n_steps or 0
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        self.rt.reclaim_signals()  # Lightning's signal connector replaced the SIGTERM handler at the start of fit
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        step = trainer.global_step
+        if self.rt.should_stop(step):
+            self._save(trainer, step)
+            trainer.should_stop = True
+        elif self.every_n_steps and step % self.every_n_steps == 0:
+            self._save(trainer, step)
+
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        self.rt.restart_step_clock()
+
+    def _save(self, trainer: Any, step: int) -> None:
+        # Every rank calls save_checkpoint (it has a barrier inside); rank 0 writes the file.
+        self.rt.save(lambda directory: trainer.save_checkpoint(directory / CHECKPOINT_FILE), step=step)

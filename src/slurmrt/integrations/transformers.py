@@ -1,0 +1,106 @@
+"""The Hugging Face ``Trainer`` with slurmrt: the agreed stop, atomic checkpoints, requeue and resume.
+
+Three lines in a Trainer script::
+
+    rt = slurmrt.init(checkpoint_dir="/shared/ckpt/run17")          # first, before anything touches CUDA
+    trainer = Trainer(..., callbacks=[SlurmrtCallback(rt)])
+    trainer.train(resume_from_checkpoint=resume_from(rt))         # the newest complete checkpoint, or None
+    rt.exit()                                                     # exit code and requeue
+
+What the callback does:
+
+- At each optimizer step it asks ``rt.should_stop(global_step)``; when every rank agreed to stop (a signal, the
+  deadline, the kill switch), the Trainer saves and ends the training loop at that step, on every rank.
+- Every checkpoint the Trainer writes (its own schedule, ``save_steps``, and the stop) is committed by slurmrt: once
+  every rank has written its part of ``output_dir/checkpoint-N``, rank 0 moves it into slurmrt's temporary directory,
+  and slurmrt's commit makes it ``step_N`` in the checkpoint directory (manifest, atomic rename, ``latest``). A save
+  cut by SIGKILL leaves at most a partial ``checkpoint-N`` in ``output_dir``, which nothing resumes from.
+- Retention is slurmrt's ``keep_last``: the Trainer's ``save_total_limit`` finds no checkpoints of its own to rotate.
+- The time the Trainer spends in evaluation is left out of the measured step time. A stop that comes during an
+  evaluation is acted on at the first optimizer step after it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+__all__ = ["SlurmrtCallback", "resume_from"]
+
+logger = logging.getLogger(__name__)
+
+PREFIX = "checkpoint"  # the Trainer's checkpoint folders: checkpoint-<global step>
+
+
+def resume_from(rt: Any) -> str | None:
+    """``trainer.train(resume_from_checkpoint=...)``: the newest complete checkpoint, the same on every rank; None
+    on a fresh start. Collective: every rank calls it."""
+    got = rt.load_latest()
+    if got is None:
+        return None
+    step, directory = got
+    if not isinstance(directory, Path):
+        raise TypeError(f"the checkpoint of step {step} in {rt.options.checkpoint_dir} was not written by the Trainer "
+                        "(it holds a state dict): use a checkpoint directory of its own for the Trainer")
+    return str(directory)
+
+
+class SlurmrtCallback(TrainerCallback):  # type: ignore[misc]
+    """Plugs slurmrt's agreed stop and atomic checkpoints into a ``transformers.Trainer`` (see the module)."""
+
+    def __init__(self, rt: Any) -> None:
+        self.rt = rt
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if args.world_size != self.rt.world_size:
+            raise RuntimeError(f"the Trainer runs {args.world_size} process(es), slurmrt counts {self.rt.world_size}: "
+                               "call slurmrt.init() before TrainingArguments, in every process of the job")
+        if args.load_best_model_at_end:
+            raise ValueError("load_best_model_at_end=True does not work with SlurmrtCallback: the checkpoints move "
+                             "from output_dir into slurmrt's checkpoint directory, where the Trainer does not look "
+                             "for its best model. Keep the best model with a callback of your own, or turn it off")
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.rt.should_stop(state.global_step):
+            control.should_save = True
+            control.should_training_stop = True
+            control.should_evaluate = False  # no time to evaluate: the job is asked to go
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.rt.restart_step_clock()
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        source = Path(args.output_dir) / f"{PREFIX}-{state.global_step}"
+        rank = self.rt.rank
+
+        def commit(directory: Path) -> None:
+            # Every rank writes into source (rank 0 the model, each rank its RNG state): wait for all of them.
+            _barrier()
+            if rank == 0:
+                _move_contents(source, directory)
+
+        self.rt.save(commit, step=state.global_step)  # skipped (False) when SIGTERM leaves no time to save
+
+
+def _barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def _move_contents(source: Path, target: Path) -> None:
+    if not source.is_dir():
+        raise FileNotFoundError(f"the Trainer's checkpoint {source} is missing: output_dir must be the same path "
+                                "on every node")
+    for entry in source.iterdir():
+        try:
+            os.replace(entry, target / entry.name)  # same filesystem: a rename
+        except OSError:
+            shutil.move(str(entry), str(target / entry.name))  # output_dir on another filesystem: a copy
+    source.rmdir()

@@ -1,0 +1,139 @@
+"""The Hugging Face Trainer and Lightning with slurmrt, under `slurmrt sim` with 2 processes on gloo: a preemption,
+a checkpoint cut by SIGKILL, a stop that lands during evaluation; each ends with the weights of an uninterrupted
+run, bit for bit (same seed, same data order: both examples restore the data position and the RNG states).
+
+Every fault is tied to the job's progress: the preemption comes after the first committed checkpoint (the
+simulator's --after-checkpoint), and the SIGKILL and the evaluation signal are sent by a callback at a given step."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from .launch import ROOT
+from .test_sim import sim, summary_rows
+
+pytestmark = pytest.mark.timeout(600)
+
+EXAMPLES = {"transformers": ROOT / "examples" / "transformers" / "train.py",
+            "lightning": ROOT / "examples" / "lightning" / "train.py"}
+STEPS = 40
+
+
+def _args(framework: str, tmp: Path) -> list[str]:
+    # 0.1 s of simulated work per step: the preemption after step 10 lands seconds before the end
+    common = ["--checkpoint-dir", str(tmp / "ckpt"), "--steps", str(STEPS), "--weights-out", str(tmp / "w.pt"),
+              "--step-time", "0.1"]
+    if framework == "transformers":
+        return [*common, "--output-dir", str(tmp / "out"), "--save-steps", "10", "--eval-steps", "15"]
+    return [*common, "--save-every", "10", "--val-every", "15"]
+
+
+def _weights(path: Path) -> dict[str, object]:
+    import torch
+
+    return dict(torch.load(path))
+
+
+def _equal(a: dict[str, object], b: dict[str, object]) -> bool:
+    import torch
+
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module", params=sorted(EXAMPLES))
+def reference(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict]:
+    """The uninterrupted run of each example: its final weights."""
+    framework = request.param
+    tmp = tmp_path_factory.mktemp(f"{framework}-reference")
+    pytest.importorskip(framework)
+    out = sim(tmp, "-N", "1", "--ntasks-per-node", "2", "--", sys.executable, str(EXAMPLES[framework]),
+              *_args(framework, tmp), timeout=500)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert f"finished {STEPS} steps" in out.stdout
+    return framework, _weights(tmp / "w.pt")
+
+
+def test_a_preempted_run_saves_at_the_agreed_step_requeues_and_ends_with_the_same_weights(
+        reference: tuple[str, dict], tmp_path: Path) -> None:
+    framework, weights = reference
+    out = sim(tmp_path, "-N", "1", "--ntasks-per-node", "2", "--preempt-at", "0", "--after-checkpoint",
+              "--signal", "USR1", "--grace", "60", "--requeue", "--", sys.executable, str(EXAMPLES[framework]),
+              *_args(framework, tmp_path), env={"SLURMRT_PROGRESS_S": "0"}, timeout=500)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    first, second = summary_rows(out.stdout)
+    assert first["stop reasons"] == "signal" and first["exit"] == "3" and "requeued" in first["ended by"]
+    stopped = int(first["checkpoint"].split()[1])
+    assert second["resumed from"] == f"step {stopped}" and second["exit"] == "0"
+    assert 10 <= stopped < STEPS, "the preemption came after the first checkpoint, before the end"
+    assert _equal(_weights(tmp_path / "w.pt"), weights)
+
+
+# A callback the examples accept (main(callbacks=...)): in run 0 it SIGKILLs rank 0 while step 20 is being saved,
+# before slurmrt commits it; in run 1 every rank sends itself SIGUSR1 inside the first evaluation.
+FAULTS = {
+    "transformers": '''
+        from transformers import TrainerCallback
+
+        class Faults(TrainerCallback):
+            evaluating = False
+
+            def on_save(self, args, state, control, **kwargs):  # the Trainer has written checkpoint-20
+                if RESTART == 0 and state.global_step == 20 and RANK == 0:
+                    os.kill(os.getpid(), signal.SIGKILL)
+
+            def on_prediction_step(self, args, state, control, **kwargs):
+                if RESTART == 1 and not self.evaluating:
+                    self.evaluating = True
+                    os.kill(os.getpid(), signal.SIGUSR1)
+    ''',
+    "lightning": '''
+        import lightning as L
+
+        class Faults(L.Callback):
+            evaluating = False
+
+            def on_save_checkpoint(self, trainer, pl_module, checkpoint):  # last.ckpt of step 20 is being written
+                if RESTART == 0 and trainer.global_step == 20 and RANK == 0:
+                    os.kill(os.getpid(), signal.SIGKILL)
+
+            def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+                if RESTART == 1 and not self.evaluating:
+                    self.evaluating = True
+                    os.kill(os.getpid(), signal.SIGUSR1)
+    ''',
+}
+
+
+def test_a_checkpoint_cut_by_sigkill_is_never_resumed_and_a_stop_during_evaluation_is_honoured(
+        reference: tuple[str, dict], tmp_path: Path) -> None:
+    framework, weights = reference
+    script = tmp_path / "faulty.py"
+    script.write_text(textwrap.dedent('''
+        import os, runpy, signal, sys
+        RESTART, RANK = int(os.environ.get("SLURM_RESTART_COUNT", 0)), int(os.environ["SLURM_PROCID"])
+    ''') + textwrap.dedent(FAULTS[framework]) + textwrap.dedent(f'''
+        example = runpy.run_path({str(EXAMPLES[framework])!r})
+        example["main"](sys.argv[1:], callbacks=[Faults()])
+    '''))
+    batch = tmp_path / "job.sbatch"
+    batch.write_text("\n".join([
+        "#!/bin/bash", "#SBATCH -N 1 --ntasks-per-node=2 --requeue",
+        f"srun --kill-on-bad-exit=1 {sys.executable} {script} {' '.join(_args(framework, tmp_path))}",
+        "rc=$?", 'case $rc in 0|3|4) ;; *) scontrol requeue "$SLURM_JOB_ID" ;; esac', "exit $rc", ""]))
+    out = sim(tmp_path, str(batch), env={"SLURMRT_PROGRESS_S": "0"}, timeout=500)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    killed, evaluated, last = summary_rows(out.stdout)
+    assert "SIGKILL" in killed["tasks"] and killed["checkpoint"] == "step 10"
+    # The cut checkpoint of step 20 was not resumed from: the next run started after step 10.
+    assert evaluated["resumed from"] == "step 10"
+    # The signal came inside the evaluation after step 15: the stop is at a step after it (the first one, or the
+    # one after, as the agreement's round lands), saved and requeued, long before the end.
+    assert evaluated["stop reasons"] == "signal" and evaluated["exit"] == "3", evaluated
+    stopped = int(evaluated["checkpoint"].split()[1])
+    assert 16 <= stopped < STEPS
+    assert last["resumed from"] == f"step {stopped}" and last["exit"] == "0"
+    assert _equal(_weights(tmp_path / "w.pt"), weights)
