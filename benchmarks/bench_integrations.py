@@ -54,9 +54,9 @@ def _stop(framework: str) -> tuple[int, float]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SLURMD_"))}
         env.update({"PYTHONPATH": str(ROOT / "src"), "SLURMRT_PROGRESS_S": "0", "OMP_NUM_THREADS": "1"})
         out = subprocess.run([sys.executable, "-m", "slurmrt", "sim", "-N", "1", "--ntasks-per-node", "2",
-                              "--preempt-at", "0", "--after-checkpoint", "--signal", "USR1", "--grace", "60", "--",
-                              sys.executable, str(example), *args], cwd=tmp, env=env, capture_output=True, text=True,
-                             timeout=900)
+                              "--preempt-at", "0", "--after-checkpoint", "--signal", "USR1", "--grace", "60",
+                              "--requeue", "--", sys.executable, str(example), *args], cwd=tmp, env=env,
+                             capture_output=True, text=True, timeout=900)
         if out.returncode != 0:
             raise RuntimeError(out.stdout[-2000:] + out.stderr[-2000:])
         events = [e for e in read_events(next(Path(tmp, "ckpt").glob("events-*.jsonl"))) if e["restart"] == 0]
