@@ -21,7 +21,7 @@ from typing import Any
 
 from . import _clock
 
-__all__ = ["COPY_ENV", "Event", "EventFollower", "EventLog", "Run", "read_events", "runs"]
+__all__ = ["COPY_ENV", "Event", "EventFollower", "EventLog", "Run", "measured", "read_events", "runs"]
 
 logger = logging.getLogger(__name__)
 
@@ -156,6 +156,35 @@ def runs(events: Iterable[dict[str, Any]]) -> list[Run]:
             restart = int(e.get("restart", 0))
             by_restart.setdefault(restart, Run(restart)).events.append(e)
     return [by_restart[r] for r in sorted(by_restart)]
+
+
+def measured(path: Path | None, *, tail_bytes: int = 256 * 1024) -> tuple[float | None, float | None]:
+    """(step seconds, save seconds) the earlier runs of the job measured, from the end of its event log: the step
+    time rank 0 reported last, and the longest of its last three saves. (None, None) when there is nothing."""
+    if path is None:
+        return None, None
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - tail_bytes))
+            text = f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return None, None
+    step_s: float | None = None
+    saves: list[float] = []
+    for line in text.splitlines()[1:] if len(text) >= tail_bytes else text.splitlines():  # the first may be cut
+        try:
+            e = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if not isinstance(e, dict) or e.get("rank") not in (0, None):
+            continue
+        value = e.get("step_s")
+        if e.get("event") in (Event.PROGRESS.value, Event.DECISION.value) and isinstance(value, (int, float)) \
+                and not isinstance(value, bool):
+            step_s = float(value)
+        if e.get("event") == Event.SAVE.value and isinstance(e.get("seconds"), (int, float)):
+            saves.append(float(e["seconds"]))
+    return step_s, max(saves[-3:]) if saves else None
 
 
 def timestamp(event: dict[str, Any]) -> float:

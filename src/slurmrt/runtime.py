@@ -21,7 +21,7 @@ from ._errors import CheckpointError, ConfigError
 from ._hooks import ProcessHooks
 from ._report import Reporter
 from .checkpoint.store import CheckpointStore, PendingSave, SaveFn, SaveResult
-from .events import COPY_ENV, EventLog
+from .events import COPY_ENV, EventLog, measured
 from .launch import cuda, preflight
 from .launch.topology import Topology, from_environ, launcher_argv
 from .options import Options
@@ -51,6 +51,7 @@ def init(**options: Any) -> Runtime:
         logger.warning("%s", warning)
     node_gpus = cuda.node_gpu_count(env)
     preflight.check(topo, opts.parallel, node_gpus=node_gpus)
+    preflight.check_master_port(topo)
     connections = cuda.apply(env, cuda.gpu_arch_major() if node_gpus else None, opts.parallel)
 
     log_path = opts.event_log or (opts.checkpoint_dir / f"events-{topo.requeue_id or 'local'}.jsonl"
@@ -68,10 +69,17 @@ def init(**options: Any) -> Runtime:
     for key, value in topo.exports().items():
         os.environ.setdefault(key, value)  # never overwrite a launcher's value (they agree: we derived ours from it)
 
-    end_time = EndTime(env, job_id=topo.job_id, ask=opts.deadline and topo.rank == 0,
+    # Asked even with deadline=False: a SIGTERM at the end time is the time limit (requeue), not a scancel.
+    end_time = EndTime(env, job_id=topo.job_id, ask=topo.rank == 0,
                        refresh_s=opts.end_time_refresh_s)
     switch = KillSwitch(opts.kill_switch) if opts.kill_switch and topo.local_rank == 0 else None
-    budget = Budget(margin_s=opts.deadline_margin_s, save_time_s=opts.save_time_s, kill_wait_s=opts.kill_wait_s)
+    # What the earlier runs of this job measured stands in until this run measures its own: a requeued run does not
+    # start from the 30 s default save time (and skip a save that takes 2 s), nor without a step time.
+    step_s, save_s = measured(log_path)
+    budget = Budget(margin_s=opts.deadline_margin_s, save_time_s=save_s or opts.save_time_s,
+                    kill_wait_s=opts.kill_wait_s, step_time_s=step_s)
+    if step_s is not None or save_s is not None:
+        logger.info("earlier runs of the job measured a step of %s s and a save of %s s", step_s, save_s)
     rt = Runtime(topo, opts, events, budget=budget, end_time=end_time, kill_switch=switch,
                  hooks=ProcessHooks(SignalRecorder(opts.signals), job_id=topo.job_id, world_size=topo.world_size),
                  connections=connections,

@@ -122,3 +122,22 @@ def test_a_checkpoint_from_another_world_size_is_refused(tmp_path: Path) -> None
     manifest.write_text(json.dumps(data))
     with pytest.raises(CheckpointError, match="written by 4 ranks and this run has 1"):
         store.load_latest()  # never a silent fresh start that would later prune the real progress
+
+
+@pytest.mark.parametrize(("err", "fix"), [
+    (OSError(28, "No space left on device"), "fix: free space"),
+    (RuntimeError("[enforce fail at inline_container.cc:626] . unexpected pos 64 vs 0"), "fix: free space"),
+    (OSError(13, "Permission denied"), "fix: let the job write to"),
+    (AssertionError("Torch not compiled with CUDA enabled"), None),
+])
+def test_a_save_error_names_a_fix_only_where_one_is_known(tmp_path: Path, err: Exception, fix: str | None) -> None:
+    store = _store(tmp_path)
+
+    def broken(directory: Path) -> None:
+        raise err
+
+    with pytest.raises(CheckpointError) as info:
+        store.save(broken, 1)
+    message = str(info.value)
+    assert repr(err) in message and "traceback is in the failing rank's log" in message
+    assert ("fix:" not in message) if fix is None else (fix in message)

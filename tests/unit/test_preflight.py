@@ -54,3 +54,20 @@ def test_world_size_must_be_divisible_by_tp_pp_cp() -> None:
 def test_parallel_sizes_below_one_are_rejected() -> None:
     with pytest.raises(ParallelismError, match="tp=0"):
         ParallelConfig(tp=0)
+
+
+def test_a_master_port_in_use_is_named_before_the_rendezvous() -> None:
+    import socket
+
+    from slurmrt import ConfigError
+    from slurmrt.launch.preflight import check_master_port
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        topo = from_environ(srun_env(0, MASTER_PORT=str(port)))
+        with pytest.raises(ConfigError, match=rf"MASTER_PORT {port} is already in use on n1.*Fix: export MASTER_PORT"):
+            check_master_port(topo)
+        check_master_port(from_environ(srun_env(1, MASTER_PORT=str(port))))  # rank 0 alone serves the rendezvous
+    check_master_port(topo)  # free again

@@ -241,3 +241,34 @@ def test_time_outside_the_steps_is_left_out_of_the_step_time(clock: FakeClock, j
     rt.should_stop(5)
     assert rt._steps.estimate() == pytest.approx(1.0)
     rt.close()
+
+
+def test_the_end_time_is_asked_even_without_the_deadline_so_a_time_limit_sigterm_requeues(
+        clock: FakeClock, job: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SLURM_JOB_END_TIME", raising=False)
+    monkeypatch.setenv("FAKE_END_TIME", str(int(clock.wall_s) + 5))
+    rt = slurmrt.init(deadline=False)
+    _wait_for_end_time(rt)
+    clock.advance(10)
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert rt.should_stop(0) and rt.stop_reason is Reason.TERM
+    assert rt.finish() is ExitCode.REQUEUED, "a SIGTERM at the end time is the time limit, not a scancel"
+    assert "requeue 99" in job.read_text()
+
+
+def test_a_requeued_run_starts_from_the_step_and_save_times_the_earlier_runs_measured(job: Path,
+                                                                                     tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    lines = [{"event": "init", "rank": 0}, {"event": "progress", "rank": 0, "step": 0, "step_s": 0.5},
+             {"event": "save", "rank": 0, "step": 9, "seconds": 2.0},
+             {"event": "save", "rank": 1, "step": 9, "seconds": 99.0},  # rank 0 speaks for the job
+             {"event": "save", "rank": 0, "step": 19, "seconds": 3.5}, {"event": "save", "rank": 0, "seconds": 1.0},
+             {"event": "decision", "rank": 0, "step": 20, "step_s": 0.25}]
+    (ckpt / "events-99.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines) + '{"event": "sa')
+    rt = slurmrt.init(checkpoint_dir=ckpt, deadline=False, save_time_s=30)
+    assert rt._budget.saves.estimate() == 3.5 and rt._budget.steps.estimate() == 0.25
+    rt.close()
+    rt = slurmrt.init(checkpoint_dir=tmp_path / "fresh", deadline=False, save_time_s=30)
+    assert rt._budget.saves.estimate() == 30 and rt._budget.steps.estimate() is None
+    rt.close()

@@ -18,6 +18,7 @@ the newest checkpoint that every one of them could read.
 from __future__ import annotations
 
 import copy
+import errno
 import json
 import logging
 import os
@@ -137,7 +138,7 @@ class CheckpointStore:
                 files = {name: write_state(tmp / name, state)}
         except Exception as err:  # disk full, permission denied, an unpicklable object: all ranks must hear of it
             # torch.save reports a failed write as "unexpected pos ...", hiding ENOSPC/EFBIG: show the free space.
-            error = f"rank {rank}: {err!r} ({_free_space(self.root)})"
+            error = f"rank {rank}: {err!r} ({_free_space(self.root)}){_fix(err, self.root)}"
             logger.exception("checkpoint step %d: writing failed on rank %d: %s", step, rank, err)
         reports: list[tuple[str | None, dict[str, int]]] = self.comm.all_gather((error, files))  # one round trip
         errors = [e for e, _ in reports if e]
@@ -146,7 +147,7 @@ class CheckpointStore:
                 shutil.rmtree(tmp, ignore_errors=True)
             raise CheckpointError(
                 f"checkpoint of step {step} failed, nothing was committed and the previous checkpoint is intact: "
-                f"{'; '.join(errors)}. Fix: free space or fix permissions in {self.root}",
+                f"{'; '.join(errors)}. The traceback is in the failing rank's log",
                 step=step, errors=errors,
             )
         all_files = [part for _, part in reports]
@@ -270,6 +271,20 @@ class CheckpointStore:
 
 class _Incompatible(Exception):
     """The checkpoint is sound but cannot be loaded by this run (another world size)."""
+
+
+_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+_DENIED = {errno.EACCES, errno.EPERM, errno.EROFS}
+
+
+def _fix(err: BaseException, root: Path) -> str:
+    """The fix for the errors whose fix is known (a full disk, a refused write); nothing for the others -- a bug in
+    a saver is not cured by freeing space. torch.save turns a full disk into "unexpected pos": that counts too."""
+    if isinstance(err, OSError) and err.errno in _FULL or "unexpected pos" in str(err):
+        return f"; fix: free space (or raise the quota) in {root}"
+    if isinstance(err, OSError) and err.errno in _DENIED:
+        return f"; fix: let the job write to {root} (permissions, a read-only mount)"
+    return ""
 
 
 def _free_space(path: Path) -> str:

@@ -7,12 +7,15 @@ hang into a :class:`~slurmrt.ConfigError` naming the value, the rule and the fix
 
 from __future__ import annotations
 
-from .._errors import GpuCountError, NodeCountError, ParallelismError
+import errno
+import socket
+
+from .._errors import ConfigError, GpuCountError, NodeCountError, ParallelismError
 from . import hostlist
 from .parallel import ParallelConfig
 from .topology import LaunchMode, Topology
 
-__all__ = ["check"]
+__all__ = ["check", "check_master_port"]
 
 
 def check(topo: Topology, declared: ParallelConfig, *, node_gpus: int | None) -> None:
@@ -70,3 +73,25 @@ def _check_gpus(topo: Topology, declared: ParallelConfig, node_gpus: int | None)
             local_world_size=topo.local_world_size,
             visible=node_gpus,
         )
+
+
+def check_master_port(topo: Topology) -> None:
+    """Rank 0 of an ``srun`` launch is about to serve the rendezvous on ``MASTER_PORT``: if another process already
+    listens there (another job on the node, a run still exiting), ``init_process_group`` would fail with a bare
+    EADDRINUSE, or the ranks would meet someone else's store. Say so now, with the port and the fix.
+
+    Only for ``srun``: under a launcher (torchrun, accelerate) the launcher's own store holds the port by design."""
+    if topo.rank != 0 or topo.world_size < 2 or topo.mode is not LaunchMode.SRUN:
+        return
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torch's store: a TIME_WAIT leftover is fine
+        try:
+            s.bind(("", topo.master_port))
+        except OSError as err:
+            if err.errno != errno.EADDRINUSE:
+                return  # not ours to judge (no IPv4, say): the rendezvous will tell
+            raise ConfigError(
+                f"MASTER_PORT {topo.master_port} is already in use on {topo.master_addr} (rank 0 serves the "
+                "rendezvous there): another job on this node, or a run still exiting, listens on it. Fix: export "
+                "MASTER_PORT to a free port in the sbatch script (1024-65535; without it slurmrt derives one from "
+                "the job and step ids)", port=topo.master_port, host=topo.master_addr) from None

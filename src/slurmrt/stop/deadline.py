@@ -122,10 +122,11 @@ class Budget:
     question asked between two records sees one or the other, never half of one.
     """
 
-    def __init__(self, *, margin_s: float, save_time_s: float, kill_wait_s: float) -> None:
+    def __init__(self, *, margin_s: float, save_time_s: float, kill_wait_s: float,
+                 step_time_s: float | None = None) -> None:
         self.margin_s = margin_s
         self.kill_wait_s = kill_wait_s
-        self.steps = DurationEstimator(window=64, skip=2, quantile=0.95)
+        self.steps = DurationEstimator(window=64, skip=2, quantile=0.95, default=step_time_s)
         self.saves = DurationEstimator(window=4, quantile=1.0, default=save_time_s)
         self.periodic = PeriodicSaves()
 
