@@ -1,6 +1,8 @@
 """Every process-global change slurmrt makes: made in :class:`ProcessHooks`, and undone there.
 
-- Signal handlers that only record (:class:`~slurmrt.stop.signals.SignalRecorder`), from ``init()`` to ``close()``.
+- Signal handlers that only record (:class:`~slurmrt.stop.signals.SignalRecorder`), from ``init()`` to ``close()``,
+  and Slurm's warning signals blocked for the processes the program starts
+  (:class:`~slurmrt.stop.signals.ChildShield`).
 - This process's pid in the node-local pid files that ``slurmrt signal`` reads.
 - An ``atexit`` handler, for a program that ends without ``finish()``: it gets the agreement thread out of its round
   before the interpreter tears gloo down.
@@ -22,7 +24,7 @@ from pathlib import Path
 from ._comm import Groups, open_groups
 from .stop.agreement import Agreement
 from .stop.pidfiles import register_process, unregister_process
-from .stop.signals import SignalRecorder
+from .stop.signals import ChildShield, SignalRecorder
 
 __all__ = ["ProcessHooks"]
 
@@ -32,6 +34,7 @@ logger = logging.getLogger(__name__)
 class ProcessHooks:
     def __init__(self, signals: SignalRecorder, *, job_id: str | None, world_size: int = 1) -> None:
         self.signals = signals
+        self._shield = ChildShield(signals.signals)
         self._job_id = job_id
         self._world_size = world_size
         self._registration: Path | None = None
@@ -42,6 +45,7 @@ class ProcessHooks:
     def install(self) -> None:
         if not self.signals.install():
             logger.warning("slurmrt.init() was called outside the main thread: signals are not handled")
+        self._shield.install()
         self._registration = register_process(self._job_id)
         # Registered at init, so the handlers a program registers later (a tracker's flush) run before this one.
         atexit.register(self._at_exit)
@@ -63,6 +67,7 @@ class ProcessHooks:
             return
         self._installed = False
         atexit.unregister(self._at_exit)
+        self._shield.close()
         self.signals.close()
         unregister_process(self._registration)
         if self._groups is not None and destroy_groups:

@@ -57,6 +57,17 @@ def job(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     return log
 
 
+def _signal_self(rt: slurmrt.Runtime, sig: signal.Signals) -> None:
+    """Send ``sig`` to this process and wait until slurmrt recorded it. A warning signal reaches the process through
+    the thread that keeps it open (the main thread blocks it for its children), then the recorder runs in the main
+    thread: a moment after os.kill returns, not before."""
+    os.kill(os.getpid(), sig)
+    deadline = time.monotonic() + 20
+    while sig not in rt._signals.first_seen:
+        assert time.monotonic() < deadline, f"{sig.name} was never recorded"
+        time.sleep(0.001)
+
+
 def _wait_for_end_time(rt: slurmrt.Runtime) -> None:
     deadline = time.monotonic() + 20
     while rt.end_time is None:
@@ -126,7 +137,7 @@ def test_sigterm_before_the_time_limit_is_scancel_and_is_not_requeued(clock: Fak
 def test_max_restarts_stops_the_requeue_loop(clock: FakeClock, job: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SLURM_RESTART_COUNT", "3")
     rt = slurmrt.init(max_restarts=3, deadline=False)
-    os.kill(os.getpid(), signal.SIGUSR1)
+    _signal_self(rt, signal.SIGUSR1)
     assert rt.should_stop(0)
     assert rt.finish() is ExitCode.STOPPED
 
@@ -135,7 +146,7 @@ def test_a_refused_requeue_exits_with_requeue_needed(clock: FakeClock, job: Path
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FAKE_REQUEUE_FAIL", "1")
     rt = slurmrt.init(deadline=False)
-    os.kill(os.getpid(), signal.SIGUSR1)
+    _signal_self(rt, signal.SIGUSR1)
     assert rt.should_stop(0)
     assert rt.finish() is ExitCode.REQUEUE_NEEDED
 
@@ -144,7 +155,7 @@ def test_without_scontrol_the_exit_code_asks_the_batch_script_to_requeue(clock: 
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", "/nonexistent")
     rt = slurmrt.init(deadline=False)
-    os.kill(os.getpid(), signal.SIGUSR2)
+    _signal_self(rt, signal.SIGUSR2)
     assert rt.should_stop(0)
     assert rt.finish() == 75
 

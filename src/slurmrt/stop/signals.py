@@ -92,3 +92,39 @@ class SignalRecorder:
             signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
         self._previous.clear()
         self.installed = False
+
+
+#: Signals slurmrt records that end a run rather than warn of its end: the processes it starts may see these.
+_ENDING = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
+
+
+class ChildShield:
+    """Keeps Slurm's warning signals (``--signal=USR1@N``, sent to every process of the step) from the processes
+    this one starts: a multiprocessing Manager, the resource tracker, DataLoader workers, a framework's saver.
+
+    Their default action for SIGUSR1 is to die; a warning that kills the helper a checkpoint needs fails the very
+    save it asks for. A signal blocked in a thread stays blocked in what it forks and executes, so the main thread
+    (where programs start their helpers) blocks the warning signals, and one idle thread, started before the block,
+    keeps them unblocked: the kernel delivers them to it, and Python runs the recording handler in the main thread
+    as usual. The ending signals (TERM, INT, HUP) are left alone: helpers end with the job.
+    """
+
+    def __init__(self, signals: Iterable[signal.Signals]) -> None:
+        self.signals = tuple(s for s in signals if s not in _ENDING)
+        self._previous: set[int | signal.Signals] | None = None
+        self._stop = threading.Event()
+
+    def install(self) -> bool:
+        if not self.signals or threading.current_thread() is not threading.main_thread():
+            return False
+        # Started before the block, so its mask leaves the signals open: it is where they arrive.
+        threading.Thread(target=self._stop.wait, name="slurmrt-signal-receiver", daemon=True).start()
+        self._previous = signal.pthread_sigmask(signal.SIG_BLOCK, self.signals)
+        return True
+
+    def close(self) -> None:
+        if self._previous is None:
+            return
+        signal.pthread_sigmask(signal.SIG_SETMASK, self._previous)
+        self._previous = None
+        self._stop.set()
