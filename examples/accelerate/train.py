@@ -20,6 +20,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--step-time", type=float, default=0.05)
     parser.add_argument("--save-every", type=int, default=50)
+    parser.add_argument("--weights-out", help="the main process writes the final weights here (torch.save)")
     args = parser.parse_args()
 
     rt = slurmrt.init(checkpoint_dir=args.checkpoint_dir)  # before Accelerate touches CUDA
@@ -59,6 +60,8 @@ def main() -> None:
         rt.save(accelerator.save_state, step=step)
         weights = accelerator.unwrap_model(model).weight.detach().sum().item()
         accelerator.print(f"finished {args.steps} steps, weight sum {weights:.6f}")
+        if args.weights_out and accelerator.is_main_process:
+            torch.save(accelerator.unwrap_model(model).state_dict(), args.weights_out)
     rt.exit()
 
 

@@ -204,6 +204,27 @@ class Runtime:
         if taken:
             logger.info("slurmrt's handlers for %s are back in place", ", ".join(s.name for s in taken))
 
+    def local_reasons(self) -> frozenset[Reason]:
+        """This rank's own reasons to stop, not agreed with the others: the signals it recorded and the kill switch
+        (when this rank polls it). For a framework that agrees on the stop by itself (Megatron-LM's exit signal
+        handler): see :mod:`slurmrt.integrations.megatron`."""
+        c = contribution(now=_clock.wall(), step=0, steps_ahead=0, signals=dict(self._signals.first_seen),
+                         kill_switch_seen=self._switch is not None and self._switch.seen is not None,
+                         own_end=self._end.value, agreed_end=None, budget=self._budget, deadline=False)
+        return c.reasons
+
+    def stopped(self, reasons: frozenset[Reason], *, step: int, term_time: float | None = None) -> StopDecision:
+        """A framework's own mechanism stopped every rank at ``step``; ``reasons`` are this rank's. Collective: the
+        ranks exchange their reasons, and :meth:`finish` then decides the exit code and the requeue from the union,
+        as for a stop slurmrt agreed itself."""
+        gathered = self._hooks.groups().work.all_gather((sorted(r.value for r in reasons), term_time))
+        union = frozenset(Reason(v) for values, _ in gathered for v in values)
+        terms = [t for _, t in gathered if t is not None]
+        decision = StopDecision(step, union, True, self.end_time, min(terms) if terms else None)
+        if union:
+            self._on_decision(decision)
+        return decision
+
     @property
     def end_time(self) -> float | None:
         """The job's end time (epoch seconds) as far as this rank knows it; None without a limit or before the

@@ -465,3 +465,157 @@ def test_10_a_trainer_example_stops_on_the_warning_requeues_and_resumes_on_two_n
     assert any(e["event"] == "save" and e["restart"] == 0 and e["step"] == stopped for e in evts)
     assert [e["step"] for e in evts if e["event"] == "resume" and e["restart"] == 1] == [stopped]
     assert f"finished {steps} steps" in job.output()
+
+
+def _accelerate_job(directory: Path, name: str, args: str) -> Job:
+    """examples/accelerate/train.sbatch on CPU: 2 nodes x one `accelerate launch` of 2 processes, the B: warning
+    forwarded by `slurmrt signal` to the training processes only."""
+    accelerate = Path(sys.executable).with_name("accelerate")
+    body = "\n".join([
+        f"cd {ROOT}",
+        'eval "$(slurmrt env)"',
+        "trap 'srun --overlap --ntasks-per-node=1 slurmrt signal USR1' USR1",
+        f"srun --kill-on-bad-exit=1 bash -c '{accelerate} launch --cpu --mixed_precision no --dynamo_backend no "
+        '--num_machines "$NNODES" --machine_rank "$SLURM_NODEID" --num_processes 4 '
+        '--main_process_ip "$MASTER_ADDR" --main_process_port "$MASTER_PORT" '
+        f"examples/accelerate/train.py --checkpoint-dir {directory}/ckpt {args}' &",
+        "SRUN_PID=$!", 'wait "$SRUN_PID"', 'wait "$SRUN_PID"', "rc=$?", 'echo "srun exited $rc"',
+        'case $rc in 0|3|4) ;; *) [ "${SLURM_RESTART_COUNT:-0}" -lt 3 ] && scontrol requeue "$SLURM_JOB_ID" ;; esac',
+        "exit $rc",
+    ])
+    slurmrt_bin = Path(sys.executable).with_name("slurmrt")
+    return submit(directory, body, "-N2", "--ntasks-per-node=1", "--cpus-per-task=2", "--requeue", name=name,
+                  exports={"PATH": f"{slurmrt_bin.parent}:{os.environ['PATH']}"})
+
+
+def test_11_accelerate_example_saves_200_times_across_nodes_and_a_preempted_run_ends_with_the_same_weights(
+        cluster: Path, tmp_path: Path) -> None:
+    import torch
+
+    steps = 200
+    # Every step saved (200 commits of one directory that 4 processes on 2 nodes write into), uninterrupted.
+    reference = _accelerate_job(tmp_path / "every", "acc_every",
+                                f"--steps {steps} --step-time 0 --save-every 1 --weights-out {tmp_path}/every.pt")
+    preempted = _accelerate_job(tmp_path / "stopped", "acc_stopped",
+                                f"--steps {steps} --step-time 0.1 --save-every 50 --weights-out {tmp_path}/stopped.pt")
+    wait_for_file(tmp_path / "stopped" / "ckpt" / "latest", 600, preempted)  # training: the warning now
+    slurm("scancel", "--batch", "--signal=USR1", preempted.id)  # B:USR1 -- the batch shell's trap forwards it
+    info = reference.wait(900)
+    assert info["JobState"] == "COMPLETED", reference.output()[-3000:]
+    saves = [e for e in events(tmp_path / "every", reference) if e["event"] == "save"]
+    assert len(saves) == steps and [e["step"] for e in saves] == list(range(steps))
+    info = preempted.wait(900)
+    assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) >= 1, preempted.output()[-3000:]
+    evts = events(tmp_path / "stopped", preempted)
+    (stop,) = [e for e in evts if e["event"] == "decision" and e["restart"] == 0]
+    assert stop["reasons"] == ["signal"] and stop["step"] < steps - 1
+    assert [e["step"] for e in evts if e["event"] == "resume" and e["restart"] == 1] == [stop["step"]]
+    every, stopped = torch.load(tmp_path / "every.pt"), torch.load(tmp_path / "stopped.pt")
+    assert every.keys() == stopped.keys() and all(torch.equal(every[k], stopped[k]) for k in every)
+
+
+# -- examples/megatron: megatron-core GPT, TP=2 across 2 nodes, torchrun inside srun (the sbatch's shape, on CPU) --
+
+MEGATRON_STEPS = 80
+
+
+def _megatron_job(directory: Path, name: str, args: str, *sbatch_args: str,
+                  exports: dict[str, str] | None = None) -> Job:
+    slurmrt_bin = Path(sys.executable).with_name("slurmrt")
+    body = "\n".join([
+        f"cd {ROOT}",
+        'export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        "export MASTER_PORT=$((20000 + SLURM_JOB_ID % 10000))",
+        "export NNODES=$SLURM_NNODES",
+        "trap 'srun --overlap --ntasks-per-node=1 slurmrt signal USR1' USR1",
+        "srun --kill-on-bad-exit=1 bash -c '$PY -m torch.distributed.run --nnodes \"$NNODES\" --nproc-per-node 1 "
+        '--node-rank "$SLURM_NODEID" --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" '
+        f"examples/megatron/train_core.py --tp 2 --checkpoint-dir {directory}/ckpt --steps {MEGATRON_STEPS} "
+        f"--weights-out {directory}/w --losses-out {directory}/losses {args}' &",
+        "SRUN_PID=$!", 'wait "$SRUN_PID"', 'wait "$SRUN_PID"', "rc=$?", 'echo "srun exited $rc"',
+        'case $rc in 0|3|4) ;; *) [ "${SLURM_RESTART_COUNT:-0}" -lt 3 ] && scontrol requeue "$SLURM_JOB_ID" ;; esac',
+        "exit $rc",
+    ])
+    return submit(directory, body, "-N2", "--ntasks-per-node=1", "--cpus-per-task=2", "--requeue", *sbatch_args,
+                  name=name, exports={"PATH": f"{slurmrt_bin.parent}:{os.environ['PATH']}", "PY": sys.executable,
+                                      **(exports or {})})
+
+
+@pytest.fixture(scope="module")
+def megatron_jobs(cluster: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Job, Path]]:
+    pytest.importorskip("megatron.core")
+    jobs: dict[str, tuple[Job, Path]] = {}
+    for name, args, sbatch_args, exports in [
+        ("reference", "--step-time 0", (), {}),
+        ("preempted", "--step-time 0.2", (), {}),
+        # No --signal: the deadline alone, against a 1-minute limit (the start-up alone takes a good part of it).
+        ("timelimit", "--step-time 1", ("--time=1",), {"SLURMRT_DEADLINE_MARGIN_S": "5", "SLURMRT_SAVE_TIME_S": "5"}),
+        ("killswitch", "--step-time 0.2", (), {"SLURMRT_KILL_SWITCH_POLL_S": "1"}),
+    ]:
+        d = tmp_path_factory.mktemp(f"megatron-{name}")
+        if name == "killswitch":
+            exports = {**exports, "SLURMRT_KILL_SWITCH": str(d / "STOP")}
+        jobs[name] = (_megatron_job(d, f"mcore_{name}", args, *sbatch_args, exports=exports), d)
+    return jobs
+
+
+def _megatron_weights(directory: Path) -> list[dict[str, Any]]:
+    import torch
+
+    return [torch.load(directory / f"w.rank{r}") for r in range(2)]
+
+
+def _same_weights(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> bool:
+    import torch
+
+    return all(x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x) for x, y in zip(a, b, strict=True))
+
+
+def test_12_megatron_core_preempted_by_the_forwarded_warning_resumes_with_the_weights_of_an_uninterrupted_run(
+        megatron_jobs: dict[str, tuple[Job, Path]]) -> None:
+    job, d = megatron_jobs["preempted"]
+    wait_for_file(d / "ckpt" / "latest", 600, job)  # the first periodic checkpoint: Megatron's saver has started
+    slurm("scancel", "--batch", "--signal=USR1", job.id)  # B:USR1, forwarded by the trap to the workers only
+    info = job.wait(900)
+    assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) >= 1, job.output()[-3000:]
+    evts = events(d, job)
+    (stop,) = [e for e in evts if e["event"] == "decision" and e["restart"] == 0]
+    assert stop["reasons"] == ["signal"]
+    assert any(e["event"] == "save" and e["restart"] == 0 and e["step"] == stop["step"] for e in evts), \
+        "the stop save went through Megatron's saver (its helper process survived the warning)"
+    assert [e["step"] for e in evts if e["event"] == "resume" and e["restart"] == 1] == [stop["step"]]
+    ref_job, ref = megatron_jobs["reference"]
+    assert ref_job.wait(900)["JobState"] == "COMPLETED", ref_job.output()[-3000:]
+    assert _same_weights(_megatron_weights(d), _megatron_weights(ref))
+    losses = [line.split() for line in (d / "losses").read_text().splitlines()]
+    reference = [line.split() for line in (ref / "losses").read_text().splitlines()]
+    trained_again = {s for s, _ in losses} - {s for s, _ in reference}
+    assert not trained_again and dict(losses) == dict(reference), "every step's loss is the uninterrupted run's"
+
+
+def test_12_megatron_core_stops_before_the_time_limit_without_a_signal_and_finishes(
+        megatron_jobs: dict[str, tuple[Job, Path]]) -> None:
+    job, d = megatron_jobs["timelimit"]
+    info = job.wait(900)
+    assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) >= 1, job.output()[-3000:]
+    evts = events(d, job)
+    first = [e for e in evts if e["restart"] == 0]
+    (stop,) = [e for e in first if e["event"] == "decision"]
+    assert stop["reasons"] == ["deadline"] and not [e for e in first if e["event"] == "signal"]
+    ref_job, ref = megatron_jobs["reference"]
+    assert ref_job.wait(900)["JobState"] == "COMPLETED"
+    assert _same_weights(_megatron_weights(d), _megatron_weights(ref))
+
+
+def test_12_megatron_core_kill_switch_stops_saves_and_is_not_requeued(
+        megatron_jobs: dict[str, tuple[Job, Path]]) -> None:
+    job, d = megatron_jobs["killswitch"]
+    wait_for_file(d / "ckpt" / "latest", 600, job)
+    (d / "STOP").touch()
+    info = job.wait(600)
+    assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "0"), job.output()[-3000:]
+    evts = events(d, job)
+    (stop,) = [e for e in evts if e["event"] == "decision"]
+    assert stop["reasons"] == ["kill_switch"] and stop["step"] < MEGATRON_STEPS - 1
+    assert any(e["event"] == "save" and e["step"] == stop["step"] for e in evts)
+    assert [e["outcome"] for e in evts if e["event"] == "exit"] == ["KILL_SWITCH"]
