@@ -58,18 +58,21 @@ def _ready_then_checkpoint(ntasks: int) -> str:
 
 def test_time_limit_sends_sigterm_to_every_task_then_sigkill_after_kill_wait(tmp_path: Path) -> None:
     task = _script(tmp_path, """
-        import os, signal, sys, time
+        import os, pathlib, signal, sys, time
         signal.signal(signal.SIGTERM, lambda *a: open(f"term-{os.environ['SLURM_PROCID']}", "w").close())
+        pathlib.Path(f"ready-{os.environ['SLURM_PROCID']}").touch()
         time.sleep(600)
     """)
-    out = sim(tmp_path, "-N", "2", "--ntasks-per-node", "2", "--time", "0:02", "--kill-wait", "1", "--",
+    # The limit is 20 s: a task starts in well under a second on an idle machine; 20 s leaves every task time to
+    # be running, with its handler, on a loaded 2-core one (the ready files below check that it was).
+    out = sim(tmp_path, "-N", "2", "--ntasks-per-node", "2", "--time", "0:20", "--kill-wait", "1", "--",
               sys.executable, str(task))
     assert "CANCELLED DUE TO TIME LIMIT" in out.stdout and "time limit" in out.stdout
     assert out.returncode == 1
+    assert len(list(tmp_path.glob("ready-*"))) == 4, "every task was running when the limit came"
     (row,) = summary_rows(out.stdout)
     assert row["ended by"] == "time limit" and row["tasks"] == "SIGKILL", row  # SIGTERM ignored: killed later
-    # A task still starting up when the limit came may not have had its handler yet; every one that did, wrote.
-    assert {p.name for p in tmp_path.glob("term-*")} <= {"term-0", "term-1", "term-2", "term-3"}
+    assert {p.name for p in tmp_path.glob("term-*")} == {"term-0", "term-1", "term-2", "term-3"}
 
 
 def test_signal_goes_to_the_tasks_or_with_b_only_to_the_batch_shell(tmp_path: Path) -> None:
