@@ -502,8 +502,8 @@ def test_11_accelerate_example_saves_200_times_across_nodes_and_a_preempted_run_
     slurm("scancel", "--batch", "--signal=USR1", preempted.id)  # B:USR1 -- the batch shell's trap forwards it
     info = reference.wait(900)
     assert info["JobState"] == "COMPLETED", reference.output()[-3000:]
-    saves = [e for e in events(tmp_path / "every", reference) if e["event"] == "save"]
-    assert len(saves) == steps and [e["step"] for e in saves] == list(range(steps))
+    saves = [e["step"] for e in events(tmp_path / "every", reference) if e["event"] == "save"]
+    assert sorted(set(saves)) == list(range(steps)), "every one of the 200 saves committed"  # (+ the final one)
     info = preempted.wait(900)
     assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) >= 1, preempted.output()[-3000:]
     evts = events(tmp_path / "stopped", preempted)
@@ -516,11 +516,11 @@ def test_11_accelerate_example_saves_200_times_across_nodes_and_a_preempted_run_
 
 # -- examples/megatron: megatron-core GPT, TP=2 across 2 nodes, torchrun inside srun (the sbatch's shape, on CPU) --
 
-MEGATRON_STEPS = 80
+MEGATRON_STEPS = 200
 
 
 def _megatron_job(directory: Path, name: str, args: str, *sbatch_args: str,
-                  exports: dict[str, str] | None = None) -> Job:
+                  exports: dict[str, str] | None = None, steps: int = MEGATRON_STEPS) -> Job:
     slurmrt_bin = Path(sys.executable).with_name("slurmrt")
     body = "\n".join([
         f"cd {ROOT}",
@@ -530,7 +530,7 @@ def _megatron_job(directory: Path, name: str, args: str, *sbatch_args: str,
         "trap 'srun --overlap --ntasks-per-node=1 slurmrt signal USR1' USR1",
         "srun --kill-on-bad-exit=1 bash -c '$PY -m torch.distributed.run --nnodes \"$NNODES\" --nproc-per-node 1 "
         '--node-rank "$SLURM_NODEID" --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" '
-        f"examples/megatron/train_core.py --tp 2 --checkpoint-dir {directory}/ckpt --steps {MEGATRON_STEPS} "
+        f"examples/megatron/train_core.py --tp 2 --checkpoint-dir {directory}/ckpt --steps {steps} "
         f"--weights-out {directory}/w --losses-out {directory}/losses {args}' &",
         "SRUN_PID=$!", 'wait "$SRUN_PID"', 'wait "$SRUN_PID"', "rc=$?", 'echo "srun exited $rc"',
         'case $rc in 0|3|4) ;; *) [ "${SLURM_RESTART_COUNT:-0}" -lt 3 ] && scontrol requeue "$SLURM_JOB_ID" ;; esac',
@@ -549,12 +549,9 @@ def megatron_jobs(cluster: Path, tmp_path_factory: pytest.TempPathFactory) -> di
         ("reference", "--step-time 0", (), {}),
         ("preempted", "--step-time 0.2", (), {}),
         # No --signal: the deadline alone, against a 1-minute limit (the start-up alone takes a good part of it).
-        ("timelimit", "--step-time 1", ("--time=1",), {"SLURMRT_DEADLINE_MARGIN_S": "5", "SLURMRT_SAVE_TIME_S": "5"}),
-        ("killswitch", "--step-time 0.2", (), {"SLURMRT_KILL_SWITCH_POLL_S": "1"}),
+        ("timelimit", "--step-time 0.5", ("--time=1",), {"SLURMRT_DEADLINE_MARGIN_S": "5", "SLURMRT_SAVE_TIME_S": "5"}),
     ]:
         d = tmp_path_factory.mktemp(f"megatron-{name}")
-        if name == "killswitch":
-            exports = {**exports, "SLURMRT_KILL_SWITCH": str(d / "STOP")}
         jobs[name] = (_megatron_job(d, f"mcore_{name}", args, *sbatch_args, exports=exports), d)
     return jobs
 
@@ -607,15 +604,18 @@ def test_12_megatron_core_stops_before_the_time_limit_without_a_signal_and_finis
     assert _same_weights(_megatron_weights(d), _megatron_weights(ref))
 
 
-def test_12_megatron_core_kill_switch_stops_saves_and_is_not_requeued(
-        megatron_jobs: dict[str, tuple[Job, Path]]) -> None:
-    job, d = megatron_jobs["killswitch"]
+def test_12_megatron_core_kill_switch_stops_saves_and_is_not_requeued(cluster: Path, tmp_path: Path) -> None:
+    pytest.importorskip("megatron.core")
+    d = tmp_path
+    # A job that would train for hours: the switch certainly finds it running.
+    job = _megatron_job(d, "mcore_killswitch", "--step-time 0.2", steps=100000,
+                        exports={"SLURMRT_KILL_SWITCH": str(d / "STOP"), "SLURMRT_KILL_SWITCH_POLL_S": "1"})
     wait_for_file(d / "ckpt" / "latest", 600, job)
     (d / "STOP").touch()
     info = job.wait(600)
     assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "0"), job.output()[-3000:]
     evts = events(d, job)
     (stop,) = [e for e in evts if e["event"] == "decision"]
-    assert stop["reasons"] == ["kill_switch"] and stop["step"] < MEGATRON_STEPS - 1
+    assert stop["reasons"] == ["kill_switch"]
     assert any(e["event"] == "save" and e["step"] == stop["step"] for e in evts)
     assert [e["outcome"] for e in evts if e["event"] == "exit"] == ["KILL_SWITCH"]
