@@ -104,13 +104,21 @@ def main() -> None:
         "env": {k: v for k, v in os.environ.items() if k.startswith(("SLURM_", "SLURMD_"))},
     }
     # Written before finish() too: a requeue ends every task of the job, and then nothing after finish() runs.
-    (out / f"rank{rt.rank}.json").write_text(json.dumps({**result, "exit_code": None}))
+    # Each write replaces the file whole: the requeue's SIGTERM, once finish() gave the handler back, must not
+    # leave it half-written.
+    _write_json(out / f"rank{rt.rank}.json", {**result, "exit_code": None})
     code = rt.finish()
     result["exit_code"] = int(code)
-    (out / f"rank{rt.rank}.json").write_text(json.dumps(result))
+    _write_json(out / f"rank{rt.rank}.json", result)
     if dist.is_initialized():
         dist.destroy_process_group()
     sys.exit(int(code))
+
+
+def _write_json(path: Path, data: dict[str, object]) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
 
 
 if __name__ == "__main__":
