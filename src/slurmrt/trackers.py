@@ -107,7 +107,12 @@ def mlflow_start_run(rt: _Run, **kwargs: Any) -> Any:
     directory = rt.options.checkpoint_dir
     run_id = mlflow_run_id(rt)
     if run_id is not None:
-        return mlflow.start_run(run_id=run_id, **kwargs)
+        try:
+            return mlflow.start_run(run_id=run_id, **kwargs)
+        except Exception as err:  # the training goes on without the old run rather than not at all
+            # Seen: a run killed while MLflow's file store rewrote the run's meta.yaml in place leaves it unreadable.
+            logger.warning("MLflow run %s of experiment %s cannot be resumed (%r): starting a new MLflow run, tagged "
+                           "slurmrt.experiment=%s like the old one", run_id, rt.experiment_id, err, rt.experiment_id)
     tags = {"slurmrt.experiment": rt.experiment_id, **kwargs.pop("tags", {})}
     kwargs.setdefault("run_name", rt.experiment_id)
     run = mlflow.start_run(tags=tags, **kwargs)

@@ -186,3 +186,21 @@ def test_without_matplotlib_drawing_says_what_to_install(tmp_path: Path, monkeyp
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     with pytest.raises(ImportError, match=r"pip install 'slurmrt\[plot\]'"):
         draw(build(_events()), tmp_path / "life.png")
+
+
+def test_an_mlflow_run_that_cannot_be_resumed_gives_a_new_run_not_a_crash(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch,
+                                                                          caplog: pytest.LogCaptureFixture) -> None:
+    mlflow = pytest.importorskip("mlflow")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    mlflow.set_tracking_uri(f"file:{tmp_path / 'mlruns'}")
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    first = trackers.mlflow_start_run(_rt(ckpt, None)).info.run_id
+    mlflow.end_run()
+    (meta,) = (tmp_path / "mlruns").glob(f"*/{first}/meta.yaml")
+    meta.write_text("")  # what a SIGKILL during MLflow's in-place rewrite leaves
+    second = trackers.mlflow_start_run(_rt(ckpt, None)).info.run_id
+    mlflow.end_run()
+    assert second != first and trackers.mlflow_run_id(_rt(ckpt, None)) == second
+    assert "cannot be resumed" in caplog.text
