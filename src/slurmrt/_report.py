@@ -60,7 +60,9 @@ class Reporter:
 
     def progress(self, step: int, step_s: float | None) -> None:
         if self._lead:
-            self.events.emit(Event.PROGRESS, step=step, step_s=None if step_s is None else round(step_s, 6))
+            # Written from should_stop(), on the training thread: no fsync (a lost sample costs nothing).
+            self.events.emit(Event.PROGRESS, durable=False, step=step,
+                             step_s=None if step_s is None else round(step_s, 6))
 
     def saved(self, result: SaveResult, *, blocking: bool) -> None:
         if self._lead:

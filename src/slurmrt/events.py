@@ -53,7 +53,10 @@ class EventLog:
         self._paths = [p for p in dict.fromkeys((path, copy)) if p is not None]
         self._made: set[Path] = set()  # directories known to exist: no mkdir per event
 
-    def emit(self, event: Event, **data: Any) -> None:
+    def emit(self, event: Event, *, durable: bool = True, **data: Any) -> None:
+        """Append one event under the file's lock. ``durable``: fsync before returning (what the job's story rests
+        on: decisions, saves, exits); a sample that the next one replaces (``progress``) skips it, so the training
+        thread that writes it never waits for the disk."""
         if not self._paths:
             return
         stamp = datetime.fromtimestamp(_clock.wall(), tz=timezone.utc).isoformat(timespec="milliseconds")
@@ -67,7 +70,8 @@ class EventLog:
                     fcntl.flock(f.fileno(), fcntl.LOCK_EX)  # released when the file closes
                     f.write(line + "\n")
                     f.flush()
-                    os.fsync(f.fileno())
+                    if durable:
+                        os.fsync(f.fileno())
             except OSError as err:  # the log must never take the training down
                 logger.warning("cannot write event log %s: %s", path, err)
 
