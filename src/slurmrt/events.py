@@ -169,13 +169,14 @@ def measured(path: Path | None, *, tail_bytes: int = 256 * 1024) -> tuple[float 
         return None, None
     try:
         with open(path, "rb") as f:
-            f.seek(max(0, f.seek(0, os.SEEK_END) - tail_bytes))
-            text = f.read().decode("utf-8", errors="replace")
+            start = max(0, f.seek(0, os.SEEK_END) - tail_bytes)
+            f.seek(start)
+            lines = f.read().decode("utf-8", errors="replace").splitlines()
     except OSError:
         return None, None
     step_s: float | None = None
     saves: list[float] = []
-    for line in text.splitlines()[1:] if len(text) >= tail_bytes else text.splitlines():  # the first may be cut
+    for line in lines[1:] if start else lines:  # read from the middle of the file: the first line is cut
         try:
             e = json.loads(line)
         except json.JSONDecodeError:

@@ -283,3 +283,18 @@ def test_a_requeued_run_starts_from_the_step_and_save_times_the_earlier_runs_mea
     rt = slurmrt.init(checkpoint_dir=tmp_path / "fresh", deadline=False, save_time_s=30)
     assert rt._budget.saves.estimate() == 30 and rt._budget.steps.estimate() is None
     rt.close()
+
+
+def test_the_measured_times_come_from_the_tail_of_a_long_event_log(tmp_path: Path) -> None:
+    from slurmrt.events import measured
+
+    log = tmp_path / "events.jsonl"
+    early = [{"event": "save", "rank": 0, "seconds": 50.0}] * 50  # outside the tail: not read
+    late = [{"event": "progress", "rank": 0, "step_s": 0.5}, {"event": "save", "rank": 0, "seconds": 2.0}]
+    text = "".join(json.dumps(e) + "\n" for e in early + late)
+    log.write_text(text)
+    tail = len("".join(json.dumps(e) + "\n" for e in late)) + 5  # the tail starts inside an early line
+    assert measured(log, tail_bytes=tail) == (0.5, 2.0)
+    short = "".join(json.dumps(e) + "\n" for e in early[:1] + late)
+    log.write_text(short)
+    assert measured(log, tail_bytes=len(short)) == (0.5, 50.0), "the whole file, first line included"
