@@ -23,7 +23,7 @@ from typing import Any
 
 from . import _clock
 from ._errors import ConfigError
-from .checkpoint._files import write_text
+from .checkpoint._files import replace_text, write_text
 
 __all__ = ["EXPERIMENT_FILE", "TRACKERS_FILE", "establish", "read_trackers", "remember_tracker"]
 
@@ -69,16 +69,26 @@ def establish(directory: Path | None, *, job: str | None, override: str | None =
 
 
 def _read_id(path: Path) -> str | None:
+    data = _read_json(path, "it holds the experiment id of this checkpoint directory; fix or remove it (a new id "
+                            "starts a new experiment in the trackers)")
+    if data is None:
+        return None
+    if not isinstance(data.get("id"), str):
+        raise ConfigError(f"{path} has no experiment id (\"id\"): fix or remove it", path=path)
+    return check_id(data["id"])
+
+
+def _read_json(path: Path, fix: str) -> dict[str, Any] | None:
+    """A JSON object, or None when the file does not exist; a clear error naming the file when it is damaged."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (FileNotFoundError, NotADirectoryError):
         return None
     except (OSError, ValueError) as err:
-        raise ConfigError(f"{path} is unreadable ({err}): it holds the experiment id of this checkpoint directory; "
-                          "fix or remove it (a new id starts a new experiment in the trackers)", path=path) from err
-    if not isinstance(data, dict) or not isinstance(data.get("id"), str):
-        raise ConfigError(f"{path} has no experiment id (\"id\"): fix or remove it", path=path)
-    return check_id(data["id"])
+        raise ConfigError(f"{path} is unreadable ({err}): {fix}", path=path) from err
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} holds no JSON object: {fix}", path=path)
+    return data
 
 
 def _create(path: Path, candidate: str, job: str | None) -> str:
@@ -104,20 +114,11 @@ def _create(path: Path, candidate: str, job: str | None) -> str:
 
 
 def read_trackers(directory: Path) -> dict[str, Any]:
-    try:
-        data = json.loads((directory / TRACKERS_FILE).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError) as err:
-        raise ConfigError(f"{directory / TRACKERS_FILE} is unreadable ({err}): fix or remove it",
-                          path=directory / TRACKERS_FILE) from err
-    return data if isinstance(data, dict) else {}
+    return _read_json(directory / TRACKERS_FILE, "fix or remove it (the trackers then start new runs)") or {}
 
 
 def remember_tracker(directory: Path, name: str, value: str) -> None:
     """Record a tracker's run id (atomic replace: a reader sees the old file or the new one)."""
     data = read_trackers(directory)
     data[name] = value
-    tmp = directory / f".{TRACKERS_FILE}.{uuid.uuid4().hex}"
-    write_text(tmp, json.dumps(data, indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, directory / TRACKERS_FILE)
+    replace_text(directory / TRACKERS_FILE, json.dumps(data, indent=1, sort_keys=True) + "\n")

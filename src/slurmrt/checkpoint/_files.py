@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["fsync_dir", "fsync_tree", "write_state", "write_text"]
+__all__ = ["fsync_dir", "fsync_tree", "replace_text", "write_state", "write_text"]
 
 
 def write_state(path: Path, state: dict[str, Any]) -> int:
@@ -24,6 +24,14 @@ def write_text(path: Path, text: str) -> None:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
+
+
+def replace_text(path: Path, text: str) -> None:
+    """Replace ``path`` whole, durably: a reader (or a run after a SIGKILL) sees the old text or the new one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    write_text(tmp, text)
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
 
 
 def fsync_dir(path: Path) -> None:

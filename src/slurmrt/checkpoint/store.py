@@ -33,7 +33,7 @@ from typing import Any
 from .. import _clock
 from .._comm import Comm
 from .._errors import CheckpointError
-from ._files import fsync_dir, fsync_tree, write_state, write_text
+from ._files import fsync_dir, fsync_tree, replace_text, write_state, write_text
 
 __all__ = ["CheckpointStore", "PendingSave", "SaveFn", "SaveResult"]
 
@@ -187,10 +187,7 @@ class CheckpointStore:
         else:
             os.rename(tmp, final)
         fsync_dir(self.root)
-        latest_tmp = self.root / ".latest.tmp"
-        write_text(latest_tmp, final.name + "\n")
-        os.replace(latest_tmp, self.root / "latest")
-        fsync_dir(self.root)
+        replace_text(self.root / "latest", final.name + "\n")
         self._prune()
         return sum(files.values())
 
