@@ -45,6 +45,18 @@ class RunLife:
     def last_checkpoint(self) -> int | None:
         return max((step for _, step, _ in self.checkpoints), default=None)
 
+    @property
+    def stop_time(self) -> float | None:
+        """When the run reached its stop step (its last recorded step when that one has no point)."""
+        if self.stop_step is None or not self.points:
+            return None
+        return next((t for t, s in self.points if s == self.stop_step), self.points[-1][0])
+
+    @property
+    def lost_after(self) -> int | None:
+        """The steps after this one were lost (None: nothing was)."""
+        return self.last_step - self.lost_steps if self.lost_steps and self.last_step is not None else None
+
 
 @dataclass
 class JobLife:
@@ -92,9 +104,14 @@ def build(events: Iterable[dict[str, Any]], job: str = "?") -> JobLife:
             job = str(init.get("job") or job)
             experiment = init.get("experiment") or experiment
         lives.append(_run_life(run))
-    for life, following in zip(lives, [*lives[1:], None], strict=True):
+    for life, following in _with_next(lives):
         _account_lost(life, following)
     return JobLife(job=job, experiment=experiment, runs=lives)
+
+
+def _with_next(lives: list[RunLife]) -> list[tuple[RunLife, RunLife | None]]:
+    """Each run with the one after it (None for the last)."""
+    return list(zip(lives, [*lives[1:], None], strict=True))
 
 
 def _run_life(run: Run) -> RunLife:
@@ -172,23 +189,21 @@ def render(life: JobLife, *, width: int = 64, height: int = 12) -> list[str]:
     def row(step: int) -> int:
         return height - 1 - min(height - 1, int((step - s0) / max(s1 - s0, 1) * (height - 1) + 0.5))
 
-    for run, following in zip(life.runs, [*life.runs[1:], None], strict=True):
+    for run, following in _with_next(life.runs):
         mark = str(run.restart % 10)
         if run.points:  # start-up: from the run's start to its first step
             for c in range(col(run.start), col(run.points[0][0])):
                 grid[row(run.points[0][1])][c] = "-"
-        lost_from = run.last_step - run.lost_steps if run.last_step is not None else None
+        lost_after = run.lost_after
         for (ta, sa), (tb, sb) in zip(run.points, run.points[1:] + run.points[-1:], strict=True):
             for c in range(col(ta), col(tb) + 1):
                 frac = 0.0 if col(tb) == col(ta) else (c - col(ta)) / (col(tb) - col(ta))
                 step = round(sa + frac * (sb - sa))
-                lost = run.lost_steps and lost_from is not None and step > lost_from
-                grid[row(step)][c] = "!" if lost else mark
+                grid[row(step)][c] = "!" if lost_after is not None and step > lost_after else mark
         for t, step, _ in run.checkpoints:
             grid[row(step)][col(t)] = "*"
-        if run.stop_step is not None:
-            t_stop = next((t for t, s in run.points if s == run.stop_step), run.points[-1][0])
-            grid[row(run.stop_step)][col(t_stop)] = "x"
+        if run.stop_time is not None and run.stop_step is not None:
+            grid[row(run.stop_step)][col(run.stop_time)] = "x"
         if following is not None and run.points:
             level = row(following.resumed_from if following.resumed_from is not None else s0)
             for c in range(col(run.end) + 1, col(following.start)):
@@ -231,7 +246,7 @@ def draw(life: JobLife, path: Path, *, title: str | None = None) -> Path:
     fig, ax = plt.subplots(figsize=(10, 5), dpi=100)
     try:
         colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-        for run, following in zip(life.runs, [*life.runs[1:], None], strict=True):
+        for run, following in _with_next(life.runs):
             color = colors[run.restart % len(colors)]
             xs = [t - t0 for t, _ in run.points]
             ys = [s for _, s in run.points]
@@ -243,15 +258,13 @@ def draw(life: JobLife, path: Path, *, title: str | None = None) -> Path:
             if run.checkpoints:
                 ax.scatter([t - t0 for t, _, _ in run.checkpoints], [s for _, s, _ in run.checkpoints],
                            marker="o", color=color, edgecolor="black", zorder=3, s=30)
-            if run.lost_steps and run.last_step is not None:
-                lost_from = run.last_step - run.lost_steps
-                lost = [(t - t0, s) for t, s in run.points if s >= lost_from]
+            if run.lost_after is not None:
+                lost = [(t - t0, s) for t, s in run.points if s >= run.lost_after]
                 ax.plot([x for x, _ in lost], [s for _, s in lost], color="red", linewidth=5, alpha=0.35)
                 ax.annotate(f"lost {run.lost_steps} steps", (lost[-1][0], lost[-1][1]), textcoords="offset points",
                             xytext=(4, 6), color="red", fontsize=8)
-            if run.stop_step is not None and run.points:
-                t_stop = next((t for t, s in run.points if s == run.stop_step), run.points[-1][0])
-                ax.scatter([t_stop - t0], [run.stop_step], marker="x", color="black", s=60, zorder=4)
+            if run.stop_time is not None and run.stop_step is not None:
+                ax.scatter([run.stop_time - t0], [run.stop_step], marker="x", color="black", s=60, zorder=4)
             if following is not None:
                 ax.axvspan(run.end - t0, following.start - t0, color="grey", alpha=0.2, linewidth=0)
         ax.set_xlim(left=0)
