@@ -19,6 +19,7 @@ import contextlib
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from ._comm import Groups, open_groups
@@ -41,6 +42,8 @@ class ProcessHooks:
         self._groups: Groups | None = None
         self._agreement: Agreement | None = None
         self._installed = False
+        #: Called with the exception that ends the program, if any (the hang response names a lost peer).
+        self.on_uncaught: Callable[[BaseException | None], None] | None = None
 
     def install(self) -> None:
         if not self.signals.install():
@@ -82,11 +85,13 @@ class ProcessHooks:
         exception, when the exit code is 1 whatever happens next, the process exits now, before that teardown. The
         atexit handlers registered after init() have run by then; those registered before it do not.
         """
+        # The interpreter sets sys.last_value when an uncaught exception ends the program (not for SystemExit).
+        uncaught = getattr(sys, "last_value", None) is not None
+        if uncaught and self.on_uncaught is not None:
+            self.on_uncaught(sys.last_value)  # exits the process when a peer is lost
         agreement = self._agreement
         if agreement is None or not agreement.started:
             return
-        # The interpreter sets sys.last_value when an uncaught exception ends the program (not for SystemExit).
-        uncaught = getattr(sys, "last_value", None) is not None
         agreement.abandon(collectively=not uncaught)
         if uncaught:
             for stream in (sys.stdout, sys.stderr):

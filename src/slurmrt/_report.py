@@ -64,6 +64,10 @@ class Reporter:
             self.events.emit(Event.PROGRESS, durable=False, step=step,
                              step_s=None if step_s is None else round(step_s, 6))
 
+    def phase(self, name: str, seconds: float) -> None:
+        if self._lead:
+            self.events.emit(Event.PHASE, durable=False, name=name, seconds=round(seconds, 3))
+
     def saved(self, result: SaveResult, *, blocking: bool) -> None:
         if self._lead:
             logger.info("checkpoint step %d committed: %.2f s, %d bytes", result.step, result.seconds, result.bytes)

@@ -21,7 +21,8 @@ from typing import Any
 
 from . import _clock
 
-__all__ = ["COPY_ENV", "Event", "EventFollower", "EventLog", "Run", "measured", "read_events", "runs"]
+__all__ = ["COPY_ENV", "Event", "EventFollower", "EventLog", "Run", "measured", "measured_phases", "read_events",
+           "runs"]
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +44,11 @@ class Event(str, enum.Enum):
     FRESH_START = "fresh_start"
     REQUEUE = "requeue"  # done, message, restart_count
     EXIT = "exit"  # code, outcome, why, reasons
+    PHASE = "phase"  # name, seconds (rank 0, at the end of each rt.phase)
+    HANG = "hang"  # activity, idle_s, allowed_s, step, where, stacks (every rank that found itself stuck)
+    SUSPECTS = "suspects"  # suspects [{rank, node, where, step}], nodes, why (the census leader)
+    EXCLUDE = "exclude"  # nodes, added, refused, message
+    HEALTH = "health"  # ok, failed [what], node (a rank whose node failed the health check)
 
 
 class EventLog:
@@ -162,34 +168,55 @@ def runs(events: Iterable[dict[str, Any]]) -> list[Run]:
     return [by_restart[r] for r in sorted(by_restart)]
 
 
-def measured(path: Path | None, *, tail_bytes: int = 256 * 1024) -> tuple[float | None, float | None]:
-    """(step seconds, save seconds) the earlier runs of the job measured, from the end of its event log: the step
-    time rank 0 reported last, and the longest of its last three saves. (None, None) when there is nothing."""
+def _tail(path: Path | None, tail_bytes: int) -> list[dict[str, Any]]:
+    """Rank 0's events in the last ``tail_bytes`` of the log (none when it cannot be read)."""
     if path is None:
-        return None, None
+        return []
     try:
         with open(path, "rb") as f:
             start = max(0, f.seek(0, os.SEEK_END) - tail_bytes)
             f.seek(start)
             lines = f.read().decode("utf-8", errors="replace").splitlines()
     except OSError:
-        return None, None
-    step_s: float | None = None
-    saves: list[float] = []
+        return []
+    out = []
     for line in lines[1:] if start else lines:  # read from the middle of the file: the first line is cut
         try:
             e = json.loads(line)
         except json.JSONDecodeError:
             continue
-        if not isinstance(e, dict) or e.get("rank") not in (0, None):
-            continue
+        if isinstance(e, dict) and e.get("rank") in (0, None):
+            out.append(e)
+    return out
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def measured(path: Path | None, *, tail_bytes: int = 256 * 1024) -> tuple[float | None, float | None]:
+    """(step seconds, save seconds) the earlier runs of the job measured, from the end of its event log: the step
+    time rank 0 reported last, and the longest of its last three saves. (None, None) when there is nothing."""
+    step_s: float | None = None
+    saves: list[float] = []
+    for e in _tail(path, tail_bytes):
         value = e.get("step_s")
-        if e.get("event") in (Event.PROGRESS.value, Event.DECISION.value) and isinstance(value, (int, float)) \
-                and not isinstance(value, bool):
+        if e.get("event") in (Event.PROGRESS.value, Event.DECISION.value) and _number(value):
             step_s = float(value)
-        if e.get("event") == Event.SAVE.value and isinstance(e.get("seconds"), (int, float)):
-            saves.append(float(e["seconds"]))
+        seconds = e.get("seconds")
+        if e.get("event") == Event.SAVE.value and _number(seconds):
+            saves.append(float(seconds))  # type: ignore[arg-type]
     return step_s, max(saves[-3:]) if saves else None
+
+
+def measured_phases(path: Path | None, *, tail_bytes: int = 256 * 1024) -> dict[str, float]:
+    """The longest duration of each phase (``rt.phase``) in the end of the event log."""
+    out: dict[str, float] = {}
+    for e in _tail(path, tail_bytes):
+        name, seconds = e.get("name"), e.get("seconds")
+        if e.get("event") == Event.PHASE.value and isinstance(name, str) and _number(seconds):
+            out[name] = max(out.get(name, 0.0), float(seconds))  # type: ignore[arg-type]
+    return out
 
 
 def timestamp(event: dict[str, Any]) -> float:

@@ -39,8 +39,21 @@ class Options:
     kill_wait_s: float = 30.0
     kill_switch_poll_s: float = 5.0
     end_time_refresh_s: float = 900.0
-    #: With the kill switch present and no step boundary for this long, the job is hung: cancel it. None: never.
-    hang_timeout_s: float | None = 600.0
+    #: The hang watchdog (see slurmrt.stop.watchdog): on by default.
+    watchdog: bool = True
+    #: A fixed allowance for one training step; None: learned from the measured steps (10x the slowest recent one).
+    hang_timeout_s: float | None = None
+    #: The least allowance the watchdog ever gives a step, a save, a load or a phase.
+    hang_floor_s: float = 180.0
+    #: The allowance from init() to the end of the warm-up steps, and for a phase never measured.
+    startup_timeout_s: float = 1200.0
+    #: At most this many nodes excluded from the job by slurmrt, over all its runs.
+    max_excluded_nodes: int = 4
+    #: Stop requeueing after this many runs in a row committed no newer checkpoint. None: never stop.
+    max_futile_runs: int | None = 3
+    #: Check the node at start-up (CUDA, /dev/shm, the checkpoint directory) and the communication at the first
+    #: collective; a failed check excludes the node and requeues the job.
+    health_check: bool = False
     event_log: Path | None = None
     #: The experiment id: by default the one stored next to the checkpoints (new for a fresh directory).
     experiment_id: str | None = None
@@ -70,10 +83,12 @@ class Options:
 
 
 _PATHS = {"checkpoint_dir", "kill_switch", "event_log"}
-_INTS = {"keep_last", "max_restarts", "nnodes", "gpus_per_node", "tp", "pp", "cp"}
+_INTS = {"keep_last", "max_restarts", "max_excluded_nodes", "max_futile_runs", "nnodes", "gpus_per_node", "tp", "pp",
+         "cp"}
 _FLOATS = {"deadline_margin_s", "save_time_s", "kill_wait_s", "kill_switch_poll_s", "end_time_refresh_s",
-           "hang_timeout_s", "progress_s"}
-_BOOLS = {"requeue", "deadline", "fsdp", "moe_overlap"}
+           "hang_timeout_s", "progress_s", "hang_floor_s", "startup_timeout_s"}
+_OPTIONAL = {"max_restarts", "max_futile_runs"}
+_BOOLS = {"requeue", "deadline", "watchdog", "health_check", "fsdp", "moe_overlap"}
 
 
 def _convert(name: str, value: Any) -> Any:
@@ -81,6 +96,8 @@ def _convert(name: str, value: Any) -> Any:
         if name in _PATHS:
             return Path(os.path.expanduser(str(value)))
         if name in _INTS:
+            if name in _OPTIONAL and isinstance(value, str) and value.lower() in {"none", "off", "never"}:
+                return None
             return int(value)
         if name in _FLOATS:
             if isinstance(value, str) and value.lower() in {"none", "off", "never"}:

@@ -11,9 +11,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import _slurm
+from .events import Event, Run
 from .stop.decision import Reason, StopDecision
 
-__all__ = ["ExitCode", "Outcome", "Verdict", "choose", "requeue"]
+__all__ = ["ExitCode", "Outcome", "Verdict", "choose", "futile_runs", "requeue"]
+
+#: Stop requeueing after this many runs in a row committed no newer checkpoint (``max_futile_runs``).
+MAX_FUTILE_RUNS = 3
 
 #: A SIGTERM within this many seconds of the end time (or after it) is the time limit, not scancel/preemption.
 TIME_LIMIT_TOLERANCE_S = 15.0
@@ -30,6 +34,11 @@ class ExitCode(enum.IntEnum):
     REQUEUED = 3
     #: Stopped, and not to be requeued: scancel, SIGINT, SIGTERM before the time limit, max restarts reached.
     STOPPED = 4
+    #: A rank hung or a peer was lost: the stacks are in the log and the event log, the suspect nodes are excluded
+    #: from the requeued job. ``srun --kill-on-bad-exit=1`` ends the step on it.
+    HUNG = 5
+    #: The node failed slurmrt's start-up health check (``health_check=True``): excluded, and the job requeued.
+    UNHEALTHY = 6
     #: Stopped for a requeue that slurmrt could not make (no scontrol in a container, requeue refused): a batch
     #: script may run `scontrol requeue` itself when it sees this code (EX_TEMPFAIL: "try again later").
     REQUEUE_NEEDED = 75
@@ -44,6 +53,8 @@ class Outcome(enum.Enum):
     STOPPED = ExitCode.STOPPED, "stopped; not requeued"
     REQUEUE_NEEDED = ExitCode.REQUEUE_NEEDED, "stopped for a requeue that slurmrt could not make"
     FAILED = ExitCode.FAILED, "ended for good, but its last checkpoint failed"
+    HUNG = ExitCode.HUNG, "a rank hung or a peer was lost"
+    UNHEALTHY = ExitCode.UNHEALTHY, "a node failed the start-up health check"
 
     def __init__(self, code: ExitCode, meaning: str) -> None:
         self.code = code
@@ -63,8 +74,10 @@ class Verdict:
 
 
 def choose(decision: StopDecision | None, *, requeue_enabled: bool, is_slurm: bool, restart_count: int,
-           max_restarts: int | None, kill_switch: Path | None = None) -> Verdict:
-    """The outcome of a run that stopped for ``decision`` (None: it ran all its steps), before any save failure."""
+           max_restarts: int | None, kill_switch: Path | None = None, futile: int = 0,
+           max_futile: int | None = MAX_FUTILE_RUNS) -> Verdict:
+    """The outcome of a run that stopped for ``decision`` (None: it ran all its steps), before any save failure.
+    ``futile``: how many runs in a row, this one included, committed no newer checkpoint (:func:`futile_runs`)."""
     if decision is None:
         return Verdict(Outcome.FINISHED, "all steps done")
     if Reason.KILL_SWITCH in decision.reasons:
@@ -80,8 +93,28 @@ def choose(decision: StopDecision | None, *, requeue_enabled: bool, is_slurm: bo
         return Verdict(Outcome.STOPPED, "stopped; not a SLURM job, nothing to requeue")
     if max_restarts is not None and restart_count >= max_restarts:
         return Verdict(Outcome.STOPPED, f"stopped; restart {restart_count} reached max_restarts={max_restarts}")
+    if max_futile is not None and futile >= max_futile:
+        return Verdict(Outcome.STOPPED, futile_why(futile))
     reasons = ", ".join(sorted(r.value for r in decision.reasons))
     return Verdict(Outcome.REQUEUED, f"stopped at step {decision.step} ({reasons}): requeue")
+
+
+def futile_why(futile: int) -> str:
+    return (f"stopped, not requeued: the last {futile} runs committed no checkpoint newer than the one they resumed "
+            "from, so another run would most likely do the same (a requeue loop). The event log says what each run "
+            "did; fix the cause and resubmit, or raise max_futile_runs")
+
+
+def futile_runs(runs: list[Run]) -> int:
+    """How many of the last runs, in a row, committed no checkpoint newer than the one they resumed from."""
+    count = 0
+    for run in reversed(runs):
+        newest = max((s.get("step", -1) for s in run.all(Event.SAVE)), default=None)
+        start = run.resumed_from
+        if newest is not None and (start is None or newest > start):
+            break
+        count += 1
+    return count
 
 
 def after_failed_save(outcome: Outcome) -> Outcome:

@@ -12,25 +12,29 @@ import contextlib
 import functools
 import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
 from . import _clock, experiment, outcome
-from ._comm import torch_distributed
+from ._comm import Groups, torch_distributed
 from ._errors import CheckpointError, ConfigError
+from ._hang import HangResponse, is_peer_failure
 from ._hooks import ProcessHooks
 from ._report import Reporter
 from .checkpoint.store import CheckpointStore, PendingSave, SaveFn, SaveResult
-from .events import COPY_ENV, EventLog, measured
+from .events import COPY_ENV, EventLog, measured, measured_phases, read_events, runs
 from .launch import cuda, preflight
 from .launch.topology import Topology, from_environ, launcher_argv
 from .options import Options
 from .outcome import ExitCode, Outcome
 from .stop.agreement import Agreement, DistributedAgreement, LocalAgreement
-from .stop.deadline import Budget, EndTime
+from .stop.census import Census, CensusError
+from .stop.deadline import SAVE_SAFETY, Budget, EndTime
 from .stop.decision import Contribution, Reason, StopDecision, contribution
-from .stop.killswitch import HangGuard, KillSwitch, cancel_and_exit
+from .stop.killswitch import KillSwitch, cancel_and_exit
 from .stop.signals import SignalRecorder
+from .stop.watchdog import Activity, PhaseTimes, Watchdog
 from .stop.watcher import Watcher
 
 __all__ = ["Runtime", "init"]
@@ -83,12 +87,10 @@ def init(**options: Any) -> Runtime:
     rt = Runtime(topo, opts, events, budget=budget, end_time=end_time, kill_switch=switch,
                  hooks=ProcessHooks(SignalRecorder(opts.signals), job_id=topo.job_id, world_size=topo.world_size),
                  connections=connections,
-                 experiment_id=experiment_id)
+                 experiment_id=experiment_id, phases=PhaseTimes(measured_phases(log_path)))
     pollers = [p.poll for p in (switch, end_time if end_time.asks else None) if p is not None]
-    if switch is not None and opts.hang_timeout_s is not None:
-        on_hung = functools.partial(cancel_and_exit, switch.path, topo.requeue_id)
-        pollers.append(HangGuard(switch, heartbeat=lambda: rt.heartbeat, timeout_s=opts.hang_timeout_s,
-                                 on_hung=on_hung).poll)
+    if opts.watchdog:
+        pollers.append(rt.watchdog().poll)
     rt.start(Watcher(pollers, period_s=opts.kill_switch_poll_s))
     return rt
 
@@ -98,7 +100,7 @@ class Runtime:
 
     def __init__(self, topology: Topology, options: Options, events: EventLog, *, budget: Budget, end_time: EndTime,
                  kill_switch: KillSwitch | None, hooks: ProcessHooks, connections: str | None = None,
-                 experiment_id: str | None = None) -> None:
+                 experiment_id: str | None = None, phases: PhaseTimes | None = None) -> None:
         self.topology, self.options, self.events = topology, options, events
         self.cuda_device_max_connections = connections
         self._report = Reporter(events, topology)
@@ -119,6 +121,111 @@ class Runtime:
         self.outcome: Outcome | None = None  #: how the run ended, once finish() decided
         self._closed = False
         self._watcher: Watcher | None = None
+        self._phases = phases or PhaseTimes()
+        #: What the training thread does (the watchdog's view); changed at saves, loads and phases, not per step.
+        self.activity: Activity | None = Activity("start", _clock.mono())
+        self._census: Census | None | bool = False  # False: not made yet
+        self._registered = False
+        self._response: HangResponse | None = None
+
+    def watchdog(self) -> Watchdog:
+        """The hang watchdog of this run (init() polls it on the watcher thread; see slurmrt.stop.watchdog)."""
+        o = self.options
+        self._response = HangResponse(
+            self.topology, o, self.events, kill_switch_seen=self._kill_switch_seen,
+            last_step=lambda: self._agreement.last_step if self._agreement is not None else None,
+            census=self._run_census, census_wait_s=max(10.0, 3 * o.kill_switch_poll_s),
+            cancel=functools.partial(cancel_and_exit, o.kill_switch, self.topology.requeue_id)
+            if o.kill_switch else None)
+        self._hooks.on_uncaught = self._uncaught
+        return Watchdog(self._budget, self._phases, heartbeat=lambda: self.heartbeat, activity=lambda: self.activity,
+                        on_hang=self._response.hung, floor_s=o.hang_floor_s, startup_s=o.startup_timeout_s,
+                        fixed_s=o.hang_timeout_s, probe=self._probe)
+
+    def _kill_switch_seen(self) -> bool:
+        if self._switch is not None and self._switch.seen is not None:
+            return True
+        decision = self._agreement.decision if self._agreement is not None else None
+        return decision is not None and Reason.KILL_SWITCH in decision.reasons
+
+    def _run_census(self) -> Census | None:
+        """This run's census (in the store of torch.distributed's default group); None for one process."""
+        if self._census is False:
+            self._census = None
+            dist = torch_distributed()
+            if self.world_size > 1 and dist is not None and dist.is_available() and dist.is_initialized():
+                try:
+                    store = dist.distributed_c10d._get_default_store()
+                except Exception as err:  # noqa: BLE001 - a private API: without it, no census
+                    logger.warning("no rendezvous store for the hang census: %s", err)
+                    store = None
+                if store is not None:
+                    t = self.topology
+                    self._census = Census(store, prefix=f"slurmrt/{t.requeue_id or 'local'}/{t.restart_count}/",
+                                          rank=t.rank, world=t.world_size)
+        return self._census if isinstance(self._census, Census) else None
+
+    def _probe(self, idle_s: float) -> None:
+        """The training thread is stalled: did another rank find the job hung? Then answer its census, and exit."""
+        census = self._run_census()
+        try:
+            opened = census is not None and census.is_open()
+        except CensusError:
+            return  # this rank's own watchdog acts when its allowance runs out
+        if opened and self._response is not None:
+            self._response.joined(idle_s)
+
+    def _uncaught(self, err: BaseException | None) -> None:
+        """The program ends on ``err``: when it says a peer is gone, name the peer and requeue without its node."""
+        if is_peer_failure(err) and self._response is not None and self.world_size > 1:
+            assert err is not None
+            self._response.lost_peer(err)
+
+    def _groups(self) -> Groups:
+        groups = self._hooks.groups()
+        if not self._registered:
+            self._registered = True
+            census = self._run_census()
+            if census is not None:
+                try:
+                    census.register(self.topology.hostname)
+                except CensusError as err:
+                    logger.warning("%s", err)
+        return groups
+
+    @contextlib.contextmanager
+    def _doing(self, kind: str) -> Iterator[None]:
+        """The training thread is in a save or a load: the watchdog gives it a save's allowance."""
+        outer = self.activity
+        self.activity = Activity(kind, _clock.mono())
+        try:
+            yield
+        finally:
+            self.activity = Activity(outer.kind, _clock.mono(), outer.name, outer.timeout_s) if outer else None
+
+    @contextlib.contextmanager
+    def phase(self, name: str, *, timeout_s: float | None = None) -> Iterator[None]:
+        """Mark a phase that is slow on every rank (an evaluation, the first compile, a data reshuffle).
+
+        The watchdog gives it ``timeout_s``, or 3x its longest measured duration (this run's or an earlier run's;
+        never less than ``hang_floor_s``; ``startup_timeout_s`` until measured). Its time is not step time. A stop
+        that comes during the phase is acted on at the next ``should_stop``, after it; ``should_stop(step,
+        before=name)`` stops before the phase when its measured duration and a save no longer fit before the end.
+        """
+        outer = self.activity
+        start = _clock.mono()
+        self.activity = Activity("phase", start, name, timeout_s)
+        ok = False
+        try:
+            yield
+            ok = True
+        finally:
+            seconds = _clock.mono() - start
+            if ok:
+                self._phases.add(name, seconds)
+                self._report.phase(name, seconds)
+            self.activity = Activity(outer.kind, _clock.mono(), outer.name, outer.timeout_s) if outer else None
+            self.restart_step_clock()
 
     def start(self, watcher: Watcher) -> None:
         """Install the process-global hooks and start ``watcher``; init() calls it."""
@@ -158,12 +265,16 @@ class Runtime:
                 f"job={t.job_id}, restart={t.restart_count})")
 
     # -- stopping --------------------------------------------------------------------------------------------------
-    def should_stop(self, step: int) -> bool:
+    def should_stop(self, step: int, *, before: str | None = None) -> bool:
         """True when the job must stop after ``step``: the same answer on every rank, at the same step.
 
         Cheap: a clock read and a comparison on most steps; this thread never waits for a collective of its own.
         The first call after ``init_process_group`` creates slurmrt's two gloo groups, which every rank does at the
         same point of its program (so do ``save`` and ``load_latest``, whichever comes first).
+
+        ``before="eval"``: the loop enters that phase (:meth:`phase`) after this step. The ranks then also agree
+        (a collective: every rank passes the same ``before`` at the same step) whether its measured duration, a
+        save and the margin still fit before the job's end, and stop here if not.
         """
         now = _clock.mono()
         if self._last_tick is not None:
@@ -180,10 +291,29 @@ class Runtime:
         if stop and self._decision is None:
             assert agreement.decision is not None
             self._on_decision(agreement.decision)
+        if before is not None and not stop:
+            stop = self._phase_unfit(before, step)
         # The step clock restarts when this call returns: a wait for the agreement is not step time. Counting it
         # made slow rounds look like slow steps, which shrank the window and made training wait again.
         self._last_tick = _clock.mono()
         return stop
+
+    def _phase_unfit(self, name: str, step: int) -> bool:
+        """Agree whether phase ``name`` still fits before the end (see should_stop); True: stop at ``step``."""
+        phase_s, end = self._phases.get(name), self.end_time
+        unfit = False
+        if phase_s is not None and end is not None and self.options.deadline:
+            save_s = self._budget.saves.estimate() or 0.0
+            unfit = _clock.wall() + phase_s + SAVE_SAFETY * save_s + self.options.deadline_margin_s >= end
+        if self._background is not None:
+            self._collect()  # the work group is the background save's until it is done
+        if self._groups().work.all_ok(not unfit):
+            return False
+        if self._decision is None:
+            logger.warning("phase %r (%.0f s measured) no longer fits before the end: stopping before it", name,
+                           phase_s or 0.0)
+            self._on_decision(StopDecision(step, frozenset({Reason.DEADLINE}), True, end, None))
+        return True
 
     def _progress(self, step: int, now: float) -> None:
         assert self.options.progress_s is not None
@@ -217,7 +347,7 @@ class Runtime:
         """A framework's own mechanism stopped every rank at ``step``; ``reasons`` are this rank's. Collective: the
         ranks exchange their reasons, and :meth:`finish` then decides the exit code and the requeue from the union,
         as for a stop slurmrt agreed itself."""
-        gathered = self._hooks.groups().work.all_gather((sorted(r.value for r in reasons), term_time))
+        gathered = self._groups().work.all_gather((sorted(r.value for r in reasons), term_time))
         union = frozenset(Reason(v) for values, _ in gathered for v in values)
         terms = [t for _, t in gathered if t is not None]
         decision = StopDecision(step, union, True, self.end_time, min(terms) if terms else None)
@@ -241,7 +371,8 @@ class Runtime:
         return self._decision.reason if self._decision is not None else None
 
     def _start_agreement(self) -> Agreement:
-        groups = self._hooks.groups()
+        self.activity = Activity("step", _clock.mono())  # the first step boundary: the start is over
+        groups = self._groups()
         if groups.control is None:
             self._agreement = LocalAgreement(self._contribute)
         else:
@@ -271,7 +402,7 @@ class Runtime:
                     "set SLURMRT_CHECKPOINT_DIR (a path every node sees)",
                 )
             token = f"{self.topology.requeue_id or 'local'}-r{self.restart_count}".replace("/", "_")
-            self._store = CheckpointStore(self.options.checkpoint_dir, self._hooks.groups().work,
+            self._store = CheckpointStore(self.options.checkpoint_dir, self._groups().work,
                                           keep_last=self.options.keep_last, token=token)
         if self._background is not None:
             self._collect()  # the store waits for it anyway; take its result first
@@ -287,7 +418,8 @@ class Runtime:
         if decision is not None and not decision.save:
             self._report.save_skipped(step, self._budget.saves.estimate())
             return False
-        got = self._get_store().save(state, step, blocking=blocking or decision is not None)
+        with self._doing("save"):
+            got = self._get_store().save(state, step, blocking=blocking or decision is not None)
         if isinstance(got, PendingSave):
             self._background = got
         else:
@@ -320,25 +452,36 @@ class Runtime:
 
     def load_latest(self) -> tuple[int, Any] | None:
         """(step, state) of the newest complete checkpoint, the same one on every rank; None on a fresh start."""
-        got = self._get_store().load_latest()
+        with self._doing("load"):
+            got = self._get_store().load_latest()
         self.resumed_step = got[0] if got is not None else None
         self.loaded = True
         self._report.loaded(got)
         return got
 
     # -- the end ---------------------------------------------------------------------------------------------------
+    def _futile_runs(self) -> int:
+        """Runs in a row, this one included, that committed no newer checkpoint (rank 0 reads the event log; the
+        outcome is rank 0's)."""
+        path = self.events.path
+        if self.rank != 0 or path is None or not path.exists() or self._decision is None:
+            return 0
+        return outcome.futile_runs(runs(read_events(path)))
+
     def finish(self) -> ExitCode:
         """Wait for saves, decide how the run ends, requeue if so, then close(). Every rank returns rank 0's outcome:
         the others wait for it while rank 0 requeues."""
         if self._closed:
             raise RuntimeError("finish() or exit() was already called")
+        self.activity = Activity("save", _clock.mono())  # waits for saves and for the other ranks
         failed_save = not self._wait_for_saves()
         if self._agreement is not None:
             self._agreement.end_rounds()
-        comm = self._hooks.groups().work
+        comm = self._groups().work
         verdict = outcome.choose(self._decision, requeue_enabled=self.options.requeue, is_slurm=self.topology.is_slurm,
                                  restart_count=self.restart_count, max_restarts=self.options.max_restarts,
-                                 kill_switch=self.options.kill_switch)
+                                 kill_switch=self.options.kill_switch, futile=self._futile_runs(),
+                                 max_futile=self.options.max_futile_runs)
         chosen = outcome.after_failed_save(verdict.outcome) if failed_save else verdict.outcome
         self._report.exit(chosen, verdict, self._decision)
         # Every rank is past its saves; the others now wait in the broadcast below while rank 0 requeues. Slurm
@@ -372,6 +515,7 @@ class Runtime:
         if self._closed:
             return
         self._closed = True
+        self.activity = None  # the watchdog stands down
         if self._agreement is not None:
             self._agreement.end_rounds()
         if self._watcher is not None:

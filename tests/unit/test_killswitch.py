@@ -1,4 +1,4 @@
-"""The kill switch, its hang guard and the watcher loop, one iteration at a time, on a fake clock."""
+"""The kill switch and the watcher loop, one iteration at a time, on a fake clock."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from slurmrt import _clock
-from slurmrt.stop.killswitch import HangGuard, KillSwitch
+from slurmrt.stop.killswitch import KillSwitch
 from slurmrt.stop.watcher import Watcher
 
 
@@ -30,33 +30,6 @@ def test_the_switch_is_seen_once_at_the_poll_after_it_appears(tmp_path: Path, no
     now[0] += 5
     switch.poll()
     assert switch.seen == 1005.0
-
-
-def test_a_loop_that_keeps_stepping_is_not_hung_however_long_the_switch_waits(tmp_path: Path,
-                                                                              now: list[float]) -> None:
-    (tmp_path / "STOP").touch()
-    switch, beat, hung = KillSwitch(tmp_path / "STOP"), [now[0]], []
-    guard = HangGuard(switch, heartbeat=lambda: beat[0], timeout_s=60, on_hung=hung.append)
-    switch.poll()
-    for _ in range(10):
-        now[0] += 50
-        beat[0] = now[0] - 1  # a step boundary a second ago
-        guard.poll()
-    assert hung == []
-
-
-def test_no_step_boundary_for_the_timeout_after_the_switch_is_a_hang(tmp_path: Path, now: list[float]) -> None:
-    (tmp_path / "STOP").touch()
-    switch, hung = KillSwitch(tmp_path / "STOP"), []
-    guard = HangGuard(switch, heartbeat=lambda: 900.0, timeout_s=60, on_hung=hung.append)
-    guard.poll()  # the switch is not seen yet: nothing to act on, however idle
-    switch.poll()
-    now[0] += 60
-    guard.poll()
-    assert hung == []
-    now[0] += 1
-    guard.poll()
-    assert hung == [161.0]
 
 
 def test_a_poller_that_raises_is_logged_and_the_others_still_run(caplog: pytest.LogCaptureFixture) -> None:

@@ -11,12 +11,12 @@ ROOT = Path(__file__).resolve().parents[2] / "src" / "slurmrt"  # read, not impo
 FLOORS = [
     ["_errors", "_clock", "_env", "_slurm"],
     ["_comm", "log", "launch.hostlist", "stop.signals", "stop.pidfiles", "checkpoint._files"],
-    ["launch.parallel", "launch.topology", "stop.deadline", "stop.watcher", "stop.killswitch", "events",
+    ["launch.parallel", "launch.topology", "stop.deadline", "stop.watcher", "stop.killswitch", "stop.census", "events",
      "experiment"],
-    ["launch.preflight", "launch.cuda", "stop.decision", "checkpoint.store", "options",
-     "trackers"],
+    ["launch.preflight", "launch.cuda", "stop.decision", "stop.watchdog", "checkpoint.store", "options",
+     "trackers", "exclusion"],
     ["stop.agreement", "outcome", "timeline"],
-    ["_hooks", "_report"],
+    ["_hooks", "_report", "_hang"],
     ["runtime"],
     ["__init__", "__main__", "cli", "sim", "integrations"],
 ]

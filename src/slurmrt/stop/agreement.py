@@ -58,6 +58,7 @@ class LocalAgreement:
 
     #: No thread, no rounds: nothing to start, end or fail.
     started = failed = False
+    last_step: int | None = None
 
     def end_rounds(self) -> None:
         pass
@@ -98,6 +99,11 @@ class DistributedAgreement:
     def failed(self) -> bool:
         """A round failed: a peer is probably gone."""
         return self._error is not None
+
+    @property
+    def last_step(self) -> int | None:
+        """The last step the training thread passed to should_stop (None before the first)."""
+        return self._published if self._published >= 0 else None
 
     # -- training thread -------------------------------------------------------------------------------------------
     def should_stop(self, step: int) -> bool:

@@ -52,6 +52,10 @@ class DurationEstimator:
     def __len__(self) -> int:
         return len(self._samples)
 
+    def recent_max(self) -> float:
+        """The longest duration in the window (0 when empty); read by the watchdog's thread, not per step."""
+        return max(tuple(self._samples), default=0.0)
+
     def estimate(self) -> float | None:
         if not self._samples:
             return self.default

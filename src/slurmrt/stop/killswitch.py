@@ -1,19 +1,20 @@
 """The kill switch: a path anyone with write access can create to stop a job (or every task of an array) cleanly.
 
 The watcher thread polls it (:meth:`KillSwitch.poll`); the agreement carries what it saw to every rank. It must work
-when the job hangs too, which made kill switches useless elsewhere: :class:`HangGuard` notices a switch that the
-training loop never acts on, because no step boundary comes, and gives up on the job.
+when the job hangs too, which made kill switches useless elsewhere: the hang watchdog (:mod:`slurmrt.stop.watchdog`)
+finds a training loop that no longer reaches a step boundary, and with the switch seen, :func:`cancel_and_exit`
+cancels the job.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from pathlib import Path
+from typing import NoReturn
 
 from .. import _clock, _slurm
 
-__all__ = ["HangGuard", "KillSwitch", "cancel_and_exit"]
+__all__ = ["KillSwitch", "cancel_and_exit"]
 
 logger = logging.getLogger(__name__)
 
@@ -30,27 +31,7 @@ class KillSwitch:
             logger.warning("kill switch %s exists: stopping at the next agreed step", self.path)
 
 
-class HangGuard:
-    """With the switch seen, no step boundary (``heartbeat``, monotonic) for ``timeout_s``: the step is hung (a dead
-    peer, a stuck collective), and ``on_hung(idle seconds)`` runs -- on the watcher thread, the only one left."""
-
-    def __init__(self, switch: KillSwitch, *, heartbeat: Callable[[], float], timeout_s: float,
-                 on_hung: Callable[[float], None]) -> None:
-        self.switch = switch
-        self._heartbeat = heartbeat
-        self._timeout_s = timeout_s
-        self._on_hung = on_hung
-
-    def poll(self) -> None:
-        seen = self.switch.seen
-        if seen is None:
-            return
-        idle = _clock.mono() - self._heartbeat()
-        if idle > self._timeout_s and _clock.wall() - seen > self._timeout_s:
-            self._on_hung(idle)
-
-
-def cancel_and_exit(switch: Path, cancel_id: str | None, idle: float) -> None:
+def cancel_and_exit(switch: Path, cancel_id: str | None, idle: float) -> NoReturn:
     """Cancel the job (array task) and exit this process with 0: the switch means "stop, no requeue", even when
     hung. No checkpoint: the training thread that would write it is the one that hangs."""
     import os

@@ -1,0 +1,181 @@
+"""What a rank does when its training thread is hung, or a peer is lost: on the watcher thread, the only one left.
+
+1. Write the stack of every thread (faulthandler) to the rank's log and to the event log.
+2. If the kill switch was seen: cancel the job and exit 0, as the switch means (no requeue, no checkpoint).
+3. Take the census (:mod:`slurmrt.stop.census`) and name the suspects.
+4. The census leader (the lowest rank that answered) requeues the job, unless the requeue loop guard or the options
+   say no, then adds the suspects' nodes to the job's excluded nodes (:mod:`slurmrt.exclusion`), and tells the others.
+5. Exit with :attr:`ExitCode.HUNG` (``os._exit``: the training thread cannot be joined), so that
+   ``srun --kill-on-bad-exit=1`` takes down the step. No checkpoint: the thread that would write it is the one stuck.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import logging
+import os
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+from . import exclusion, outcome
+from .events import Event, EventLog, read_events, runs
+from .launch.topology import Topology
+from .options import Options
+from .outcome import ExitCode
+from .stop.census import Census, CensusError, RankState, main_thread_state, name_suspects
+from .stop.watchdog import Hang
+
+__all__ = ["HangResponse", "all_stacks", "is_peer_failure"]
+
+logger = logging.getLogger("slurmrt.hang")
+
+
+def all_stacks() -> str:
+    """The stack of every thread of this process, as faulthandler writes it (it needs a real file)."""
+    with tempfile.TemporaryFile(mode="w+") as f:
+        faulthandler.dump_traceback(file=f, all_threads=True)
+        f.seek(0)
+        return f.read()
+
+
+def is_peer_failure(err: BaseException | None) -> bool:
+    """An exception that says a peer is gone: a collective that failed on a closed connection, or the agreement."""
+    from ._errors import AgreementError
+
+    if err is None:
+        return False
+    if isinstance(err, AgreementError):
+        return True
+    text = str(err)
+    return type(err).__name__ in {"DistBackendError", "DistNetworkError"} or any(
+        s in text for s in ("Connection closed by peer", "Connection reset by peer", "Broken pipe"))
+
+
+@dataclass
+class HangResponse:
+    topology: Topology
+    options: Options
+    events: EventLog
+    #: The kill switch was seen, here or by any rank (through the agreement).
+    kill_switch_seen: Callable[[], bool]
+    last_step: Callable[[], int | None]
+    #: This run's census, or None for one process / no store.
+    census: Callable[[], Census | None]
+    #: Sets how long the census waits for every answer.
+    census_wait_s: float = 20.0
+    #: Cancels the job and exits 0 (the kill switch).
+    cancel: Callable[[float], Any] | None = None
+
+    def hung(self, hang: Hang) -> NoReturn:
+        """The watchdog fired on this rank."""
+        what = hang.activity.describe()
+        self._respond(f"{what} made no progress for {hang.idle_s:.0f} s (allowed {hang.allowed_s:.0f} s)",
+                      activity=hang.activity.kind, name=hang.activity.name, idle_s=round(hang.idle_s, 1),
+                      allowed_s=round(hang.allowed_s, 1), idle=hang.idle_s)
+
+    def joined(self, idle_s: float) -> NoReturn:
+        """Another rank opened the census while this one was stalled."""
+        self._respond(f"a peer found the job hung; this rank was stalled for {idle_s:.0f} s", activity="stalled",
+                      idle_s=round(idle_s, 1), idle=idle_s)
+
+    def lost_peer(self, err: BaseException) -> NoReturn:
+        """The program is ending on an exception that says a peer is gone."""
+        self._respond(f"a peer was lost: {type(err).__name__}: {str(err)[:300]}", activity="lost_peer", idle=0.0)
+
+    def _respond(self, what: str, *, idle: float, **detail: Any) -> NoReturn:
+        t = self.topology
+        stacks = all_stacks()
+        waiting, where = main_thread_state()
+        step = self.last_step()
+        logger.error("rank %d on %s: %s; the training thread is at %s. Stacks of every thread:\n%s", t.rank,
+                     t.hostname, what, where, stacks)
+        self.events.emit(Event.HANG, node=t.hostname, step=step, where=where, waiting=waiting, stacks=stacks,
+                         **detail)
+        switch = self.kill_switch_seen()
+        state = RankState(t.rank, t.hostname, step, waiting, where, round(idle, 1), kill_switch=switch)
+        census = self.census()
+        states: dict[int, RankState] = {t.rank: state}
+        store_lost = False
+        if census is not None:
+            try:
+                if not census.is_open():
+                    census.open()
+                census.answer(state)
+                states = census.collect(self.census_wait_s)
+            except CensusError as err:
+                logger.error("%s: naming rank 0's node, whose process hosts the store", err)
+                store_lost = True
+        if switch or any(s.kill_switch for s in states.values()):
+            if self.cancel is not None and t.local_rank == 0:
+                self.cancel(idle)
+            self._exit(ExitCode.FINISHED)
+        if store_lost:
+            suspects, why = [0], "the rendezvous store no longer answers: rank 0, which hosts it, is gone"
+            nodes = {0: t.nodelist[0]} if t.nodelist else {}
+            lead = t.local_rank == 0  # nobody can coordinate: one process per node requeues (the rest fail)
+        else:
+            suspects, why = name_suspects(states, t.world_size)
+            nodes = {r: states[r].node for r in suspects if r in states}
+            with contextlib.suppress(CensusError):
+                if census is not None:
+                    nodes.update(census.nodes(r for r in suspects if r not in nodes))
+            lead = min(states) == t.rank
+        if not lead:
+            if census is not None and not store_lost:
+                with contextlib.suppress(CensusError):
+                    census.wait_finished(60.0)
+            self._exit(ExitCode.HUNG)
+        bad = sorted(set(nodes.values()))
+        logger.error("suspects: %s (%s); node(s) %s", suspects or "none", why, ", ".join(bad) or "none")
+        self.events.emit(Event.SUSPECTS, suspects=[{"rank": r, "node": nodes.get(r), "where": states[r].where
+                                                    if r in states else None, "step": states[r].step
+                                                    if r in states else None} for r in suspects],
+                         nodes=bad, why=why)
+        verdict = self._requeue_and_exclude(bad)
+        if census is not None and not store_lost:
+            with contextlib.suppress(CensusError):
+                census.finish(verdict)
+        self._exit(ExitCode.HUNG)
+
+    def _requeue_and_exclude(self, bad: list[str]) -> str:
+        t, o = self.topology, self.options
+        job = t.requeue_id
+        futile = outcome.futile_runs(runs(read_events(self.events.path))) \
+            if self.events.path is not None and self.events.path.exists() else 0
+        why = None
+        if not o.requeue:
+            why = "requeue is off (requeue=False)"
+        elif not t.is_slurm or not job:
+            why = "not a SLURM job, nothing to requeue"
+        elif o.max_restarts is not None and t.restart_count >= o.max_restarts:
+            why = f"restart {t.restart_count} reached max_restarts={o.max_restarts}"
+        elif o.max_futile_runs is not None and futile >= o.max_futile_runs:
+            why = outcome.futile_why(futile)
+        if why is not None:
+            logger.error("not requeued: %s", why)
+            self.events.emit(Event.EXIT, code=int(ExitCode.HUNG), outcome="HUNG", why=why, reasons=["hang"])
+            return f"not requeued: {why}"
+        assert job is not None
+        done, message = outcome.requeue(job)
+        self.events.emit(Event.REQUEUE, done=done, message=message, restart_count=t.restart_count)
+        (logger.warning if done else logger.error)("%s", message)
+        if done and bad:
+            plan, said = exclusion.exclude_after_requeue(job, bad, max_excluded=o.max_excluded_nodes)
+            logger.warning("%s", said)
+            self.events.emit(Event.EXCLUDE, nodes=list(plan.nodes) if plan else None,
+                             added=list(plan.added) if plan else [], refused=list(plan.refused) if plan else [],
+                             message=said)
+        self.events.emit(Event.EXIT, code=int(ExitCode.HUNG), outcome="HUNG", why=message, reasons=["hang"])
+        return message
+
+    def _exit(self, code: ExitCode) -> NoReturn:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+        logging.shutdown()
+        os._exit(int(code))
+

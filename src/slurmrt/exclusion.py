@@ -1,0 +1,119 @@
+"""Keep a bad node out of the requeued job: ``scontrol update JobId=... ExcNodeList=...``.
+
+Measured on the test cluster (Slurm 22.05+, tests/slurm): the update is refused while the job runs ("Job is no
+longer pending execution", exit 1) and accepted once ``scontrol requeue`` has put it back to PENDING. So slurmrt
+requeues first, then excludes, from the same process, within a second.
+
+The list only grows (a node excluded by an earlier run stays excluded), and never past a limit: at most
+``max_excluded`` nodes, and never so many that fewer nodes than the job needs remain in its partition, so that a job
+cannot exclude itself out of the partition. A user lists the exclusions with ``scontrol show job JOB | grep
+ExcNodeList`` (and in the event log, ``exclude`` events) and clears them with ``scontrol update JobId=JOB
+ExcNodeList=`` while the job is pending.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+
+from . import _slurm
+from .launch import hostlist
+
+__all__ = ["Plan", "apply", "exclude_after_requeue", "plan", "read_job"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class JobNodes:
+    """What ``scontrol show job`` says about the job's nodes."""
+
+    excluded: tuple[str, ...]
+    num_nodes: int | None
+    partition: str | None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The exclusions to set: ``nodes`` (the old ones first), ``added``, and ``refused`` with why."""
+
+    nodes: tuple[str, ...]
+    added: tuple[str, ...]
+    refused: tuple[str, ...]
+    why: str = ""
+
+
+def plan(current: tuple[str, ...] | list[str], bad: list[str], *, max_excluded: int,
+         room: int | None = None) -> Plan:
+    """Add ``bad`` to ``current`` exclusions, up to ``max_excluded`` in all and ``room`` new ones (the partition's
+    nodes the job can spare; None: unknown)."""
+    merged = list(dict.fromkeys(current))
+    added: list[str] = []
+    refused: list[str] = []
+    limit = max_excluded if room is None else min(max_excluded, len(merged) + max(room, 0))
+    for node in dict.fromkeys(bad):
+        if node in merged:
+            continue
+        if len(merged) >= limit:
+            refused.append(node)
+            continue
+        merged.append(node)
+        added.append(node)
+    why = ""
+    if refused:
+        why = (f"not excluded: {', '.join(refused)}: the job already excludes {len(merged)} node(s), the limit is "
+               f"{limit} (max_excluded_nodes={max_excluded}" +
+               (f", {room} node(s) of the partition to spare)" if room is not None else ")"))
+    return Plan(tuple(merged), tuple(added), tuple(refused), why)
+
+
+def parse_job(text: str) -> JobNodes:
+    """``scontrol show job -o JOB``'s fields that matter here."""
+    fields: dict[str, str] = {m.group(1): m.group(2) for m in re.finditer(r"(\w+)=(\S*)", text)}
+    raw = fields.get("ExcNodeList", "")
+    excluded = tuple(hostlist.expand(raw)) if raw and raw != "(null)" else ()
+    num = fields.get("NumNodes", "")
+    return JobNodes(excluded, int(num.split("-")[0]) if num.split("-")[0].isdigit() else None,
+                    fields.get("Partition") or None)
+
+
+def read_job(job_id: str) -> JobNodes | str:
+    out = _slurm.run("scontrol", "show", "job", "-o", job_id)
+    if isinstance(out, str):
+        return out
+    if out.returncode != 0:
+        return f"scontrol show job {job_id} failed: {out.stderr.strip()}"
+    return parse_job(out.stdout)
+
+
+def partition_nodes(partition: str) -> int | None:
+    out = _slurm.run("sinfo", "-h", "-p", partition, "-o", "%D")
+    if isinstance(out, str) or out.returncode != 0:
+        return None
+    counts = [int(x) for x in out.stdout.split() if x.isdigit()]
+    return sum(counts) if counts else None
+
+
+def apply(job_id: str, nodes: tuple[str, ...]) -> tuple[bool, str]:
+    """Set the job's ExcNodeList to ``nodes`` (the job must be pending)."""
+    out = _slurm.run("scontrol", "update", f"JobId={job_id}", f"ExcNodeList={','.join(nodes)}")
+    if isinstance(out, str):
+        return False, out
+    if out.returncode != 0:
+        return False, f"scontrol update JobId={job_id} ExcNodeList=... refused: {out.stderr.strip()}"
+    return True, f"job {job_id} now excludes {hostlist.compress(nodes)}"
+
+
+def exclude_after_requeue(job_id: str, bad: list[str], *, max_excluded: int) -> tuple[Plan | None, str]:
+    """Add ``bad`` to the (requeued, pending) job's exclusions within the limits; (the plan, what happened)."""
+    job = read_job(job_id)
+    if isinstance(job, str):
+        return None, job
+    total = partition_nodes(job.partition) if job.partition else None
+    room = None if total is None or job.num_nodes is None else total - job.num_nodes - len(job.excluded)
+    p = plan(job.excluded, bad, max_excluded=max_excluded, room=room)
+    if not p.added:
+        return p, p.why or "nothing new to exclude"
+    done, message = apply(job_id, p.nodes)
+    return p, message + (f"; {p.why}" if p.why else "") if done else message

@@ -1,0 +1,157 @@
+"""After a hang or a lost peer: every rank says where it is stuck, and the ranks name the suspect.
+
+The census runs through the rendezvous store of ``torch.distributed`` (a key-value server every rank already talks
+to), not through a collective: a collective is exactly what no longer completes. The first rank that finds a hang
+opens the census; every rank whose training thread is stalled looks for an open census at each watchdog poll (one
+store request, and only while stalled) and answers with its :class:`RankState`. A rank that never answers is dead,
+or its whole process is frozen.
+
+Who is a suspect (:func:`name_suspects`): the ranks that do not answer, and the ranks whose training thread is not
+waiting for its peers (it is in user code, in a write, in a compile: anywhere but a collective). A rank waiting in a
+collective is only waiting for a suspect. When every rank waits, or every rank is busy (NCCL waits on the GPU, in
+user code, so its stacks cannot tell), the ranks behind the others are the suspects; failing that, there is none.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+__all__ = ["Census", "CensusError", "RankState", "main_thread_state", "name_suspects"]
+
+logger = logging.getLogger(__name__)
+
+#: A training thread whose innermost frame (outside the standard library's threading) is in one of these waits
+#: for its peers.
+_WAITING_IN = ("torch/distributed/", "slurmrt/_comm.py", "slurmrt/stop/agreement.py")
+
+
+class CensusError(RuntimeError):
+    """The store does not answer (its host, rank 0's node by default, is gone)."""
+
+
+@dataclass(frozen=True)
+class RankState:
+    rank: int
+    node: str
+    step: int | None  # the last step boundary the training thread passed
+    waiting: bool  # the training thread waits inside a collective
+    where: str  # its innermost frame, "file:line in function"
+    idle_s: float
+    kill_switch: bool = False
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> RankState:
+        return cls(**json.loads(text))
+
+
+def main_thread_state() -> tuple[bool, str]:
+    """(waiting in a collective, innermost frame) of the main thread, as seen from another thread."""
+    frame = sys._current_frames().get(threading.main_thread().ident or -1)
+    while frame is not None and frame.f_code.co_filename.endswith("threading.py"):
+        frame = frame.f_back
+    if frame is None:
+        return False, "unknown"
+    path = frame.f_code.co_filename.replace("\\", "/")
+    where = f"{path}:{frame.f_lineno} in {frame.f_code.co_name}"
+    return any(part in path for part in _WAITING_IN), where
+
+
+def name_suspects(states: dict[int, RankState], world: int) -> tuple[list[int], str]:
+    """The suspect ranks and why, from the answers ``states`` of a census over ``world`` ranks (see the module)."""
+    missing = [r for r in range(world) if r not in states]
+    busy = sorted(r for r, s in states.items() if not s.waiting)
+    if missing and len(missing) < world:
+        why = f"rank(s) {_ranks(missing)} did not answer (dead, or the whole process is frozen)"
+        if busy and len(busy) < len(states):
+            why += f"; rank(s) {_ranks(busy)} are not waiting for their peers"
+            return sorted(missing + busy), why
+        return missing, why
+    if busy and len(busy) < world:
+        where = "; ".join(f"rank {r}: {states[r].where}" for r in busy[:4])
+        return busy, f"rank(s) {_ranks(busy)} are not in a collective while the others wait for them ({where})"
+    steps = {r: s.step for r, s in states.items() if s.step is not None}
+    if steps and len(set(steps.values())) > 1:
+        low = min(steps.values())
+        behind = sorted(r for r, s in steps.items() if s == low)
+        return behind, f"rank(s) {_ranks(behind)} are behind the others (step {low})"
+    return [], "no rank stands out: every rank " + ("waits for the others (a mismatched collective?)"
+                                                     if not busy else "is busy, at the same step")
+
+
+def _ranks(ranks: Iterable[int]) -> str:
+    ranks = list(ranks)
+    return ", ".join(str(r) for r in ranks[:8]) + (f" and {len(ranks) - 8} more" if len(ranks) > 8 else "")
+
+
+class Census:
+    """One run's census, in ``store`` under ``prefix`` (keys: ``open``, ``rank/<r>``, ``node/<r>``, ``done``)."""
+
+    def __init__(self, store: Any, *, prefix: str, rank: int, world: int) -> None:
+        self._store, self._prefix, self.rank, self.world = store, prefix, rank, world
+
+    def _call(self, what: str, *args: Any) -> Any:
+        try:
+            return getattr(self._store, what)(*args)
+        except Exception as err:  # the store's errors are RuntimeError, DistStoreError, ... : all mean "gone"
+            raise CensusError(f"the rendezvous store does not answer ({what}): {err}") from err
+
+    def register(self, node: str) -> None:
+        """Record this rank's node at the start of the run, so that a rank that dies can still be placed."""
+        self._call("set", f"{self._prefix}node/{self.rank}", node)
+
+    def open(self) -> None:
+        self._call("set", f"{self._prefix}open", "1")
+
+    def is_open(self) -> bool:
+        return bool(self._call("check", [f"{self._prefix}open"]))
+
+    def answer(self, state: RankState) -> None:
+        self._call("set", f"{self._prefix}rank/{state.rank}", state.to_json())
+
+    def collect(self, wait_s: float) -> dict[int, RankState]:
+        """The answers, waiting up to ``wait_s`` for every rank's."""
+        deadline = time.monotonic() + wait_s
+        pending = set(range(self.world))
+        states: dict[int, RankState] = {}
+        while True:
+            for r in sorted(pending):
+                key = f"{self._prefix}rank/{r}"
+                if self._call("check", [key]):
+                    states[r] = RankState.from_json(self._call("get", key))
+                    pending.discard(r)
+            if not pending or time.monotonic() >= deadline:
+                return states
+            time.sleep(0.2)
+
+    def nodes(self, ranks: Iterable[int]) -> dict[int, str]:
+        """The nodes the ranks registered; the ranks that did not register are left out."""
+        out = {}
+        for r in ranks:
+            key = f"{self._prefix}node/{r}"
+            if self._call("check", [key]):
+                value = self._call("get", key)
+                out[r] = value.decode() if isinstance(value, bytes) else str(value)
+        return out
+
+    def finish(self, verdict: str) -> None:
+        """The leader decided (and requeued): the others may exit."""
+        self._call("set", f"{self._prefix}done", verdict)
+
+    def wait_finished(self, wait_s: float) -> str | None:
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            if self._call("check", [f"{self._prefix}done"]):
+                value = self._call("get", f"{self._prefix}done")
+                return value.decode() if isinstance(value, bytes) else str(value)
+            time.sleep(0.2)
+        return None

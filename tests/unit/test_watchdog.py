@@ -1,0 +1,196 @@
+"""The hang watchdog's allowances, on a fake clock; the census's suspects; the exclusions' limits; the loop guard."""
+
+from __future__ import annotations
+
+import pytest
+
+from slurmrt import _clock, exclusion, outcome
+from slurmrt.events import Run
+from slurmrt.stop.census import RankState, name_suspects
+from slurmrt.stop.deadline import Budget
+from slurmrt.stop.watchdog import STEP_FACTOR, Activity, Hang, PhaseTimes, Watchdog
+
+
+@pytest.fixture
+def now(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    t = [1000.0]
+    monkeypatch.setattr(_clock, "mono", lambda: t[0])
+    return t
+
+
+class Loop:
+    """A training thread as the watchdog sees it: a heartbeat and an activity."""
+
+    def __init__(self, now: list[float], *, floor_s: float = 180.0, startup_s: float = 1200.0,
+                 fixed_s: float | None = None, save_s: float = 30.0) -> None:
+        self.now = now
+        self.budget = Budget(margin_s=30, save_time_s=save_s, kill_wait_s=30)
+        self.phases = PhaseTimes()
+        self.beat = now[0]
+        self.activity: Activity | None = Activity("start", now[0])
+        self.hangs: list[Hang] = []
+        self.probes: list[float] = []
+        self.dog = Watchdog(self.budget, self.phases, heartbeat=lambda: self.beat, activity=lambda: self.activity,
+                            on_hang=self.hangs.append, floor_s=floor_s, startup_s=startup_s, fixed_s=fixed_s,
+                            probe=self.probes.append)
+
+    def steps(self, n: int, seconds: float) -> None:
+        if self.activity is None or self.activity.kind != "step":
+            self.activity = Activity("step", self.now[0])
+        for _ in range(n):
+            self.now[0] += seconds
+            self.budget.steps.add(seconds)
+            self.beat = self.now[0]
+            self.dog.poll()
+
+    def idle(self, seconds: float, *, polls: int = 10) -> None:
+        for _ in range(polls):
+            self.now[0] += seconds / polls
+            self.dog.poll()
+
+
+def test_a_step_hang_is_found_at_ten_times_the_slowest_recent_step_but_not_before_the_floor(now: list[float]) -> None:
+    loop = Loop(now, floor_s=1.0)
+    loop.steps(20, 0.5)
+    loop.steps(1, 0.8)  # the slowest recent step
+    assert loop.dog.allowance(Activity("step", now[0])) == pytest.approx(STEP_FACTOR * 0.8)
+    loop.idle(7.9)
+    assert loop.hangs == []
+    loop.idle(0.2, polls=1)
+    assert len(loop.hangs) == 1 and loop.hangs[0].allowed_s == pytest.approx(8.0)
+    assert loop.hangs[0].activity.kind == "step"
+
+    fast = Loop(now)
+    fast.steps(50, 0.2)
+    assert fast.dog.allowance(Activity("step", now[0])) == 180.0, "the floor: sub-second steps get 3 minutes"
+
+
+def test_with_steps_under_a_second_the_default_finds_a_hang_within_five_minutes(now: list[float]) -> None:
+    loop = Loop(now)  # the defaults
+    loop.steps(100, 0.9)
+    loop.idle(300, polls=60)  # the watcher polls every 5 s
+    assert loop.hangs and loop.hangs[0].idle_s <= 185
+
+
+def test_the_start_and_the_warm_up_steps_get_the_startup_allowance(now: list[float]) -> None:
+    loop = Loop(now, floor_s=1.0, startup_s=600.0)
+    loop.idle(599)
+    assert loop.hangs == []
+    loop.steps(3, 0.1)  # the first two are skipped by the estimator: one step measured, still warming up
+    assert loop.dog.allowance(Activity("step", now[0])) == 600.0
+    loop.idle(601)
+    assert len(loop.hangs) == 1
+
+
+def test_a_save_gets_five_times_the_slowest_measured_save(now: list[float]) -> None:
+    loop = Loop(now, floor_s=1.0, save_s=30.0)
+    loop.steps(20, 0.1)
+    loop.budget.save_done(4.0, started=0.0, periodic=True)
+    loop.activity = Activity("save", now[0])
+    loop.idle(19.5)
+    assert loop.hangs == [], "a save is not a step: 10 x 0.1 s would have fired long ago"
+    loop.idle(1.0)
+    assert len(loop.hangs) == 1 and loop.hangs[0].activity.kind == "save"
+
+
+def test_a_phase_gets_three_times_its_longest_measured_duration_or_its_own_timeout(now: list[float]) -> None:
+    loop = Loop(now, floor_s=1.0, startup_s=100.0)
+    loop.steps(20, 0.1)
+    loop.activity = Activity("phase", now[0], "eval")
+    assert loop.dog.allowance(loop.activity) == 100.0, "never measured: the startup allowance"
+    loop.phases.add("eval", 40.0)
+    loop.phases.add("eval", 30.0)
+    assert loop.dog.allowance(loop.activity) == 120.0
+    assert loop.dog.allowance(Activity("phase", now[0], "eval", timeout_s=7.0)) == 7.0
+    loop.idle(119)
+    assert loop.hangs == []
+
+
+def test_a_fixed_timeout_replaces_the_learned_one(now: list[float]) -> None:
+    loop = Loop(now, fixed_s=2.0)
+    loop.steps(20, 0.1)
+    loop.idle(2.1, polls=3)
+    assert len(loop.hangs) == 1 and loop.hangs[0].allowed_s == 2.0
+
+
+def test_a_stalled_thread_probes_for_a_census_long_before_its_allowance(now: list[float]) -> None:
+    loop = Loop(now, floor_s=100.0)
+    loop.steps(20, 0.1)
+    loop.idle(4.9, polls=7)
+    assert loop.probes == [], "stalled for less than any step: no store request"
+    loop.idle(6.0, polls=2)
+    assert loop.probes and loop.hangs == []
+
+
+def test_no_activity_no_watch(now: list[float]) -> None:
+    loop = Loop(now, floor_s=1.0, startup_s=1.0)
+    loop.activity = None  # finish() closed the run
+    loop.idle(1000)
+    assert loop.hangs == [] and loop.probes == []
+
+
+def state(rank: int, *, waiting: bool, step: int | None = 10, where: str = "train.py:1 in step") -> RankState:
+    return RankState(rank, f"n{rank // 2 + 1}", step, waiting, where, 200.0)
+
+
+def test_the_rank_outside_the_collective_is_the_suspect_not_those_waiting_for_it() -> None:
+    states = {0: state(0, waiting=True), 1: state(1, waiting=False, where="train.py:40 in slow_loader"),
+              2: state(2, waiting=True), 3: state(3, waiting=True)}
+    suspects, why = name_suspects(states, 4)
+    assert suspects == [1] and "train.py:40" in why
+
+
+def test_a_rank_that_does_not_answer_is_the_suspect() -> None:
+    states = {0: state(0, waiting=True), 2: state(2, waiting=True), 3: state(3, waiting=True)}
+    suspects, why = name_suspects(states, 4)
+    assert suspects == [1] and "did not answer" in why
+
+
+def test_when_every_rank_waits_the_ranks_behind_are_the_suspects_and_if_none_is_behind_no_one() -> None:
+    states = {r: state(r, waiting=True, step=10 if r != 2 else 9) for r in range(4)}
+    assert name_suspects(states, 4)[0] == [2]
+    same = {r: state(r, waiting=True) for r in range(4)}
+    suspects, why = name_suspects(same, 4)
+    assert suspects == [] and "no rank stands out" in why
+    busy = {r: state(r, waiting=False) for r in range(4)}  # NCCL: every stack is in user code
+    assert name_suspects(busy, 4)[0] == []
+
+
+def test_exclusions_grow_never_shrink_and_stop_at_the_limit() -> None:
+    p = exclusion.plan(["n1"], ["n2", "n1", "n3"], max_excluded=2)
+    assert p.nodes == ("n1", "n2") and p.added == ("n2",) and p.refused == ("n3",)
+    assert "max_excluded_nodes=2" in p.why
+    roomy = exclusion.plan([], ["n2", "n3"], max_excluded=4, room=1)
+    assert roomy.nodes == ("n2",) and roomy.refused == ("n3",), "the partition must keep the nodes the job needs"
+    assert exclusion.plan(["n1"], ["n1"], max_excluded=4, room=0).added == ()
+
+
+def test_scontrol_show_job_is_read_for_the_exclusions_the_node_count_and_the_partition() -> None:
+    text = ("JobId=7 JobName=x UserId=root(0) Partition=low NumNodes=2 NumCPUs=2 ReqNodeList=(null) "
+            "ExcNodeList=n[2-3] NodeList=n[1,4]")
+    job = exclusion.parse_job(text)
+    assert job.excluded == ("n2", "n3") and job.num_nodes == 2 and job.partition == "low"
+    assert exclusion.parse_job("JobId=7 ExcNodeList=(null) NumNodes=2-2").excluded == ()
+
+
+def run(restart: int, resumed: int | None, saves: list[int]) -> Run:
+    events = [{"event": "init", "restart": restart}]
+    if resumed is not None:
+        events.append({"event": "resume", "step": resumed})
+    events += [{"event": "save", "step": s} for s in saves]
+    return Run(restart, events)
+
+
+def test_runs_that_commit_nothing_newer_are_counted_and_the_third_stops_the_requeue() -> None:
+    history = [run(0, None, [10, 20]), run(1, 20, [30]), run(2, 30, []), run(3, 30, [30]), run(4, 30, [])]
+    assert outcome.futile_runs(history) == 3
+    assert outcome.futile_runs(history[:2]) == 0
+    assert outcome.futile_runs([run(0, None, [])]) == 1
+    from slurmrt.stop.decision import Reason, StopDecision
+
+    decision = StopDecision(30, frozenset({Reason.SIGNAL}), True)
+    kw = {"requeue_enabled": True, "is_slurm": True, "restart_count": 4, "max_restarts": None}
+    assert outcome.choose(decision, futile=2, **kw).outcome is outcome.Outcome.REQUEUED
+    stopped = outcome.choose(decision, futile=3, **kw)
+    assert stopped.outcome is outcome.Outcome.STOPPED and "requeue loop" in stopped.why
+    assert outcome.choose(decision, futile=9, max_futile=None, **kw).outcome is outcome.Outcome.REQUEUED
