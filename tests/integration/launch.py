@@ -20,7 +20,8 @@ def free_port() -> int:
 
 
 def fake_bin(directory: Path) -> Path:
-    """`scontrol` that records requeues, `squeue` that answers $FAKE_END_TIME (local time, squeue's format)."""
+    """`scontrol` and `scancel` that record their calls, `squeue` that answers $FAKE_END_TIME (local time, squeue's
+    format)."""
     directory.mkdir(parents=True, exist_ok=True)
     scontrol = directory / "scontrol"
     scontrol.write_text(
@@ -32,7 +33,9 @@ def fake_bin(directory: Path) -> Path:
         '#!/bin/sh\necho "squeue $@" >> "$FAKE_SLURM_LOG"\n'
         'if [ -n "$FAKE_END_TIME" ]; then date -d "@$FAKE_END_TIME" +%Y-%m-%dT%H:%M:%S; else echo N/A; fi\n'
     )
-    for f in (scontrol, squeue):
+    scancel = directory / "scancel"
+    scancel.write_text('#!/bin/sh\necho "scancel $@" >> "$FAKE_SLURM_LOG"\n')
+    for f in (scontrol, squeue, scancel):
         f.chmod(0o755)
     return directory
 
