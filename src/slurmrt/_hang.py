@@ -17,8 +17,9 @@ import logging
 import os
 import sys
 import tempfile
+import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from . import exclusion, outcome
@@ -69,6 +70,7 @@ class HangResponse:
     census_wait_s: float = 20.0
     #: Cancels the job and exits 0 (the kill switch).
     cancel: Callable[[float], Any] | None = None
+    _once: threading.Lock = field(default_factory=threading.Lock)
 
     def hung(self, hang: Hang) -> NoReturn:
         """The watchdog fired on this rank."""
@@ -83,13 +85,19 @@ class HangResponse:
                       idle_s=round(idle_s, 1), idle=idle_s)
 
     def lost_peer(self, err: BaseException) -> NoReturn:
-        """The program is ending on an exception that says a peer is gone."""
-        self._respond(f"a peer was lost: {type(err).__name__}: {str(err)[:300]}", activity="lost_peer", idle=0.0)
+        """The program is ending on an exception that says a peer is gone: this rank was in a collective that
+        failed, a victim, not a suspect."""
+        self._respond(f"a peer was lost: {type(err).__name__}: {str(err)[:300]}", activity="lost_peer", idle=0.0,
+                      victim=f"{type(err).__name__}: {str(err)[:200]}")
 
-    def _respond(self, what: str, *, idle: float, **detail: Any) -> NoReturn:
+    def _respond(self, what: str, *, idle: float, victim: str | None = None, **detail: Any) -> NoReturn:
+        if not self._once.acquire(blocking=False):
+            # The other thread responds already (the watcher found the hang, then the training thread's collective
+            # failed as the peers left, or the other way round): it ends the process.
+            threading.Event().wait()
         t = self.topology
         stacks = all_stacks()
-        waiting, where = main_thread_state()
+        waiting, where = (True, victim) if victim is not None else main_thread_state()
         step = self.last_step()
         logger.error("rank %d on %s: %s; the training thread is at %s. Stacks of every thread:\n%s", t.rank,
                      t.hostname, what, where, stacks)
@@ -139,6 +147,7 @@ class HangResponse:
         if census is not None and not store_lost:
             with contextlib.suppress(CensusError):
                 census.finish(verdict)
+                census.wait_acknowledged(states, 10.0)  # this process may host the store the others read
         self._exit(ExitCode.HUNG)
 
     def _requeue_and_exclude(self, bad: list[str]) -> str:

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import signal
 import threading
@@ -21,6 +22,11 @@ import torch
 import torch.distributed as dist
 
 import slurmrt
+
+
+def write_to_stalled_fs(fifo: Path, directory: Path) -> None:
+    with open(fifo, "wb") as f:  # a pipe nobody reads: open() never returns
+        f.write(b"never")
 
 
 def main() -> None:
@@ -44,8 +50,8 @@ def main() -> None:
         if step == a.at and rt.rank == 1 and a.mode == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
         if step == a.at and a.mode == "fifo":
-            fifo = a.out / "stalled-fs"
-            rt.save((lambda d: open(fifo, "wb")) if rt.rank == 1 else {"w": w}, step=step)
+            rt.save(functools.partial(write_to_stalled_fs, a.out / "stalled-fs") if rt.rank == 1 else {"w": w},
+                    step=step)
         t = torch.ones(4)
         dist.all_reduce(t)
         w += t

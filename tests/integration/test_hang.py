@@ -50,15 +50,14 @@ def test_a_rank_stuck_in_user_code_is_named_while_the_others_block_in_a_gloo_all
         assert hangs[r]["waiting"] and "all_reduce" in hangs[r]["stacks"], hangs[r]["where"]
     assert not hangs[1]["waiting"] and "hang_worker.py" in hangs[1]["where"]
     found = [e for e in hangs.values() if e["activity"] == "step"]
-    assert found and all(e["idle_s"] > e["allowed_s"] >= 3 for e in found), "found by the learned step allowance"
+    assert found and all(e["idle_s"] >= e["allowed_s"] >= 3 for e in found), "found by the learned step allowance"
     (suspects,) = _events(workdir, "suspects")
     assert [s["rank"] for s in suspects["suspects"]] == [1] and suspects["nodes"] == ["localhost"]
     calls = _calls(workdir)
     assert "requeue 4242" in calls and "update JobId=4242 ExcNodeList=localhost" in calls
     assert calls.index("requeue 4242") < calls.index("update JobId=4242 ExcNodeList=localhost"), \
         "Slurm refuses ExcNodeList on a running job: requeue first"
-    assert "Stack (most recent call first)" in (workdir / "rank1.log").read_text() or \
-        "most recent call first" in (workdir / "rank1.log").read_text()
+    assert "(most recent call first)" in (workdir / "rank1.log").read_text(), "faulthandler's stacks in the log"
 
 
 def test_a_rank_killed_mid_run_is_named_by_the_survivors(workdir: Path) -> None:
@@ -77,7 +76,7 @@ def test_a_write_that_never_returns_is_found_in_the_save(workdir: Path) -> None:
     codes = _run(workdir, "fifo", 2)
     assert codes == [ExitCode.HUNG] * 2, codes
     hangs = {e["rank"]: e for e in _events(workdir, "hang")}
-    assert hangs[1]["activity"] == "save" and not hangs[1]["waiting"] and "<lambda>" in hangs[1]["where"]
+    assert hangs[1]["activity"] == "save" and not hangs[1]["waiting"] and "write_to_stalled_fs" in hangs[1]["where"]
     (suspects,) = _events(workdir, "suspects")
     assert [s["rank"] for s in suspects["suspects"]] == [1]
     assert not list((workdir / "ckpt").glob("step_*")), "nothing half-written was committed"

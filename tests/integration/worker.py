@@ -8,7 +8,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -27,6 +29,9 @@ def main() -> None:
     p.add_argument("--pid-dir", help="write <rank>.pid here at start (for tests that kill one task)")
     p.add_argument("--resume-steps", type=int, default=0,
                    help="after a resume, finish this many steps later (a run that surely ends before its signal)")
+    p.add_argument("--fault", choices=["hang", "kill"], help="in the first run, --fault-rank goes wrong at --fault-at")
+    p.add_argument("--fault-at", type=int, default=30)
+    p.add_argument("--fault-rank", type=int, default=1)
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -65,6 +70,10 @@ def main() -> None:
         return rt.save(state, step=step, blocking=blocking)
 
     for step in range(start, args.steps):
+        if args.fault and step == args.fault_at and rt.rank == args.fault_rank and rt.restart_count == 0:
+            if args.fault == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            threading.Event().wait()  # hangs: the other ranks block in the all_reduce below
         g = torch.Generator().manual_seed(step * 1000 + rt.rank)
         grad = torch.randn(8, generator=g)
         if rt.world_size > 1:

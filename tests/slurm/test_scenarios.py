@@ -627,3 +627,39 @@ def test_12_megatron_core_kill_switch_stops_saves_and_is_not_requeued(cluster: P
     assert stop["reasons"] == ["kill_switch"]
     assert any(e["event"] == "save" and e["step"] == stop["step"] for e in evts)
     assert [e["outcome"] for e in evts if e["event"] == "exit"] == ["KILL_SWITCH"]
+
+
+def _fault_job(directory: Path, fault: str, *srun_args: str) -> Job:
+    return submit(
+        directory, f"srun {' '.join(srun_args)} $PY $WORKER --out $OUT --steps 80 --step-time 0.1 --save-every 10 "
+                   f"--fault {fault} --fault-at 35",
+        "-N2", "--ntasks-per-node=1", "--requeue", name=f"fault-{fault}",
+        # The floor is 180 s by default; 5 s keeps the scenario short. The allowance is still learned from the steps.
+        exports={"SLURMRT_HANG_FLOOR_S": "5", "SLURMRT_KILL_SWITCH_POLL_S": "0.5"})
+
+
+@pytest.mark.parametrize(("fault", "srun_args"), [("hang", ("--kill-on-bad-exit=1",)),
+                                                  ("kill", ("--kill-on-bad-exit=0",))])
+def test_13_a_hung_or_killed_task_ends_the_run_which_resumes_without_its_node(cluster: Path, tmp_path: Path,
+                                                                              fault: str,
+                                                                              srun_args: tuple[str, ...]) -> None:
+    """Run 0: rank 1 hangs (or dies of SIGKILL) at step 35. slurmrt names it, requeues the job and excludes its
+    node; run 1 runs on two other nodes, resumes from the last checkpoint and finishes with the right weights."""
+    job = _fault_job(tmp_path, fault, *srun_args)
+    info = job.wait(600)
+    assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) == 1, job.output()[-4000:]
+    ev = events(tmp_path, job)
+    (suspects,) = [e for e in ev if e["event"] == "suspects"]
+    assert [s["rank"] for s in suspects["suspects"]] == [1], suspects
+    (bad,) = suspects["nodes"]
+    (excluded,) = [e for e in ev if e["event"] == "exclude"]
+    assert excluded["added"] == [bad], excluded
+    assert bad in info.get("ExcNodeList", ""), info.get("ExcNodeList")
+    later = runs(tmp_path, 2)[1:]
+    assert len(later) == 1 and all(r["hostname"] != bad for r in later[0]), "run 1 landed on the excluded node"
+    resumed_after = later[0][0]["start"] - 1
+    saved_in_run0 = {e["step"] for e in ev if e["event"] == "save" and e["restart"] == 0}
+    assert resumed_after == max(saved_in_run0) and resumed_after < 35
+    assert_trained_exactly_once_from(later, resumed_after + 1, 80, 2)
+    hang = [e for e in ev if e["event"] == "hang" and e["restart"] == 0]
+    assert hang and all(e.get("stacks") for e in hang)

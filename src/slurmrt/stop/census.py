@@ -148,10 +148,21 @@ class Census:
         self._call("set", f"{self._prefix}done", verdict)
 
     def wait_finished(self, wait_s: float) -> str | None:
+        """Wait for the leader's verdict, then acknowledge it (the leader's process may host the store: it waits
+        for the acknowledgements before it exits)."""
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
             if self._call("check", [f"{self._prefix}done"]):
                 value = self._call("get", f"{self._prefix}done")
+                self._call("set", f"{self._prefix}ack/{self.rank}", "1")
                 return value.decode() if isinstance(value, bytes) else str(value)
             time.sleep(0.2)
         return None
+
+    def wait_acknowledged(self, ranks: Iterable[int], wait_s: float) -> None:
+        deadline = time.monotonic() + wait_s
+        pending = {f"{self._prefix}ack/{r}" for r in ranks if r != self.rank}
+        while pending and time.monotonic() < deadline:
+            pending = {key for key in pending if not self._call("check", [key])}
+            if pending:
+                time.sleep(0.1)
