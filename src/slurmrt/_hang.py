@@ -30,7 +30,7 @@ from .outcome import ExitCode
 from .stop.census import Census, CensusError, RankState, main_thread_state, name_suspects
 from .stop.watchdog import Hang
 
-__all__ = ["HangResponse", "all_stacks", "is_peer_failure"]
+__all__ = ["HangResponse", "all_stacks", "exit_now", "is_peer_failure", "requeue_and_exclude", "unhealthy"]
 
 logger = logging.getLogger("slurmrt.hang")
 
@@ -151,40 +151,58 @@ class HangResponse:
         self._exit(ExitCode.HUNG)
 
     def _requeue_and_exclude(self, bad: list[str]) -> str:
-        t, o = self.topology, self.options
-        job = t.requeue_id
-        futile = outcome.futile_runs(runs(read_events(self.events.path))) \
-            if self.events.path is not None and self.events.path.exists() else 0
-        why = None
-        if not o.requeue:
-            why = "requeue is off (requeue=False)"
-        elif not t.is_slurm or not job:
-            why = "not a SLURM job, nothing to requeue"
-        elif o.max_restarts is not None and t.restart_count >= o.max_restarts:
-            why = f"restart {t.restart_count} reached max_restarts={o.max_restarts}"
-        elif o.max_futile_runs is not None and futile >= o.max_futile_runs:
-            why = outcome.futile_why(futile)
-        if why is not None:
-            logger.error("not requeued: %s", why)
-            self.events.emit(Event.EXIT, code=int(ExitCode.HUNG), outcome="HUNG", why=why, reasons=["hang"])
-            return f"not requeued: {why}"
-        assert job is not None
-        done, message = outcome.requeue(job)
-        self.events.emit(Event.REQUEUE, done=done, message=message, restart_count=t.restart_count)
-        (logger.warning if done else logger.error)("%s", message)
-        if done and bad:
-            plan, said = exclusion.exclude_after_requeue(job, bad, max_excluded=o.max_excluded_nodes)
-            logger.warning("%s", said)
-            self.events.emit(Event.EXCLUDE, nodes=list(plan.nodes) if plan else None,
-                             added=list(plan.added) if plan else [], refused=list(plan.refused) if plan else [],
-                             message=said)
-        self.events.emit(Event.EXIT, code=int(ExitCode.HUNG), outcome="HUNG", why=message, reasons=["hang"])
-        return message
+        return requeue_and_exclude(self.topology, self.options, self.events, bad, ExitCode.HUNG)
 
     def _exit(self, code: ExitCode) -> NoReturn:
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(OSError, ValueError):
-                stream.flush()
-        logging.shutdown()
-        os._exit(int(code))
+        exit_now(code)
+
+
+def exit_now(code: ExitCode) -> NoReturn:
+    """Flush what the logs hold and end the process at once (a stuck thread cannot be joined)."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    logging.shutdown()
+    os._exit(int(code))
+
+
+def requeue_and_exclude(t: Topology, o: Options, events: EventLog, bad: list[str], code: ExitCode) -> str:
+    """Requeue the job unless the options or the requeue-loop guard say no, then exclude ``bad`` nodes from it
+    (Slurm takes ExcNodeList only from a pending job); record all of it, and the exit, in the event log."""
+    job = t.requeue_id
+    futile = outcome.futile_runs(runs(read_events(events.path))) \
+        if events.path is not None and events.path.exists() else 0
+    why = None
+    if not o.requeue:
+        why = "requeue is off (requeue=False)"
+    elif not t.is_slurm or not job:
+        why = "not a SLURM job, nothing to requeue"
+    elif o.max_restarts is not None and t.restart_count >= o.max_restarts:
+        why = f"restart {t.restart_count} reached max_restarts={o.max_restarts}"
+    elif o.max_futile_runs is not None and futile >= o.max_futile_runs:
+        why = outcome.futile_why(futile)
+    name = "HUNG" if code is ExitCode.HUNG else "UNHEALTHY"
+    if why is not None:
+        logger.error("not requeued: %s", why)
+        events.emit(Event.EXIT, code=int(code), outcome=name, why=why, reasons=[name.lower()])
+        return f"not requeued: {why}"
+    assert job is not None
+    done, message = outcome.requeue(job)
+    events.emit(Event.REQUEUE, done=done, message=message, restart_count=t.restart_count)
+    (logger.warning if done else logger.error)("%s", message)
+    if done and bad:
+        plan, said = exclusion.exclude_after_requeue(job, bad, max_excluded=o.max_excluded_nodes)
+        logger.warning("%s", said)
+        events.emit(Event.EXCLUDE, nodes=list(plan.nodes) if plan else None, added=list(plan.added) if plan else [],
+                    refused=list(plan.refused) if plan else [], message=said)
+    events.emit(Event.EXIT, code=int(code), outcome=name, why=message, reasons=[name.lower()])
+    return message
+
+
+def unhealthy(t: Topology, o: Options, events: EventLog, failures: list[str], *, nodes: list[str]) -> NoReturn:
+    """The health check failed on ``nodes``: requeue without them, and exit with ExitCode.UNHEALTHY."""
+    logger.error("health check failed on %s: %s", ", ".join(nodes), "; ".join(failures))
+    events.emit(Event.HEALTH, ok=False, failed=failures, nodes=nodes, node=t.hostname)
+    requeue_and_exclude(t, o, events, nodes, ExitCode.UNHEALTHY)
+    exit_now(ExitCode.UNHEALTHY)
 

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from . import _clock
 
@@ -190,7 +190,7 @@ def _tail(path: Path | None, tail_bytes: int) -> list[dict[str, Any]]:
     return out
 
 
-def _number(value: Any) -> bool:
+def _number(value: Any) -> TypeGuard[float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
@@ -205,7 +205,7 @@ def measured(path: Path | None, *, tail_bytes: int = 256 * 1024) -> tuple[float 
             step_s = float(value)
         seconds = e.get("seconds")
         if e.get("event") == Event.SAVE.value and _number(seconds):
-            saves.append(float(seconds))  # type: ignore[arg-type]
+            saves.append(float(seconds))
     return step_s, max(saves[-3:]) if saves else None
 
 
@@ -215,7 +215,7 @@ def measured_phases(path: Path | None, *, tail_bytes: int = 256 * 1024) -> dict[
     for e in _tail(path, tail_bytes):
         name, seconds = e.get("name"), e.get("seconds")
         if e.get("event") == Event.PHASE.value and isinstance(name, str) and _number(seconds):
-            out[name] = max(out.get(name, 0.0), float(seconds))  # type: ignore[arg-type]
+            out[name] = max(out.get(name, 0.0), float(seconds))
     return out
 
 

@@ -12,6 +12,7 @@ import contextlib
 import functools
 import logging
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn
@@ -19,12 +20,12 @@ from typing import Any, NoReturn
 from . import _clock, experiment, outcome
 from ._comm import Groups, torch_distributed
 from ._errors import CheckpointError, ConfigError
-from ._hang import HangResponse, is_peer_failure
+from ._hang import HangResponse, exit_now, is_peer_failure, unhealthy
 from ._hooks import ProcessHooks
 from ._report import Reporter
 from .checkpoint.store import CheckpointStore, PendingSave, SaveFn, SaveResult
 from .events import COPY_ENV, EventLog, measured, measured_phases, read_events, runs
-from .launch import cuda, preflight
+from .launch import cuda, health, preflight
 from .launch.topology import Topology, from_environ, launcher_argv
 from .options import Options
 from .outcome import ExitCode, Outcome
@@ -62,6 +63,11 @@ def init(**options: Any) -> Runtime:
                                   if opts.checkpoint_dir else None)
     events = EventLog(log_path, job=topo.requeue_id, restart=topo.restart_count, rank=topo.rank,
                       copy=Path(env[COPY_ENV]) if env.get(COPY_ENV) else None)
+    if opts.health_check:
+        failures = health.check_node(env, checkpoint_dir=opts.checkpoint_dir, gpus=node_gpus or 0,
+                                     local_rank=topo.local_rank)
+        if failures:
+            unhealthy(topo, opts, events, failures, nodes=[topo.hostname])
     if opts.kill_switch is not None and opts.kill_switch.exists():
         logger.warning("kill switch %s exists: exiting at init with code 0, no requeue", opts.kill_switch)
         verdict = outcome.Verdict(Outcome.KILL_SWITCH, f"kill switch {opts.kill_switch} exists at init")
@@ -191,7 +197,32 @@ class Runtime:
                     census.register(self.topology.hostname)
                 except CensusError as err:
                     logger.warning("%s", err)
+            if self.options.health_check and groups.control is not None:
+                self._barrier_check(groups.control, census)
         return groups
+
+    def _barrier_check(self, group: Any, census: Census | None) -> None:
+        """The health check's communication part: a barrier over every rank that must pass within the floor."""
+        import datetime
+
+        import torch.distributed as dist
+
+        try:
+            dist.monitored_barrier(group=group, timeout=datetime.timedelta(seconds=self.options.hang_floor_s),
+                                   wait_all_ranks=True)
+        except RuntimeError as err:
+            # Rank 0 learns which ranks did not come ("Ranks 1, 3 failed to pass monitoredBarrier"); the others
+            # only that rank 0 gave up.
+            found = re.search(r"Ranks? ([\d, ]+) failed", str(err))
+            ranks = [int(r) for r in re.findall(r"\d+", found.group(1))] if found else []
+            nodes: list[str] = []
+            if ranks and census is not None:
+                with contextlib.suppress(CensusError):
+                    nodes = sorted(set(census.nodes(ranks).values()))
+            failures = [f"the start-up barrier did not complete in {self.options.hang_floor_s:.0f} s: {err}"]
+            if self.rank == 0:
+                unhealthy(self.topology, self.options, self.events, failures, nodes=nodes)
+            exit_now(ExitCode.UNHEALTHY)
 
     @contextlib.contextmanager
     def _doing(self, kind: str) -> Iterator[None]:

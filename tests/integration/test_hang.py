@@ -104,3 +104,21 @@ def test_a_long_marked_phase_is_not_a_hang(workdir: Path) -> None:
     phases = _events(workdir, "phase")
     assert [e["name"] for e in phases] == ["eval"] * 3 and all(e["seconds"] >= 4.0 for e in phases)
     assert all((workdir / f"done{r}").exists() for r in range(2))
+
+
+def test_a_node_that_fails_the_health_check_is_excluded_and_the_job_requeued(workdir: Path) -> None:
+    # SLURMRT_SIM_UNHEALTHY is what `slurmrt sim --unhealthy-node` sets: the check's failure at the process boundary.
+    codes = _run(workdir, "phase", 2, SLURMRT_HEALTH_CHECK="1", SLURMRT_SIM_UNHEALTHY="no GPU memory")
+    assert codes == [ExitCode.UNHEALTHY] * 2, codes
+    health = _events(workdir, "health")
+    assert {e["rank"] for e in health} == {0, 1} and all(e["nodes"] == ["localhost"] for e in health)
+    assert "no GPU memory" in health[0]["failed"][0]
+    calls = _calls(workdir)
+    assert "requeue 4242" in calls and "update JobId=4242 ExcNodeList=localhost" in calls
+    assert not (workdir / "done0").exists(), "no step ran on the bad node"
+
+
+def test_a_healthy_node_passes_the_health_check_and_trains(workdir: Path) -> None:
+    codes = _run(workdir, "phase", 2, SLURMRT_HEALTH_CHECK="1")
+    assert codes == [0, 0], codes
+    assert not _events(workdir, "health") and not any(c.startswith(("requeue", "update")) for c in _calls(workdir))
