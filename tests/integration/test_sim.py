@@ -239,3 +239,33 @@ def test_status_reads_the_jobs_own_event_log_next_to_its_checkpoints(tmp_path: P
                             env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
     assert status.returncode == 0, status.stderr
     assert "step 4" in status.stdout, status.stdout
+
+
+def test_a_hung_task_is_found_named_and_its_node_kept_out_of_the_requeued_run(tmp_path: Path) -> None:
+    # Task 1 freezes (SIGSTOP) after the first checkpoint of a run that would otherwise train 100000 steps.
+    out = sim(tmp_path, "-N", "2", "--ntasks-per-node", "1", "--requeue", "--hang-task", "1", "--at", "0",
+              "--after-checkpoint", "--", sys.executable, str(WORKER), "--out", str(tmp_path / "out"),
+              "--steps", "100000", "--resume-steps", "20", "--step-time", "0.05", "--save-every", "10",
+              env={"SLURMRT_CHECKPOINT_DIR": str(tmp_path / "ckpt"), "SLURMRT_HANG_FLOOR_S": "3",
+                   "SLURMRT_KILL_SWITCH_POLL_S": "0.5"})
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    rows = summary_rows(out.stdout)
+    assert [r["exit"] for r in rows] == ["5", "0"] and rows[1]["ended by"] == "finished"
+    events = [json.loads(line) for line in (tmp_path / "ckpt").glob("events-*.jsonl").__next__().read_text()
+              .splitlines()]
+    (suspects,) = [e for e in events if e["event"] == "suspects"]
+    assert [s["rank"] for s in suspects["suspects"]] == [1]
+    bad = suspects["nodes"][0]
+    assert f"{bad} excluded: run 1 gets" in out.stdout
+    final = json.loads((tmp_path / "out" / "rank1.json").read_text())
+    assert final["hostname"] != bad and final["restart_count"] == 1
+
+
+def test_a_node_failing_the_health_check_is_excluded_and_the_job_runs_elsewhere(tmp_path: Path) -> None:
+    out = sim(tmp_path, "-N", "2", "--ntasks-per-node", "1", "--requeue", "--unhealthy-node", "1", "--",
+              sys.executable, str(WORKER), "--out", str(tmp_path / "out"), "--steps", "20", "--step-time", "0.02",
+              env={"SLURMRT_CHECKPOINT_DIR": str(tmp_path / "ckpt"), "SLURMRT_HEALTH_CHECK": "1"})
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    rows = summary_rows(out.stdout)
+    assert len(rows) == 2 and "6" in rows[0]["tasks"] and rows[1]["ended by"] == "finished"
+    assert "health check failed on n2" in out.stderr or "health check failed on 127.0.1.2" in out.stderr

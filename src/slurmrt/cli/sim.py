@@ -39,12 +39,16 @@ def run(args: argparse.Namespace) -> int:
             spec = apply_option(spec, name, str(value))
     if args.requeue:
         spec = replace(spec, requeue=True)
-    if args.fail_node is not None and args.at is None:
-        raise SlurmrtError("--fail-node needs --at SECONDS (when the node fails)")
+    if (args.fail_node is not None or args.hang_task is not None) and args.at is None:
+        raise SlurmrtError("--fail-node and --hang-task need --at SECONDS (when it happens)")
     spec = replace(spec, preempt_at_s=args.preempt_at, cancel_at_s=args.cancel_at, fail_node=args.fail_node,
-                   fail_at_s=args.at, after_checkpoint=args.after_checkpoint)
-    if args.fail_node is not None and not 0 <= args.fail_node < spec.nodes:
-        raise SlurmrtError(f"--fail-node {args.fail_node}: nodes are numbered 0..{spec.nodes - 1}")
+                   fail_at_s=args.at, after_checkpoint=args.after_checkpoint, hang_task=args.hang_task,
+                   unhealthy_node=args.unhealthy_node)
+    for flag, value, count, what in (("--fail-node", args.fail_node, spec.nodes, "nodes"),
+                                     ("--unhealthy-node", args.unhealthy_node, spec.nodes, "nodes"),
+                                     ("--hang-task", args.hang_task, spec.ntasks, "tasks")):
+        if value is not None and not 0 <= value < count:
+            raise SlurmrtError(f"{flag} {value}: {what} are numbered 0..{count - 1}")
     try:
         records = simulate(spec)
     except SimInterrupted as stop:
@@ -73,7 +77,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--grace", type=float, default=20.0, metavar="SECS", help="preemption grace time")
     p.add_argument("--cancel-at", type=float, metavar="SECS", help="scancel the first run after SECS")
     p.add_argument("--fail-node", type=int, metavar="N", help="SIGKILL the tasks of node N (0-based) ...")
+    p.add_argument("--hang-task", type=int, metavar="N", help="freeze task N (SIGSTOP: a hang) ...")
     p.add_argument("--at", type=float, metavar="SECS", help="... after SECS of the first run")
+    p.add_argument("--unhealthy-node", type=int, metavar="N",
+                   help="node N (0-based) fails slurmrt's health check (init(health_check=True)) until excluded")
     p.add_argument("--after-checkpoint", action="store_true",
                    help="count --preempt-at, --cancel-at and --at from the first run's first committed checkpoint "
                         "instead of its start, so the fault certainly hits a running job, on a fast or slow machine")

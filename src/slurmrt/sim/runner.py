@@ -151,6 +151,8 @@ class _Run:
             faults.append((spec.cancel_at_s, "cancel"))
         if first and spec.fail_node is not None and spec.fail_at_s is not None:
             faults.append((spec.fail_at_s, "fail"))
+        if first and spec.hang_task is not None and spec.fail_at_s is not None:
+            faults.append((spec.fail_at_s, "hang"))
         anchored = not spec.after_checkpoint
         if anchored:
             timeline += faults
@@ -223,6 +225,13 @@ class _Run:
         elif what == "cancel":
             self.say(f"scancel {spec.job_id}")
             self.terminate("scancel")
+        elif what == "hang":
+            for pid, node, rank in self.state.tasks():
+                if rank == spec.hang_task:
+                    self.say(f"task {rank} on {spec.node_names[node]} hangs: SIGSTOP (slurmrt's watchdog should "
+                             "find it; the floor is SLURMRT_HANG_FLOOR_S)")
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(pid, signal.SIGSTOP)
         elif what == "fail":
             node = spec.fail_node or 0
             self.say(f"node {spec.node_names[node]} fails: SIGKILL to its tasks")
@@ -311,6 +320,8 @@ def simulate(spec: JobSpec, *, out: IO[str] = sys.stdout, state_dir: Path | None
     """Run the job train: the job, and each requeued run of it, until one is not requeued or max_restarts."""
     if not spec.node_names:
         spec = replace(spec, node_names=default_node_names(spec.nodes))
+    if spec.unhealthy_node is not None:
+        spec = replace(spec, unhealthy_name=spec.node_names[spec.unhealthy_node])
     if not spec.job_id:
         spec = replace(spec, job_id=int(time.time()) % 900000 + 100000)
     _become_subreaper()
@@ -336,6 +347,12 @@ def simulate(spec: JobSpec, *, out: IO[str] = sys.stdout, state_dir: Path | None
         signal.signal(sig, lambda signum, frame: received.append(signum))
     try:
         for restart in range(spec.max_restarts + 1):
+            excluded = state.excluded()
+            if excluded & set(spec.node_names):  # the scheduler places the requeued job elsewhere
+                spare = [n for n in default_node_names(spec.nodes + len(excluded)) if n not in excluded]
+                spec = replace(spec, node_names=tuple(spare[:spec.nodes]))
+                print(f"slurmrt sim: {hostlist.compress(sorted(excluded))} excluded: run {restart} gets "
+                      f"{hostlist.compress(spec.node_names)}", file=out, flush=True)
             run = _Run(spec, restart, state, bin_dir, events, out, lambda: received[0] if received else None)
             record = run.run()
             records.append(record)

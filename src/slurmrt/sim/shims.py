@@ -52,8 +52,17 @@ def scontrol(args: Sequence[str]) -> int:
     if args[:2] == ["show", "job"]:
         end = _end_time(state)
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(end)) if end else "Unknown"
+        excluded = hostlist.compress(sorted(state.excluded())) or "(null)"
         print(f"JobId={spec.job_id} JobName={spec.job_name} JobState=RUNNING Requeue={int(spec.requeue)} "
-              f"Restarts={job['restart']} EndTime={stamp} NodeList={hostlist.compress(spec.node_names)}")
+              f"Restarts={job['restart']} EndTime={stamp} Partition=sim NumNodes={spec.nodes} "
+              f"ExcNodeList={excluded} NodeList={hostlist.compress(spec.node_names)}")
+        return 0
+    if args[:1] == ["update"] and any(a.startswith("ExcNodeList=") for a in args):
+        if not state.requested("requeue"):  # as Slurm: only a pending job takes it
+            print(f"Job is no longer pending execution for job {spec.job_id}", file=sys.stderr)
+            return 1
+        value = next(a for a in args if a.startswith("ExcNodeList="))[len("ExcNodeList="):]
+        state.exclude(hostlist.expand(value) if value else [])
         return 0
     print(f"scontrol (slurmrt sim): unsupported: {shlex.join(args)}", file=sys.stderr)
     return 1

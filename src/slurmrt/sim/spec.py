@@ -34,6 +34,11 @@ class JobSpec:
     cancel_at_s: float | None = None
     fail_node: int | None = None
     fail_at_s: float | None = None
+    #: SIGSTOP this task (its rank) at fail_at_s: a frozen process, as a hang looks from the outside.
+    hang_task: int | None = None
+    #: The node (index into the first run's node names) whose health check fails; its name, once known.
+    unhealthy_node: int | None = None
+    unhealthy_name: str | None = None
     #: Count preempt_at_s, cancel_at_s and fail_at_s from the first run's first committed checkpoint.
     after_checkpoint: bool = False
     max_restarts: int = 5

@@ -18,6 +18,7 @@ import time
 from collections.abc import Sequence
 from typing import IO
 
+from ..launch.health import SIM_UNHEALTHY_ENV
 from .environ import task_env
 from .state import SimState
 
@@ -56,6 +57,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     forwarders: list[threading.Thread] = []
     for rank in range(spec.ntasks):
         env = {**os.environ, **task_env(spec, job["restart"], step, rank, job["submit_dir"])}
+        if spec.unhealthy_name is not None and spec.node_names[rank // spec.ntasks_per_node] == spec.unhealthy_name:
+            env[SIM_UNHEALTHY_ENV] = f"slurmrt sim --unhealthy-node: {spec.unhealthy_name} is bad"
         # SLURM_TASK_PID is the task's own pid: only the task can say it, so a shell sets it and execs the command.
         p = subprocess.Popen(["/bin/sh", "-c", 'SLURM_TASK_PID=$$; export SLURM_TASK_PID; exec "$@"', "srun",
                               *command], env=env, start_new_session=True, stdout=subprocess.PIPE,

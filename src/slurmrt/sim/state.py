@@ -101,6 +101,14 @@ class SimState:
         return max(steps.values(), key=len, default={})
 
     # -- requests from the shims -----------------------------------------------------------------------------------
+    def exclude(self, nodes: list[str]) -> None:
+        """``scontrol update ExcNodeList=``: kept across runs, as Slurm keeps it with the job."""
+        (self.dir / "excluded").write_text("\n".join(nodes))
+
+    def excluded(self) -> set[str]:
+        path = self.dir / "excluded"
+        return set(path.read_text().split()) if path.exists() else set()
+
     def request(self, name: str) -> None:
         (self.dir / name).touch()
 
