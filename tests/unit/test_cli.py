@@ -57,6 +57,19 @@ def test_doctor_recommends_a_signal_lead_from_the_measured_save_time(tmp_path: P
     assert any("--signal=USR1@150" in line for line in report.lines)
 
 
+def test_doctor_health_names_the_node_and_what_failed(tmp_path: Path) -> None:
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    env = {"SLURMD_NODENAME": "n7", "SLURMRT_CHECKPOINT_DIR": str(blocked / "ckpt")}  # under a file: not creatable
+    report = doctor(env, ParallelConfig(), events_dirs=[], health_check=True)
+    assert report.failed
+    assert any("FAIL  health: n7: the checkpoint directory" in line and "--exclude=n7" in line
+               for line in report.lines)
+    env["SLURMRT_CHECKPOINT_DIR"] = str(tmp_path / "ckpt")
+    healthy = doctor(env, ParallelConfig(), events_dirs=[], health_check=True)
+    assert not healthy.failed and any("health: n7:" in line and "pass" in line for line in healthy.lines)
+
+
 def _write_events(path: Path, events: list[dict[str, object]]) -> None:
     path.write_text("".join(json.dumps(e) + "\n" for e in events))
 

@@ -1,7 +1,8 @@
 """``slurmrt doctor``: a preflight report from inside an allocation.
 
 Checks the derived topology, the master address and port, the time left, whether the job can be requeued, the
---signal lead time against the measured save time, GPUs and CUDA_DEVICE_MAX_CONNECTIONS, and /dev/shm. Exit 0:
+--signal lead time against the measured save time, GPUs and CUDA_DEVICE_MAX_CONNECTIONS, and /dev/shm; with
+``--health``, the node health check that ``init(health_check=True)`` runs. Exit 0:
 nothing would break the job (warnings may remain); 1: something would.
 """
 
@@ -20,7 +21,7 @@ from typing import Any
 from .. import _slurm
 from .._errors import ConfigError
 from ..events import Event, read_events
-from ..launch import cuda, preflight
+from ..launch import cuda, health, preflight
 from ..launch.parallel import ParallelConfig
 from ..launch.topology import from_environ
 from ..stop.deadline import end_time_from_env, query_end_time
@@ -29,7 +30,7 @@ from ._common import add_command, add_events, add_parallel, default_dirs, event_
 
 def run(args: argparse.Namespace) -> int:
     dirs = args.events or default_dirs(os.environ)
-    report = doctor(os.environ, parallel(args, os.environ), events_dirs=dirs)
+    report = doctor(os.environ, parallel(args, os.environ), events_dirs=dirs, health_check=args.health)
     print("slurmrt doctor")
     print("\n".join(report.lines))
     return 1 if report.failed else 0
@@ -51,7 +52,8 @@ class Report:
         self.lines.append(f"  FAIL  {what}: {text}")
 
 
-def doctor(env: Mapping[str, str], config: ParallelConfig, *, events_dirs: Iterable[Path]) -> Report:
+def doctor(env: Mapping[str, str], config: ParallelConfig, *, events_dirs: Iterable[Path],
+           health_check: bool = False) -> Report:
     r = Report()
     try:
         topo = from_environ(env)
@@ -110,6 +112,15 @@ def doctor(env: Mapping[str, str], config: ParallelConfig, *, events_dirs: Itera
                                                        "below 1 GiB they fail in odd ways)")
     except OSError:
         r.warn("/dev/shm", "missing: NCCL falls back or fails; mount a tmpfs there")
+    if health_check:
+        ckpt = env.get("SLURMRT_CHECKPOINT_DIR")
+        failures = health.check_node(env, checkpoint_dir=Path(ckpt) if ckpt else None, gpus=gpus or 0,
+                                     local_rank=topo.local_rank)
+        for failure in failures:
+            r.fail("health", f"{topo.hostname}: {failure}; exclude it: sbatch --exclude={topo.hostname}")
+        if not failures:
+            r.ok("health", f"{topo.hostname}: /dev/shm{', the checkpoint directory' if ckpt else ''}"
+                           f"{' and the GPU' if gpus else ''} pass slurmrt's health check")
     return r
 
 
@@ -137,3 +148,7 @@ def add_parser(sub: Any) -> None:
                     epilog="example: srun --ntasks-per-node=1 slurmrt doctor --tp 2 --events /shared/ckpt/run17")
     add_parallel(p)
     add_events(p, "to read save times from")
+    p.add_argument("--health", action="store_true",
+                   help="also run slurmrt's node health check (init(health_check=True)): /dev/shm, the checkpoint "
+                        "directory ($SLURMRT_CHECKPOINT_DIR), a GPU allocation; run it on every node with "
+                        "`srun --ntasks-per-node=1 slurmrt doctor --health`")
