@@ -50,7 +50,8 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run_ranks(script: Path, world: int, args: list[str], timeout: float = 600) -> list[dict[str, Any]]:
+def run_ranks(script: Path, world: int, args: list[str], timeout: float = 600,
+              extra_env: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """Run ``script`` as ``world`` gloo ranks (torchrun-style environment); each prints one JSON line last."""
     port = free_port()
     procs = []
@@ -59,6 +60,7 @@ def run_ranks(script: Path, world: int, args: list[str], timeout: float = 600) -
         env.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
                     "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                     "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{env.get('PYTHONPATH', '')}"})
+        env.update(extra_env or {})
         procs.append(subprocess.Popen([sys.executable, str(script), *args], env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True))
     results = []

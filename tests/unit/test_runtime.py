@@ -298,3 +298,52 @@ def test_the_measured_times_come_from_the_tail_of_a_long_event_log(tmp_path: Pat
     short = "".join(json.dumps(e) + "\n" for e in early[:1] + late)
     log.write_text(short)
     assert measured(log, tail_bytes=len(short)) == (0.5, 50.0), "the whole file, first line included"
+
+
+def test_a_phase_that_no_longer_fits_before_the_end_is_not_entered(clock: FakeClock, job: Path, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLURM_JOB_END_TIME", str(int(clock.wall_s) + 4 * 3600))
+    rt = slurmrt.init(checkpoint_dir=tmp_path / "ckpt", save_time_s=10, deadline_margin_s=30)
+    for step in range(10):
+        clock.advance(1)
+        assert not rt.should_stop(step, before="eval" if step == 5 else None), "a phase never measured: no budget"
+        if step == 5:
+            with rt.phase("eval"):
+                clock.advance(1200)  # a 20-minute evaluation
+    clock.advance(4 * 3600 - 1200 - 10 - 1000)  # 1000 s left: the steps fit, the evaluation does not
+    rt.restart_step_clock()  # that jump was not a step
+    assert not rt.should_stop(10)
+    assert rt.should_stop(11, before="eval") and rt.stop_reason is Reason.DEADLINE
+    assert rt.stop_decision is not None and rt.stop_decision.step == 11
+    events = [json.loads(line) for line in (tmp_path / "ckpt" / "events-99.jsonl").read_text().splitlines()]
+    assert [e["seconds"] for e in events if e["event"] == "phase"] == [1200.0]
+    assert rt.finish() is ExitCode.REQUEUED
+
+
+def test_the_requeue_loop_guard_stops_after_three_runs_without_a_newer_checkpoint(
+        clock: FakeClock, job: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    log = tmp_path / "ckpt" / "events-99.jsonl"
+    log.parent.mkdir()
+    earlier = [(0, "fresh_start", None), (0, "save", 10), (1, "resume", 10), (2, "resume", 10), (2, "save", 10)]
+    log.write_text("".join(json.dumps({"time": "2026-11-22T10:00:00+00:00", "event": e, "job": "99",
+                                       "restart": r, "rank": 0, "step": s}) + "\n" for r, e, s in earlier))
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "3")
+    rt = slurmrt.init(checkpoint_dir=tmp_path / "ckpt", deadline=False)
+    _signal_self(rt, signal.SIGUSR1)
+    assert rt.should_stop(0)
+    assert rt.finish() is ExitCode.STOPPED, "runs 1, 2 and 3 committed nothing newer than step 10"
+    (exit_event,) = [json.loads(line) for line in log.read_text().splitlines() if '"exit"' in line]
+    assert "requeue loop" in exit_event["why"] and "requeue" not in (job.read_text() if job.exists() else "")
+
+
+def test_two_futile_runs_still_requeue(clock: FakeClock, job: Path, tmp_path: Path,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    log = tmp_path / "ckpt" / "events-99.jsonl"
+    log.parent.mkdir()
+    log.write_text(json.dumps({"time": "2026-11-22T10:00:00+00:00", "event": "resume", "job": "99", "restart": 1,
+                               "rank": 0, "step": 10}) + "\n")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
+    rt = slurmrt.init(checkpoint_dir=tmp_path / "ckpt", deadline=False)
+    _signal_self(rt, signal.SIGUSR1)
+    assert rt.should_stop(0)
+    assert rt.finish() is ExitCode.REQUEUED

@@ -194,3 +194,13 @@ def test_runs_that_commit_nothing_newer_are_counted_and_the_third_stops_the_requ
     stopped = outcome.choose(decision, futile=3, **kw)
     assert stopped.outcome is outcome.Outcome.STOPPED and "requeue loop" in stopped.why
     assert outcome.choose(decision, futile=9, max_futile=None, **kw).outcome is outcome.Outcome.REQUEUED
+
+
+def test_a_peer_failure_is_told_from_other_errors() -> None:
+    from slurmrt._errors import AgreementError
+    from slurmrt._hang import is_peer_failure
+
+    assert is_peer_failure(AgreementError("the ranks can no longer agree"))
+    assert is_peer_failure(RuntimeError("[pair.cc:534] Connection closed by peer [127.0.0.1]:4242"))
+    assert not is_peer_failure(RuntimeError("CUDA out of memory"))
+    assert not is_peer_failure(None)
