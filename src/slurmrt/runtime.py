@@ -129,7 +129,9 @@ class Runtime:
         self._watcher: Watcher | None = None
         self._phases = phases or PhaseTimes()
         #: What the training thread does (the watchdog's view); changed at saves, loads and phases, not per step.
-        self.activity: Activity | None = Activity("start", _clock.mono())
+        #: None until the first should_stop: a program that never reports steps (Megatron-LM's own loop behind
+        #: the bridge) is not watched between them, only in its saves, loads and phases.
+        self.activity: Activity | None = None
         self._census: Census | None | bool = False  # False: not made yet
         self._registered = False
         self._response: HangResponse | None = None

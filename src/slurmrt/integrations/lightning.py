@@ -141,8 +141,18 @@ class SlurmrtCallback(Callback):  # type: ignore[misc]
         elif self.every_n_steps and step % self.every_n_steps == 0:
             self._save(trainer, step)
 
+    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+        # Validation runs between two training steps: a phase for the hang watchdog, and not step time.
+        self._validation = self.rt.phase("validation")
+        self._validation.__enter__()
+
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        validation, self._validation = self._validation, None
+        if validation is not None:
+            validation.__exit__(None, None, None)
         self.rt.restart_step_clock()
+
+    _validation: Any = None
 
     def _save(self, trainer: Any, step: int) -> None:
         # Every rank calls save_checkpoint (it has a barrier inside); rank 0 writes the file.

@@ -70,8 +70,15 @@ class SlurmrtCallback(TrainerCallback):  # type: ignore[misc]
             control.should_save = True
             control.should_training_stop = True
             control.should_evaluate = False  # no time to evaluate: the job is asked to go
+        # The Trainer evaluates, then writes its checkpoint, after this callback and before the next step: a phase
+        # for the hang watchdog (neither is a hang, nor step time), from here to on_evaluate or on_save.
+        self._saving = bool(control.should_save)
+        if control.should_evaluate or control.should_save:
+            self._enter("evaluate" if control.should_evaluate else "trainer_save")
 
     def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if not self._saving:
+            self._leave()
         self.rt.restart_step_clock()
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -84,7 +91,23 @@ class SlurmrtCallback(TrainerCallback):  # type: ignore[misc]
             if rank == 0:
                 _move_contents(source, directory)
 
-        self.rt.save(commit, step=state.global_step)  # skipped (False) when SIGTERM leaves no time to save
+        try:
+            self.rt.save(commit, step=state.global_step)  # skipped (False) when SIGTERM leaves no time to save
+        finally:
+            self._leave()
+
+    _phase: Any = None
+    _saving = False
+
+    def _enter(self, name: str) -> None:
+        self._leave()
+        self._phase = self.rt.phase(name)
+        self._phase.__enter__()
+
+    def _leave(self) -> None:
+        phase, self._phase = self._phase, None
+        if phase is not None:
+            phase.__exit__(None, None, None)
 
 
 def _barrier() -> None:

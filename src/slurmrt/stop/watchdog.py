@@ -8,8 +8,9 @@ its own allowance:
 - **steps**: ``STEP_FACTOR`` times the slowest of the recent steps, at least the floor (``hang_floor_s``, 180 s).
   With steps under a second that is 3 minutes, well inside NCCL's 10-minute and gloo's 30-minute collective
   timeouts. ``hang_timeout_s`` fixes it instead.
-- **the start** (init to the end of the warm-up steps: model building, the first compile, data-loader start-up):
-  ``startup_timeout_s`` (20 minutes); nothing has been measured yet.
+- **the warm-up steps** (the first should_stop to the 5th: the first compile, data-loader start-up):
+  ``startup_timeout_s`` (20 minutes); nothing has been measured yet. Before the first should_stop nothing is
+  watched but saves, loads and phases: the watchdog is on once steps are reported.
 - **saves and loads**: ``IO_FACTOR`` times the slowest measured save (this run's, or the earlier runs'), at least
   the floor.
 - **a phase** (``rt.phase("eval")``): ``PHASE_FACTOR`` times its longest measured duration, at least the floor; a
