@@ -84,6 +84,30 @@ class HangResponse:
         self._respond(f"a peer found the job hung; this rank was stalled for {idle_s:.0f} s", activity="stalled",
                       idle_s=round(idle_s, 1), idle=idle_s)
 
+    def crashed(self, err: BaseException) -> None:
+        """This rank's program ends on an exception of its own: say so, where the others look (the census and the
+        event log), so that they do not take the peer they lose for a bad node. Returns: the exit goes on."""
+        t = self.topology
+        error = f"{type(err).__name__}: {str(err)[:300]}"
+        self.events.emit(Event.CRASH, error=error, node=t.hostname)
+        census = self.census()
+        if census is not None:
+            with contextlib.suppress(CensusError):
+                census.answer(RankState(t.rank, t.hostname, self.last_step(), True, f"exception: {error}", 0.0,
+                                        crashed=error))
+
+    def _crash_seen(self, states: dict[int, RankState]) -> str | None:
+        """A rank that crashed on an error of its own, from the census or this run's event log."""
+        for s in states.values():
+            if s.crashed:
+                return f"rank {s.rank} ended on {s.crashed}"
+        path = self.events.path
+        if path is not None and path.exists():
+            for e in read_events(path):
+                if e.get("event") == Event.CRASH.value and e.get("restart") == self.topology.restart_count:
+                    return f"rank {e.get('rank')} ended on {e.get('error')}"
+        return None
+
     def lost_peer(self, err: BaseException) -> NoReturn:
         """The program is ending on an exception that says a peer is gone: this rank was in a collective that
         failed, a victim, not a suspect."""
@@ -121,6 +145,10 @@ class HangResponse:
             if self.cancel is not None and t.local_rank == 0:
                 self.cancel(idle)
             self._exit(ExitCode.FINISHED)
+        crash = self._crash_seen(states)
+        if crash is not None:
+            logger.error("%s: a software error, not a bad node; no exclusion, no requeue", crash)
+            self._exit(ExitCode.FAILED)
         if store_lost:
             suspects, why = [0], "the rendezvous store no longer answers: rank 0, which hosts it, is gone"
             nodes = {0: t.nodelist[0]} if t.nodelist else {}

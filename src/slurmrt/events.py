@@ -48,6 +48,7 @@ class Event(str, enum.Enum):
     HANG = "hang"  # activity, idle_s, allowed_s, step, where, stacks (every rank that found itself stuck)
     SUSPECTS = "suspects"  # suspects [{rank, node, where, step}], nodes, why (the census leader)
     EXCLUDE = "exclude"  # nodes, added, refused, message
+    CRASH = "crash"  # error (a rank whose program ended on an exception of its own: a software error, not a node)
     HEALTH = "health"  # ok, failed [what], node (a rank whose node failed the health check)
 
 

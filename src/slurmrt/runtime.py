@@ -185,9 +185,11 @@ class Runtime:
 
     def _uncaught(self, err: BaseException | None) -> None:
         """The program ends on ``err``: when it says a peer is gone, name the peer and requeue without its node."""
-        if is_peer_failure(err) and self._response is not None and self.world_size > 1:
-            assert err is not None
+        if self._response is None or self.world_size == 1 or err is None:
+            return
+        if is_peer_failure(err):
             self._response.lost_peer(err)
+        self._response.crashed(err)
 
     def _groups(self) -> Groups:
         groups = self._hooks.groups()

@@ -46,6 +46,12 @@ class RunLife:
         return max((step for _, step, _ in self.checkpoints), default=None)
 
     @property
+    def cut_short(self) -> bool:
+        """The run ended without a clean exit (killed), or on a hang or a failed health check: its training was
+        cut, so its last ``progress`` event is a lower bound of what it did."""
+        return self.outcome in (None, "HUNG", "UNHEALTHY")
+
+    @property
     def stop_time(self) -> float | None:
         """When the run reached its stop step (its last recorded step when that one has no point)."""
         if self.stop_step is None or not self.points:
@@ -151,14 +157,14 @@ def _account_lost(life: RunLife, following: RunLife | None) -> None:
     if life.last_step is not None and life.last_step > kept:
         first_trained = life.resumed_from + 1 if life.resumed_from is not None else 0
         life.lost_steps = life.last_step - max(kept, first_trained - 1)
-    if not life.lost_steps and life.outcome is not None:
+    if not life.lost_steps and not life.cut_short:
         return
     # From the moment the run was at the kept step (the kept checkpoint's commit, when this run made it; else the
     # first step of the run) to its last step; for a run that was killed, to its last event.
     since = next((t for t, step, _ in life.checkpoints if step == kept), None)
     if since is None:
         since = next((t for t, step in life.points if step >= kept), life.start)
-    until = life.end if life.outcome is None else life.points[-1][0]
+    until = life.end if life.cut_short else life.points[-1][0]
     life.lost_s = max(0.0, until - since)
 
 

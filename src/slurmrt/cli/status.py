@@ -69,7 +69,7 @@ def _describe(run_: RunLife, gap: float | None) -> list[str]:
     if gap is not None:
         lost.append(f"{duration(gap)} down between runs")
     if run_.lost_steps or run_.lost_s:
-        bound = "at least " if run_.outcome is None else ""
+        bound = "at least " if run_.cut_short else ""
         lost.append(f"{duration(run_.lost_s)} of work after the checkpoint kept ({bound}{run_.lost_steps} step(s))")
     if lost:
         parts.append(f"lost: {', '.join(lost)}")

@@ -45,6 +45,8 @@ class RankState:
     where: str  # its innermost frame, "file:line in function"
     idle_s: float
     kill_switch: bool = False
+    #: The rank's program ended on an exception of its own (this is its error): a software error, not a bad node.
+    crashed: str | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
