@@ -72,8 +72,10 @@ def _scheduler_queries() -> int:
                                      'exec squeue "$@"\n')
         (fake / "squeue").chmod(0o755)
         script = Path(tmp) / "job.py"
-        script.write_text("import time, slurmrt\nrt = slurmrt.init()\nfor s in range(30):\n    time.sleep(0.1)\n"
-                          "    rt.should_stop(s)\nrt.close()\n")
+        # Four processes: should_stop agrees through torch.distributed, which must be initialized.
+        script.write_text("import time, slurmrt\nrt = slurmrt.init()\nimport torch.distributed as dist\n"
+                          "dist.init_process_group('gloo')\nfor s in range(30):\n    time.sleep(0.1)\n"
+                          "    rt.should_stop(s)\nrt.close()\ndist.destroy_process_group()\n")
         batch = Path(tmp) / "job.sbatch"
         batch.write_text(f"#!/bin/bash\n#SBATCH -N 2 --ntasks-per-node=2 --time=10\nexport PATH={fake}:$PATH\n"
                          f"srun {sys.executable} {script}\n")
