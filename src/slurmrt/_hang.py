@@ -200,15 +200,9 @@ def requeue_and_exclude(t: Topology, o: Options, events: EventLog, bad: list[str
     job = t.requeue_id
     futile = outcome.futile_runs(runs(read_events(events.path))) \
         if events.path is not None and events.path.exists() else 0
-    why = None
-    if not o.requeue:
-        why = "requeue is off (requeue=False)"
-    elif not t.is_slurm or not job:
-        why = "not a SLURM job, nothing to requeue"
-    elif o.max_restarts is not None and t.restart_count >= o.max_restarts:
-        why = f"restart {t.restart_count} reached max_restarts={o.max_restarts}"
-    elif o.max_futile_runs is not None and futile >= o.max_futile_runs:
-        why = outcome.futile_why(futile)
+    why = outcome.requeue_refused(requeue_enabled=o.requeue, is_slurm=t.is_slurm and job is not None,
+                                  restart_count=t.restart_count, max_restarts=o.max_restarts, futile=futile,
+                                  max_futile=o.max_futile_runs)
     name = "HUNG" if code is ExitCode.HUNG else "UNHEALTHY"
     if why is not None:
         logger.error("not requeued: %s", why)

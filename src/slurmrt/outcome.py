@@ -87,16 +87,27 @@ def choose(decision: StopDecision | None, *, requeue_enabled: bool, is_slurm: bo
     if decision.reasons == {Reason.TERM} and not at_time_limit(decision):
         return Verdict(Outcome.STOPPED, "SIGTERM before the time limit (scancel, or preemption, which Slurm requeues "
                                         "itself): not requeued by slurmrt")
-    if not requeue_enabled:
-        return Verdict(Outcome.STOPPED, "stopped; requeue is off (requeue=False)")
-    if not is_slurm:
-        return Verdict(Outcome.STOPPED, "stopped; not a SLURM job, nothing to requeue")
-    if max_restarts is not None and restart_count >= max_restarts:
-        return Verdict(Outcome.STOPPED, f"stopped; restart {restart_count} reached max_restarts={max_restarts}")
-    if max_futile is not None and futile >= max_futile:
-        return Verdict(Outcome.STOPPED, futile_why(futile))
+    refused = requeue_refused(requeue_enabled=requeue_enabled, is_slurm=is_slurm, restart_count=restart_count,
+                              max_restarts=max_restarts, futile=futile, max_futile=max_futile)
+    if refused is not None:
+        return Verdict(Outcome.STOPPED, refused)
     reasons = ", ".join(sorted(r.value for r in decision.reasons))
     return Verdict(Outcome.REQUEUED, f"stopped at step {decision.step} ({reasons}): requeue")
+
+
+def requeue_refused(*, requeue_enabled: bool, is_slurm: bool, restart_count: int, max_restarts: int | None,
+                    futile: int, max_futile: int | None) -> str | None:
+    """Why a run that should be requeued is not (the options, no Slurm, max_restarts, the loop guard); None: requeue.
+    The one policy for every requeue slurmrt makes: a stop (:func:`choose`), a hang, a failed health check."""
+    if not requeue_enabled:
+        return "stopped; requeue is off (requeue=False)"
+    if not is_slurm:
+        return "stopped; not a SLURM job, nothing to requeue"
+    if max_restarts is not None and restart_count >= max_restarts:
+        return f"stopped; restart {restart_count} reached max_restarts={max_restarts}"
+    if max_futile is not None and futile >= max_futile:
+        return futile_why(futile)
+    return None
 
 
 def futile_why(futile: int) -> str:
