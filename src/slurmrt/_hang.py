@@ -149,7 +149,10 @@ class HangResponse:
         if crash is not None:
             logger.error("%s: a software error, not a bad node; no exclusion, no requeue", crash)
             self._exit(ExitCode.FAILED)
-        if store_lost:
+        nodes: dict[int, str] = {}
+        if census is None:  # no store to meet in (or one process): this rank knows only itself
+            suspects, why, lead = [], "no census (no rendezvous store): nobody can be named", True
+        elif store_lost:
             suspects, why = [0], "the rendezvous store no longer answers: rank 0, which hosts it, is gone"
             nodes = {0: t.nodelist[0]} if t.nodelist else {}
             lead = t.local_rank == 0  # nobody can coordinate: one process per node requeues (the rest fail)
@@ -157,8 +160,7 @@ class HangResponse:
             suspects, why = name_suspects(states, t.world_size)
             nodes = {r: states[r].node for r in suspects if r in states}
             with contextlib.suppress(CensusError):
-                if census is not None:
-                    nodes.update(census.nodes(r for r in suspects if r not in nodes))
+                nodes.update(census.nodes(r for r in suspects if r not in nodes))
             lead = min(states) == t.rank
         if not lead:
             if census is not None and not store_lost:

@@ -204,3 +204,36 @@ def test_a_peer_failure_is_told_from_other_errors() -> None:
     assert is_peer_failure(RuntimeError("[pair.cc:534] Connection closed by peer [127.0.0.1]:4242"))
     assert not is_peer_failure(RuntimeError("CUDA out of memory"))
     assert not is_peer_failure(None)
+
+
+def test_without_a_census_a_rank_names_nobody_and_excludes_no_node(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two ranks, but no rendezvous store to meet in: the rank knows only itself, which must not make every other
+    rank a suspect (it once did: they all "did not answer")."""
+    import json
+
+    from slurmrt import _hang
+    from slurmrt.events import EventLog
+    from slurmrt.launch.topology import from_environ
+    from slurmrt.options import Options
+
+    env = {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0",
+           "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_NODELIST": "n[1-2]", "SLURM_STEP_TASKS_PER_NODE": "1(x2)",
+           "SLURMD_NODENAME": "n1"}
+    topo = from_environ(env)
+    log = tmp_path / "events.jsonl"
+    exits: list[int] = []
+
+    def exit_now(code: int) -> None:
+        exits.append(int(code))
+        raise SystemExit(int(code))
+
+    monkeypatch.setattr(_hang, "exit_now", exit_now)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no scontrol: the requeue fails, and says so
+    response = _hang.HangResponse(topo, Options(), EventLog(log, job="7", restart=0, rank=0),
+                                  kill_switch_seen=lambda: False, last_step=lambda: 5, census=lambda: None)
+    with pytest.raises(SystemExit):
+        response.hung(Hang(Activity("step", 0.0), 200.0, 180.0))
+    events = [json.loads(line) for line in log.read_text().splitlines()]
+    (suspects,) = [e for e in events if e["event"] == "suspects"]
+    assert suspects["suspects"] == [] and suspects["nodes"] == []
+    assert not [e for e in events if e["event"] == "exclude"] and exits == [5]
