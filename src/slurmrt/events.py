@@ -21,8 +21,8 @@ from typing import Any, TypeGuard
 
 from . import _clock
 
-__all__ = ["COPY_ENV", "Event", "EventFollower", "EventLog", "Run", "measured", "measured_phases", "read_events",
-           "runs"]
+__all__ = ["COPY_ENV", "Event", "EventFollower", "EventLog", "Measured", "Run", "measured", "measured_earlier",
+           "read_events", "runs"]
 
 logger = logging.getLogger(__name__)
 
@@ -195,29 +195,36 @@ def _number(value: Any) -> TypeGuard[float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def measured(path: Path | None, *, tail_bytes: int = 256 * 1024) -> tuple[float | None, float | None]:
-    """(step seconds, save seconds) the earlier runs of the job measured, from the end of its event log: the step
-    time rank 0 reported last, and the longest of its last three saves. (None, None) when there is nothing."""
+@dataclass(frozen=True)
+class Measured:
+    """What the earlier runs of a job measured: the step time rank 0 reported last, the longest of its last three
+    saves, and the longest duration of each phase (``rt.phase``). None (or empty) where nothing was."""
+
+    step_s: float | None = None
+    save_s: float | None = None
+    phases: dict[str, float] = field(default_factory=dict)
+
+
+def measured_earlier(path: Path | None, *, tail_bytes: int = 256 * 1024) -> Measured:
+    """:class:`Measured`, from one read of the last ``tail_bytes`` of the event log."""
     step_s: float | None = None
     saves: list[float] = []
+    phases: dict[str, float] = {}
     for e in _tail(path, tail_bytes):
-        value = e.get("step_s")
-        if e.get("event") in (Event.PROGRESS.value, Event.DECISION.value) and _number(value):
+        kind, value, seconds, name = e.get("event"), e.get("step_s"), e.get("seconds"), e.get("name")
+        if kind in (Event.PROGRESS.value, Event.DECISION.value) and _number(value):
             step_s = float(value)
-        seconds = e.get("seconds")
-        if e.get("event") == Event.SAVE.value and _number(seconds):
+        elif kind == Event.SAVE.value and _number(seconds):
             saves.append(float(seconds))
-    return step_s, max(saves[-3:]) if saves else None
+        elif kind == Event.PHASE.value and isinstance(name, str) and _number(seconds):
+            phases[name] = max(phases.get(name, 0.0), float(seconds))
+    return Measured(step_s, max(saves[-3:]) if saves else None, phases)
 
 
-def measured_phases(path: Path | None, *, tail_bytes: int = 256 * 1024) -> dict[str, float]:
-    """The longest duration of each phase (``rt.phase``) in the end of the event log."""
-    out: dict[str, float] = {}
-    for e in _tail(path, tail_bytes):
-        name, seconds = e.get("name"), e.get("seconds")
-        if e.get("event") == Event.PHASE.value and isinstance(name, str) and _number(seconds):
-            out[name] = max(out.get(name, 0.0), float(seconds))
-    return out
+def measured(path: Path | None, *, tail_bytes: int = 256 * 1024) -> tuple[float | None, float | None]:
+    """(step seconds, save seconds) of :func:`measured_earlier`; (None, None) when there is nothing."""
+    m = measured_earlier(path, tail_bytes=tail_bytes)
+    return m.step_s, m.save_s
 
 
 def timestamp(event: dict[str, Any]) -> float:

@@ -24,7 +24,7 @@ from ._hang import HangResponse, exit_now, is_peer_failure, unhealthy
 from ._hooks import ProcessHooks
 from ._report import Reporter
 from .checkpoint.store import CheckpointStore, PendingSave, SaveFn, SaveResult
-from .events import COPY_ENV, EventLog, measured, measured_phases, read_events, runs
+from .events import COPY_ENV, EventLog, measured_earlier, read_events, runs
 from .launch import cuda, health, preflight
 from .launch.topology import Topology, from_environ, launcher_argv
 from .options import Options
@@ -85,7 +85,8 @@ def init(**options: Any) -> Runtime:
     switch = KillSwitch(opts.kill_switch) if opts.kill_switch and topo.local_rank == 0 else None
     # What the earlier runs of this job measured stands in until this run measures its own: a requeued run does not
     # start from the 30 s default save time (and skip a save that takes 2 s), nor without a step time.
-    step_s, save_s = measured(log_path)
+    earlier = measured_earlier(log_path)  # one read of the log's tail, on every rank
+    step_s, save_s = earlier.step_s, earlier.save_s
     budget = Budget(margin_s=opts.deadline_margin_s, save_time_s=save_s or opts.save_time_s,
                     kill_wait_s=opts.kill_wait_s, step_time_s=step_s)
     if step_s is not None or save_s is not None:
@@ -93,7 +94,7 @@ def init(**options: Any) -> Runtime:
     rt = Runtime(topo, opts, events, budget=budget, end_time=end_time, kill_switch=switch,
                  hooks=ProcessHooks(SignalRecorder(opts.signals), job_id=topo.job_id, world_size=topo.world_size),
                  connections=connections,
-                 experiment_id=experiment_id, phases=PhaseTimes(measured_phases(log_path)))
+                 experiment_id=experiment_id, phases=PhaseTimes(earlier.phases))
     pollers = [p.poll for p in (switch, end_time if end_time.asks else None) if p is not None]
     if opts.watchdog:
         pollers.append(rt.watchdog().poll)
