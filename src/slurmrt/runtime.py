@@ -237,7 +237,7 @@ class Runtime:
         try:
             yield
         finally:
-            self.activity = Activity(outer.kind, _clock.mono(), outer.name, outer.timeout_s) if outer else None
+            self.activity = outer.resumed(_clock.mono()) if outer else None
 
     @contextlib.contextmanager
     def phase(self, name: str, *, timeout_s: float | None = None) -> Iterator[None]:
@@ -260,7 +260,7 @@ class Runtime:
             if ok:
                 self._phases.add(name, seconds)
                 self._report.phase(name, seconds)
-            self.activity = Activity(outer.kind, _clock.mono(), outer.name, outer.timeout_s) if outer else None
+            self.activity = outer.resumed(_clock.mono()) if outer else None
             self.restart_step_clock()
 
     def start(self, watcher: Watcher) -> None:

@@ -110,13 +110,19 @@ def test_the_installed_wandb_is_probed_for_rewind() -> None:
     assert trackers._wandb_has_rewind() == ("resume_from" in inspect.signature(wandb.init).parameters)
 
 
-def test_mlflow_creates_one_run_then_every_later_run_resumes_it(tmp_path: Path,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def mlflow_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """MLflow on a file store under tmp_path, and an empty checkpoint directory tmp_path/ckpt; yields mlflow."""
     mlflow = pytest.importorskip("mlflow")
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
     mlflow.set_tracking_uri(f"file:{tmp_path / 'mlruns'}")
+    (tmp_path / "ckpt").mkdir()
+    return mlflow
+
+
+def test_mlflow_creates_one_run_then_every_later_run_resumes_it(tmp_path: Path, mlflow_store: Any) -> None:
+    mlflow = mlflow_store
     ckpt = tmp_path / "ckpt"
-    ckpt.mkdir()
     ids = []
     for _ in range(2):
         run = trackers.mlflow_start_run(_rt(ckpt, None))
@@ -188,14 +194,10 @@ def test_without_matplotlib_drawing_says_what_to_install(tmp_path: Path, monkeyp
         draw(build(_events()), tmp_path / "life.png")
 
 
-def test_an_mlflow_run_that_cannot_be_resumed_gives_a_new_run_not_a_crash(tmp_path: Path,
-                                                                          monkeypatch: pytest.MonkeyPatch,
+def test_an_mlflow_run_that_cannot_be_resumed_gives_a_new_run_not_a_crash(tmp_path: Path, mlflow_store: Any,
                                                                           caplog: pytest.LogCaptureFixture) -> None:
-    mlflow = pytest.importorskip("mlflow")
-    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
-    mlflow.set_tracking_uri(f"file:{tmp_path / 'mlruns'}")
+    mlflow = mlflow_store
     ckpt = tmp_path / "ckpt"
-    ckpt.mkdir()
     first = trackers.mlflow_start_run(_rt(ckpt, None)).info.run_id
     mlflow.end_run()
     (meta,) = (tmp_path / "mlruns").glob(f"*/{first}/meta.yaml")

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .. import _clock
 from .deadline import Budget
@@ -48,6 +48,10 @@ class Activity:
     since: float
     name: str | None = None  # the phase's name
     timeout_s: float | None = None  # a phase's own allowance, when the user gave one
+
+    def resumed(self, now: float) -> Activity:
+        """The same activity, taken up again at ``now`` after a nested one (a save inside a phase)."""
+        return replace(self, since=now)
 
     def describe(self) -> str:
         return f"phase {self.name!r}" if self.kind == "phase" else {"start": "the start (before the first steps)",
