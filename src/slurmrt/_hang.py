@@ -30,7 +30,10 @@ from .outcome import ExitCode
 from .stop.census import Census, CensusError, RankState, main_thread_state, name_suspects
 from .stop.watchdog import Hang
 
-__all__ = ["HangResponse", "all_stacks", "exit_now", "is_peer_failure", "requeue_and_exclude", "unhealthy"]
+#: How long the census and its hand-over may wait once Slurm takes the step down (see HangResponse.terminating).
+HURRIED_S = 3.0
+
+__all__ = ["HURRIED_S", "HangResponse", "all_stacks", "exit_now", "is_peer_failure", "requeue_and_exclude", "unhealthy"]
 
 logger = logging.getLogger("slurmrt.hang")
 
@@ -70,6 +73,12 @@ class HangResponse:
     census_wait_s: float = 20.0
     #: Cancels the job and exits 0 (the kill switch).
     cancel: Callable[[float], Any] | None = None
+    #: True once SIGTERM arrived: Slurm takes the step down (``--kill-on-bad-exit``, a requeue, scancel) and kills
+    #: the process after KillWait (30 s by default). Every wait then shrinks to :data:`HURRIED_S`: the leader must
+    #: requeue before that, and slurmd answers the step's cancel only once its tasks are gone. Measured on the test
+    #: cluster: when that answer took longer than MessageTimeout (10 s), slurmctld queued the signal for a retry,
+    #: which reached the *requeued* run's step of the same id a minute later and stopped it.
+    terminating: Callable[[], bool] = lambda: False
     _once: threading.Lock = field(default_factory=threading.Lock)
 
     def hung(self, hang: Hang) -> NoReturn:
@@ -137,7 +146,7 @@ class HangResponse:
                 if not census.is_open():
                     census.open()
                 census.answer(state)
-                states = census.collect(self.census_wait_s)
+                states = census.collect(lambda: self._wait(self.census_wait_s))
             except CensusError as err:
                 logger.error("%s: naming rank 0's node, whose process hosts the store", err)
                 store_lost = True
@@ -165,7 +174,7 @@ class HangResponse:
         if not lead:
             if census is not None and not store_lost:
                 with contextlib.suppress(CensusError):
-                    census.wait_finished(60.0)
+                    census.wait_finished(self._wait(60.0))
             self._exit(ExitCode.HUNG)
         bad = sorted(set(nodes.values()))
         logger.error("suspects: %s (%s); node(s) %s", suspects or "none", why, ", ".join(bad) or "none")
@@ -177,8 +186,11 @@ class HangResponse:
         if census is not None and not store_lost:
             with contextlib.suppress(CensusError):
                 census.finish(verdict)
-                census.wait_acknowledged(states, 10.0)  # this process may host the store the others read
+                census.wait_acknowledged(states, self._wait(10.0))  # this process may host the store
         self._exit(ExitCode.HUNG)
+
+    def _wait(self, seconds: float) -> float:
+        return min(seconds, HURRIED_S) if self.terminating() else seconds
 
     def _requeue_and_exclude(self, bad: list[str]) -> str:
         return requeue_and_exclude(self.topology, self.options, self.events, bad, ExitCode.HUNG)

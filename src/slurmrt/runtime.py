@@ -13,6 +13,7 @@ import functools
 import logging
 import os
 import re
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn
@@ -144,6 +145,7 @@ class Runtime:
             self.topology, o, self.events, kill_switch_seen=self._kill_switch_seen,
             last_step=lambda: self._agreement.last_step if self._agreement is not None else None,
             census=self._run_census, census_wait_s=max(10.0, 3 * o.kill_switch_poll_s),
+            terminating=lambda: signal.SIGTERM in self._signals.first_seen,
             cancel=functools.partial(cancel_and_exit, o.kill_switch, self.topology.requeue_id)
             if o.kill_switch else None)
         self._hooks.on_uncaught = self._uncaught

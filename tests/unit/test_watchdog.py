@@ -237,3 +237,53 @@ def test_without_a_census_a_rank_names_nobody_and_excludes_no_node(tmp_path, mon
     (suspects,) = [e for e in events if e["event"] == "suspects"]
     assert suspects["suspects"] == [] and suspects["nodes"] == []
     assert not [e for e in events if e["event"] == "exclude"] and exits == [5]
+
+
+def test_once_slurm_takes_the_step_down_the_census_waits_only_briefly_for_a_dead_rank(
+        tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SIGTERM arrived (``--kill-on-bad-exit``): the survivor must requeue and exit long before KillWait, and before
+    slurmd's answer to the step's cancel times out (else slurmctld retries the signal into the requeued run). The
+    census would otherwise wait its whole time (here an hour) for the rank that died."""
+    import json
+    import threading
+
+    from torch.distributed import HashStore
+
+    from slurmrt import _hang
+    from slurmrt.events import EventLog
+    from slurmrt.launch.topology import from_environ
+    from slurmrt.options import Options
+    from slurmrt.stop.census import Census
+
+    env = {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0",
+           "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_NODELIST": "n[1-2]", "SLURM_STEP_TASKS_PER_NODE": "1(x2)",
+           "SLURMD_NODENAME": "n1"}
+    topo = from_environ(env)
+    store = HashStore()
+    census = Census(store, prefix="c/", rank=0, world=2)
+    Census(store, prefix="c/", rank=1, world=2).register("n2")  # rank 1 registered, then died: it never answers
+    log = tmp_path / "events.jsonl"
+    exits: list[int] = []
+
+    def exit_now(code: int) -> None:
+        exits.append(int(code))
+        raise SystemExit(int(code))
+
+    monkeypatch.setattr(_hang, "exit_now", exit_now)
+    monkeypatch.setattr(_hang, "HURRIED_S", 0.3)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no scontrol: the requeue fails, and says so
+    response = _hang.HangResponse(topo, Options(), EventLog(log, job="7", restart=0, rank=0),
+                                  kill_switch_seen=lambda: False, last_step=lambda: 5, census=lambda: census,
+                                  census_wait_s=3600.0, terminating=lambda: True)
+
+    def respond() -> None:
+        with pytest.raises(SystemExit):
+            response.lost_peer(RuntimeError("Connection closed by peer"))
+
+    thread = threading.Thread(target=respond, daemon=True)
+    thread.start()
+    thread.join(600)  # an hour's census if the wait did not shrink
+    assert not thread.is_alive() and exits == [5]
+    events = [json.loads(line) for line in log.read_text().splitlines()]
+    (suspects,) = [e for e in events if e["event"] == "suspects"]
+    assert [s["rank"] for s in suspects["suspects"]] == [1] and suspects["nodes"] == ["n2"]

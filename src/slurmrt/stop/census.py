@@ -19,7 +19,7 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -120,9 +120,10 @@ class Census:
     def answer(self, state: RankState) -> None:
         self._call("set", f"{self._prefix}rank/{state.rank}", state.to_json())
 
-    def collect(self, wait_s: float) -> dict[int, RankState]:
-        """The answers, waiting up to ``wait_s`` for every rank's."""
-        deadline = time.monotonic() + wait_s
+    def collect(self, wait_s: float | Callable[[], float]) -> dict[int, RankState]:
+        """The answers, waiting up to ``wait_s`` for every rank's (a callable is asked again at each poll: the
+        wait can shrink while it runs, when Slurm starts to take the step down)."""
+        start = time.monotonic()
         pending = set(range(self.world))
         states: dict[int, RankState] = {}
         while True:
@@ -131,7 +132,8 @@ class Census:
                 if self._call("check", [key]):
                     states[r] = RankState.from_json(self._call("get", key))
                     pending.discard(r)
-            if not pending or time.monotonic() >= deadline:
+            limit = wait_s() if callable(wait_s) else wait_s
+            if not pending or time.monotonic() - start >= limit:
                 return states
             time.sleep(0.2)
 
