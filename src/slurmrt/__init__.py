@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from . import trackers
+    from .checkpoint.store import Staged
     from .launch import cuda, hostlist
     from .launch.parallel import ParallelConfig
     from .launch.topology import LaunchMode, Topology
@@ -46,6 +47,7 @@ _LAZY = {
     "cuda": ".launch.cuda",
     "hostlist": ".launch.hostlist",
     "ParallelConfig": ".launch.parallel",
+    "Staged": ".checkpoint.store",
     "LaunchMode": ".launch.topology",
     "Topology": ".launch.topology",
     "FlockHandler": ".log",
@@ -101,6 +103,7 @@ __all__ = [
     "Reason",
     "Runtime",
     "SlurmrtError",
+    "Staged",
     "StopDecision",
     "Topology",
     "__version__",

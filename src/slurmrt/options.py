@@ -27,6 +27,10 @@ class Options:
     #: A path anyone may create to stop the job (or every task of an array) cleanly, without requeue.
     kill_switch: Path | None = None
     keep_last: int = 3
+    #: Milestones: a checkpoint whose step is a multiple of this is never pruned. None: no milestones.
+    keep_every: int | None = None
+    #: Threads that write (and checksum) one rank's part of a checkpoint.
+    save_threads: int = 4
     signals: tuple[signal.Signals, ...] = DEFAULT_SIGNALS
     requeue: bool = True
     max_restarts: int | None = None
@@ -83,11 +87,11 @@ class Options:
 
 
 _PATHS = {"checkpoint_dir", "kill_switch", "event_log"}
-_INTS = {"keep_last", "max_restarts", "max_excluded_nodes", "max_futile_runs", "nnodes", "gpus_per_node", "tp", "pp",
-         "cp"}
+_INTS = {"keep_last", "keep_every", "save_threads", "max_restarts", "max_excluded_nodes", "max_futile_runs", "nnodes",
+         "gpus_per_node", "tp", "pp", "cp"}
 _FLOATS = {"deadline_margin_s", "save_time_s", "kill_wait_s", "kill_switch_poll_s", "end_time_refresh_s",
            "hang_timeout_s", "progress_s", "hang_floor_s", "startup_timeout_s"}
-_OPTIONAL = {"max_restarts", "max_futile_runs"}
+_OPTIONAL = {"max_restarts", "max_futile_runs", "keep_every"}
 _BOOLS = {"requeue", "deadline", "watchdog", "health_check", "fsdp", "moe_overlap"}
 
 

@@ -24,7 +24,7 @@ from ._errors import CheckpointError, ConfigError
 from ._hang import HangResponse, exit_now, is_peer_failure, unhealthy
 from ._hooks import ProcessHooks
 from ._report import Reporter
-from .checkpoint.store import CheckpointStore, PendingSave, SaveFn, SaveResult
+from .checkpoint.store import CheckpointStore, PendingSave, SaveFn, SaveResult, Staged
 from .events import COPY_ENV, EventLog, measured_earlier, read_events, runs
 from .launch import cuda, health, preflight
 from .launch.topology import Topology, from_environ, launcher_argv
@@ -120,6 +120,9 @@ class Runtime:
         #: The step of the checkpoint load_latest() resumed from; None before it, or on a fresh start.
         self.resumed_step: int | None = None
         self.loaded = False  #: True once load_latest() was called
+        #: This rank's ``local`` state of the checkpoint load_latest() resumed from; None if none was saved, or if
+        #: it could not be restored (another world size: a warning says so).
+        self.local_state: Any = None
         # Rank 0 records its progress at the first step, then every progress_s; never, on the other ranks.
         self._next_progress = 0.0 if topology.rank == 0 and options.progress_s is not None else float("inf")
         self._agreement: Agreement | None = None
@@ -441,13 +444,17 @@ class Runtime:
                 )
             token = f"{self.topology.requeue_id or 'local'}-r{self.restart_count}".replace("/", "_")
             self._store = CheckpointStore(self.options.checkpoint_dir, self._groups().work,
-                                          keep_last=self.options.keep_last, token=token)
+                                          keep_last=self.options.keep_last, keep_every=self.options.keep_every,
+                                          token=token, threads=self.options.save_threads)
         if self._background is not None:
             self._collect()  # the store waits for it anyway; take its result first
         return self._store
 
-    def save(self, state: dict[str, Any] | SaveFn, *, step: int, blocking: bool = True) -> bool:
-        """Checkpoint ``state`` (this rank's dict, or a callable writing into a directory) as ``step``.
+    def save(self, state: dict[str, Any] | SaveFn | Staged, *, step: int, blocking: bool = True,
+             local: Any = None) -> bool:
+        """Checkpoint ``state`` as ``step``: a dict of sharded state (DTensor: saved with DCP, resumable on another
+        world size), this rank's dict (a DDP model's), or a function writing into a directory. ``local`` is this
+        rank's own state (RNG states, data position), given back on the same rank by :attr:`local_state`.
 
         Collective: every rank calls it with the same step. After a stop, saves are blocking, and are skipped (False)
         when SIGTERM left less time than the measured save takes -- better a clean exit than a SIGKILL mid-write.
@@ -457,7 +464,7 @@ class Runtime:
             self._report.save_skipped(step, self._budget.saves.estimate())
             return False
         with self._doing("save"):
-            got = self._get_store().save(state, step, blocking=blocking or decision is not None)
+            got = self._get_store().save(state, step, blocking=blocking or decision is not None, local=local)
         if isinstance(got, PendingSave):
             self._background = got
         else:
@@ -488,14 +495,23 @@ class Runtime:
         self._budget.save_done(result.seconds, started=result.started, periodic=self._decision is None)
         self._report.saved(result, blocking=blocking)
 
-    def load_latest(self) -> tuple[int, Any] | None:
-        """(step, state) of the newest complete checkpoint, the same one on every rank; None on a fresh start."""
+    def load_latest(self, *, into: dict[str, Any] | None = None, verify: bool = True) -> tuple[int, Any] | None:
+        """(step, state) of the newest sound checkpoint, the same one on every rank; None on a fresh start.
+
+        For sharded state, ``into`` is this run's state dict (sharded as this run shards it, with the keys of the
+        save): it is loaded in place, resharded, and returned as ``state``. ``verify`` checks every file's checksum
+        (the ranks share the reading); a checkpoint that fails is skipped with a warning naming the file.
+        """
         with self._doing("load"):
-            got = self._get_store().load_latest()
-        self.resumed_step = got[0] if got is not None else None
+            got = self._get_store().load_latest(into=into, verify=verify)
+        self.resumed_step = got.step if got is not None else None
+        self.local_state = got.local if got is not None else None
+        if got is not None and got.local_lost is not None:
+            logger.warning("rank %d: %s", self.rank, got.local_lost)
         self.loaded = True
-        self._report.loaded(got)
-        return got
+        result = (got.step, got.state) if got is not None else None
+        self._report.loaded(result)
+        return result
 
     # -- the end ---------------------------------------------------------------------------------------------------
     def _futile_runs(self) -> int:

@@ -3,18 +3,26 @@
 from __future__ import annotations
 
 import json
+import zlib
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from slurmrt import CheckpointError
 from slurmrt._comm import SoloComm
-from slurmrt.checkpoint.store import CheckpointStore
+from slurmrt.checkpoint.store import CheckpointStore, Staged
 
 
-def _store(root: Path, keep_last: int = 3) -> CheckpointStore:
-    return CheckpointStore(root, SoloComm(), keep_last=keep_last)
+def _store(root: Path, keep_last: int = 3, keep_every: int | None = None) -> CheckpointStore:
+    return CheckpointStore(root, SoloComm(), keep_last=keep_last, keep_every=keep_every)
+
+
+def _loaded(store: CheckpointStore, **kwargs: Any) -> tuple[int, Any]:
+    got = store.load_latest(**kwargs)
+    assert got is not None
+    return got.step, got.state
 
 
 def test_fresh_directory_has_no_checkpoint(tmp_path: Path) -> None:
@@ -24,7 +32,7 @@ def test_fresh_directory_has_no_checkpoint(tmp_path: Path) -> None:
 def test_saved_state_loads_back_with_its_step(tmp_path: Path) -> None:
     store = _store(tmp_path)
     store.save({"w": torch.arange(4.0), "note": "hi"}, 7)
-    step, state = store.load_latest()  # type: ignore[misc]
+    step, state = _loaded(store)
     assert step == 7 and state["note"] == "hi" and torch.equal(state["w"], torch.arange(4.0))
     assert (tmp_path / "latest").read_text().strip() == "step_000000007"
 
@@ -35,7 +43,7 @@ def test_a_partial_save_is_invisible(tmp_path: Path) -> None:
     partial = tmp_path / ".tmp-step_000000002-x-1"
     partial.mkdir()
     (partial / "rank_00000.pt").write_bytes(b"half")
-    assert store.load_latest()[0] == 1  # type: ignore[index]
+    assert _loaded(store)[0] == 1
 
 
 def test_a_truncated_checkpoint_is_skipped_for_the_previous_one(tmp_path: Path, caplog: pytest.LogCaptureFixture
@@ -45,7 +53,7 @@ def test_a_truncated_checkpoint_is_skipped_for_the_previous_one(tmp_path: Path, 
     store.save({"w": torch.ones(100)}, 2)
     part = tmp_path / "step_000000002" / "rank_00000.pt"
     part.write_bytes(part.read_bytes()[:50])
-    step, state = store.load_latest()  # type: ignore[misc]
+    step, state = _loaded(store)
     assert step == 1 and torch.equal(state["w"], torch.zeros(100))
     assert "unusable" in caplog.text and "truncated" in caplog.text
 
@@ -56,7 +64,7 @@ def test_a_corrupt_file_of_the_right_size_is_skipped(tmp_path: Path) -> None:
     store.save({"w": 2}, 2)
     part = tmp_path / "step_000000002" / "rank_00000.pt"
     part.write_bytes(b"\0" * part.stat().st_size)
-    assert store.load_latest()[0] == 1  # type: ignore[index]
+    assert _loaded(store)[0] == 1
 
 
 def test_only_the_last_k_checkpoints_are_kept(tmp_path: Path) -> None:
@@ -72,7 +80,7 @@ def test_non_blocking_save_snapshots_the_state_before_it_changes(tmp_path: Path)
     store.save({"w": w}, 3, blocking=False)
     w += 1  # training goes on while the background thread writes
     store.wait()
-    assert torch.equal(store.load_latest()[1]["w"], torch.zeros(1000))  # type: ignore[index]
+    assert torch.equal(_loaded(store)[1]["w"], torch.zeros(1000))
 
 
 def test_callable_saves_get_a_directory_and_load_returns_it(tmp_path: Path) -> None:
@@ -83,9 +91,10 @@ def test_callable_saves_get_a_directory_and_load_returns_it(tmp_path: Path) -> N
         (directory / "model" / "weights.bin").write_bytes(b"x" * 10)
 
     store.save(framework_saver, 5)
-    step, path = store.load_latest()  # type: ignore[misc]
+    step, path = _loaded(store)
     assert step == 5 and (path / "model" / "weights.bin").read_bytes() == b"x" * 10
-    assert json.loads((path / "manifest.json").read_text())["files"] == {"model/weights.bin": 10}
+    assert json.loads((path / "manifest.json").read_text())["files"] == {
+        "model/weights.bin": {"size": 10, "crc32": f"{zlib.crc32(b'x' * 10):08x}"}}
 
 
 def test_a_failing_write_raises_and_keeps_the_previous_checkpoint(tmp_path: Path) -> None:
@@ -98,19 +107,51 @@ def test_a_failing_write_raises_and_keeps_the_previous_checkpoint(tmp_path: Path
     with pytest.raises(CheckpointError, match="No space left on device.*previous checkpoint is intact|"
                                               "previous checkpoint is intact.*No space left"):
         store.save(broken, 2)
-    assert store.load_latest()[0] == 1  # type: ignore[index]
+    assert _loaded(store)[0] == 1
     assert not list(tmp_path.glob(".tmp-*"))
 
 
 def test_a_background_save_error_surfaces_on_the_training_thread(tmp_path: Path) -> None:
     store = _store(tmp_path)
 
-    def broken(directory: Path) -> None:
+    def broken(snapshot: Any, directory: Path) -> None:
         raise OSError(13, "Permission denied")
 
-    store.save(broken, 1, blocking=False)
+    store.save(Staged(lambda: None, broken), 1, blocking=False)
     with pytest.raises(CheckpointError, match="Permission denied"):
         store.wait()
+
+
+def test_a_plain_save_function_is_refused_in_the_background_and_nothing_is_written(tmp_path: Path) -> None:
+    """Its collectives (a framework saver's) would run beside the training thread's: refused, with the fix."""
+    store = _store(tmp_path)
+    calls: list[Path] = []
+    with pytest.raises(CheckpointError, match=r"blocking=True, or pass slurmrt.Staged"):
+        store.save(calls.append, 1, blocking=False)
+    assert calls == [] and store.pending is None and not list(tmp_path.iterdir())
+
+
+def test_a_staged_save_snapshots_on_the_calling_thread_and_writes_in_the_background(tmp_path: Path) -> None:
+    import threading
+
+    store = _store(tmp_path)
+    threads: dict[str, str] = {}
+    live = {"w": 1}
+
+    def snapshot() -> dict[str, int]:
+        threads["snapshot"] = threading.current_thread().name
+        return dict(live)
+
+    def write(snap: dict[str, int], directory: Path) -> None:
+        threads["write"] = threading.current_thread().name
+        (directory / "w.json").write_text(json.dumps(snap))
+
+    store.save(Staged(snapshot, write), 4, blocking=False)
+    live["w"] = 2  # training goes on: the snapshot was taken
+    store.wait()
+    assert threads == {"snapshot": threading.current_thread().name, "write": "slurmrt-save"}
+    step, path = _loaded(store)
+    assert step == 4 and json.loads((path / "w.json").read_text()) == {"w": 1}
 
 
 def test_a_checkpoint_from_another_world_size_is_refused(tmp_path: Path) -> None:

@@ -3,16 +3,19 @@
 Layout under the checkpoint directory::
 
     step_000001200/            complete checkpoints: visible only once every rank finished writing
-        manifest.json          step, world size, kind, every file with its size; written last
-        rank_00000.pt ...      one file per rank ("state" kind), or whatever a save callable wrote ("dir" kind)
+        manifest.json          step, world size, kind, every file with its size and CRC-32; written last
+        rank_00000.pt ...      one file per rank ("state" kind), or whatever a save callable wrote ("dir" kind),
+        .metadata, __0_0.distcp ...  or a DCP checkpoint of sharded state ("dcp" kind), with
+        local/rank_00000.pt    each rank's own state (RNG, data position) next to it
     .tmp-step_000001300-...    a save in progress, or one killed by SIGKILL: never loaded, removed later
     latest                     name of the newest complete checkpoint, for people and tools
 
 Commit: each rank writes and fsyncs its part in the temp directory; the ranks agree that all parts succeeded; rank 0
 writes the manifest, fsyncs, renames the directory into place (atomic), fsyncs the parent, then updates ``latest``
 by rename. A SIGKILL at any moment leaves either the old set or the new one. :meth:`CheckpointStore.load_latest`
-scans the directories rather than trusting ``latest``, checks the manifest against the files, and the ranks agree on
-the newest checkpoint that every one of them could read.
+scans the directories rather than trusting ``latest``, checks the manifest against the files (sizes, and the
+checksums, each rank a share of the files), and the ranks agree on the newest checkpoint that every one of them could
+read.
 """
 
 from __future__ import annotations
@@ -33,15 +36,38 @@ from typing import Any
 from .. import _clock
 from .._comm import Comm
 from .._errors import CheckpointError
-from ._files import fsync_dir, fsync_tree, replace_text, write_state, write_text
+from . import sharded
+from ._files import FileInfo, checksum_files, fsync_dir, fsync_tree, replace_text, write_state, write_text
 
-__all__ = ["CheckpointStore", "PendingSave", "SaveFn", "SaveResult"]
+__all__ = ["CheckpointStore", "Loaded", "PendingSave", "SaveFn", "SaveResult", "Staged", "verify"]
 
 logger = logging.getLogger(__name__)
 
 _STEP_DIR = re.compile(r"step_(\d{9,})")
 MANIFEST = "manifest.json"
 SaveFn = Callable[[Path], Any]
+
+
+@dataclass(frozen=True)
+class Staged:
+    """A save function in two parts, the form a function takes for ``blocking=False``: ``snapshot()`` runs on the
+    training thread (it may use collectives, and copies what training will change), then ``write(snapshot,
+    directory)`` runs on the background thread and must issue no collective (it would pair up with the training
+    thread's). A plain function is refused for background saves: a framework saver's own collectives would."""
+
+    snapshot: Callable[[], Any]
+    write: Callable[[Any, Path], Any]
+
+
+@dataclass(frozen=True)
+class Loaded:
+    step: int
+    #: This rank's dict ("state"), the directory ("dir"), or the ``into`` dict filled in place ("dcp").
+    state: Any
+    #: This rank's local state (``save(..., local=...)``); None if none was saved or it could not be restored.
+    local: Any = None
+    #: Why the local state was not restored (another world size), else None.
+    local_lost: str | None = None
 
 
 @dataclass(frozen=True)
@@ -86,34 +112,61 @@ class PendingSave:
 
 
 class CheckpointStore:
-    def __init__(self, root: Path, comm: Comm, *, keep_last: int = 3, token: str = "0") -> None:
+    def __init__(self, root: Path, comm: Comm, *, keep_last: int = 3, keep_every: int | None = None,
+                 token: str = "0", threads: int = 4) -> None:
         if keep_last < 1:
             raise ValueError(f"keep_last={keep_last}: keep at least the newest checkpoint (>= 1)")
+        if keep_every is not None and keep_every < 1:
+            raise ValueError(f"keep_every={keep_every}: a number of steps (>= 1), or None for no milestones")
         self.root = root
         self.comm = comm
         self.keep_last = keep_last
+        self.keep_every = keep_every
+        self.threads = threads
         self._token = token  # job id and restart: a temp dir name no earlier attempt used
         self._seq = 0
+        self._stager = sharded.Stager()
         #: The background save in flight, if any.
         self.pending: PendingSave | None = None
 
     # -- saving ----------------------------------------------------------------------------------------------------
-    def save(self, state: dict[str, Any] | SaveFn, step: int, *, blocking: bool = True) -> SaveResult | PendingSave:
+    def save(self, state: dict[str, Any] | SaveFn | Staged, step: int, *, blocking: bool = True,
+             local: Any = None) -> SaveResult | PendingSave:
         """Write a checkpoint of ``step``; collective: every rank calls it with the same step.
 
-        ``state`` is this rank's dict (tensors and plain data), or a callable that writes into the directory it is
-        given (the same directory on every rank, as Accelerate's ``save_state`` and Megatron's saver expect).
-        Blocking, it returns the :class:`SaveResult`. Non-blocking, tensors are copied to host memory now and
-        written by a background thread, and it returns the :class:`PendingSave`; at most one is in flight, and the
-        next save (or :meth:`wait`) waits for it.
+        ``state`` is one of:
+
+        - a dict holding sharded tensors (DTensor: FSDP2, tensor parallel): saved with DCP, each shard once;
+        - any other dict: this rank's state (a DDP model's), one ``torch.save`` file per rank;
+        - a function writing into the directory it is given (the same directory on every rank, as Accelerate's
+          ``save_state`` and Megatron's saver expect), or a :class:`Staged` one for a background save.
+
+        ``local`` is this rank's own state (RNG states, a data loader's position), restored on the same rank.
+        Blocking, it returns the :class:`SaveResult`. Non-blocking, the state is copied into reused host buffers
+        now and written by a background thread, and it returns the :class:`PendingSave`; at most one is in flight,
+        and the next save (or :meth:`wait`) waits for it.
         """
+        if not blocking and callable(state) and not isinstance(state, Staged):
+            raise CheckpointError(
+                "a save function cannot run in the background: its own collectives (a framework saver's) would "
+                "interleave with the training thread's. Save it with blocking=True, or pass "
+                "slurmrt.Staged(snapshot, write): snapshot() on the training thread, write(snapshot, directory) "
+                "in the background with no collective", step=step)
         self.wait()
         self._seq += 1
         tmp = self.root / f".tmp-step_{step:09d}-{self._token}-{self._seq}"
         if blocking:
-            return self._save(state, step, tmp)
-        snapshot = state if callable(state) else _to_host(state)
-        self.pending = PendingSave(lambda: self._save(snapshot, step, tmp))
+            if isinstance(state, Staged):
+                snap = state.snapshot()
+                return self._save(lambda d: state.write(snap, d), step, tmp, local)
+            return self._save(state, step, tmp, local)
+        if isinstance(state, Staged):
+            snap = state.snapshot()
+            work: dict[str, Any] | SaveFn = lambda d: state.write(snap, d)  # noqa: E731
+        else:
+            work = self._stager.stage(state)
+        local = copy.deepcopy(local) if local is not None else None
+        self.pending = PendingSave(lambda: self._save(work, step, tmp, local))
         return self.pending
 
     def wait(self) -> SaveResult | None:
@@ -121,27 +174,47 @@ class CheckpointStore:
         pending, self.pending = self.pending, None
         return pending.wait() if pending is not None else None
 
-    def _save(self, state: dict[str, Any] | SaveFn, step: int, tmp: Path) -> SaveResult:
+    def _write(self, state: dict[str, Any] | SaveFn, tmp: Path, local: Any) -> tuple[str, dict[str, FileInfo]]:
+        """This rank's part of the checkpoint: (kind, the files this rank wrote, with their checksums)."""
+        rank = self.comm.rank
+        tmp.mkdir(parents=True, exist_ok=True)
+        files: dict[str, FileInfo] = {}
+        if callable(state):
+            # Every rank of a framework saver writes into this one directory, and renames its own temporary
+            # files there: a walk here could meet another rank's file as it vanishes (FileNotFoundError, seen
+            # with Accelerate on the test cluster). Rank 0's commit checksums the whole tree once every rank is done.
+            state(tmp)
+            kind = "dir"
+        elif sharded.is_sharded(state):
+            sharded.save_dcp(state, tmp, group=getattr(self.comm, "group", None), threads=self.threads)
+            mine = sharded.rank_files(os.listdir(tmp), rank)
+            if rank == 0:
+                mine.append(".metadata")
+            files = checksum_files(tmp, mine, threads=self.threads)
+            kind = "dcp"
+        else:
+            name = f"rank_{rank:05d}.pt"
+            files = {name: write_state(tmp / name, state)}
+            kind = "state"
+        if local is not None:
+            (tmp / sharded.LOCAL_DIR).mkdir(exist_ok=True)
+            name = f"{sharded.LOCAL_DIR}/rank_{rank:05d}.pt"
+            files[name] = write_state(tmp / name, {"local": local})
+        return kind, files
+
+    def _save(self, state: dict[str, Any] | SaveFn, step: int, tmp: Path, local: Any = None) -> SaveResult:
         start, started = _clock.mono(), _clock.wall()
         rank = self.comm.rank
         error: str | None = None
-        files: dict[str, int] = {}
+        kind, files = "state", dict[str, FileInfo]()
         try:
-            tmp.mkdir(parents=True, exist_ok=True)
-            if callable(state):
-                # Every rank of a framework saver writes into this one directory, and renames its own temporary
-                # files there: a walk here could meet another rank's file as it vanishes (FileNotFoundError, seen
-                # with Accelerate on the test cluster). Rank 0's commit syncs the whole tree once every rank is done.
-                state(tmp)
-            else:
-                name = f"rank_{rank:05d}.pt"
-                files = {name: write_state(tmp / name, state)}
+            kind, files = self._write(state, tmp, local)
         except Exception as err:  # disk full, permission denied, an unpicklable object: all ranks must hear of it
             # torch.save reports a failed write as "unexpected pos ...", hiding ENOSPC/EFBIG: show the free space.
             error = f"rank {rank}: {err!r} ({_free_space(self.root)}){_fix(err, self.root)}"
             logger.exception("checkpoint step %d: writing failed on rank %d: %s", step, rank, err)
-        reports: list[tuple[str | None, dict[str, int]]] = self.comm.all_gather((error, files))  # one round trip
-        errors = [e for e, _ in reports if e]
+        reports: list[tuple[str | None, str, dict[str, FileInfo]]] = self.comm.all_gather((error, kind, files))
+        errors = [e for e, _, _ in reports if e]
         if errors:
             if rank == 0:
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -150,12 +223,15 @@ class CheckpointStore:
                 f"{'; '.join(errors)}. The traceback is in the failing rank's log",
                 step=step, errors=errors,
             )
-        all_files = [part for _, part in reports]
+        kinds = {k for _, k, _ in reports}
+        if len(kinds) != 1:
+            raise CheckpointError(f"checkpoint of step {step}: the ranks saved different kinds of state "
+                                  f"({sorted(kinds)}); every rank must pass the same kind", step=step)
         final = self.root / f"step_{step:09d}"
         outcome: tuple[str | None, int] = (None, 0)
         if rank == 0:
             try:
-                outcome = (None, self._commit(tmp, final, step, all_files, callable(state)))
+                outcome = (None, self._commit(tmp, final, step, kind, [f for _, _, f in reports]))
             except Exception as err:
                 logger.exception("checkpoint step %d: the commit failed", step)  # with the traceback
                 outcome = (repr(err), 0)
@@ -168,16 +244,20 @@ class CheckpointStore:
             )
         return SaveResult(step=step, path=final, seconds=_clock.mono() - start, bytes=size, started=started)
 
-    def _commit(self, tmp: Path, final: Path, step: int, all_files: list[dict[str, int]], is_dir: bool) -> int:
+    def _commit(self, tmp: Path, final: Path, step: int, kind: str, parts: list[dict[str, FileInfo]]) -> int:
         """Make ``tmp`` the checkpoint ``final``; returns the bytes it holds. Rank 0 only."""
-        files: dict[str, int] = {}
-        if is_dir:
-            files = fsync_tree(tmp)  # now that every rank finished writing into it
+        files: dict[str, FileInfo] = {}
+        for part in parts:
+            files.update(part)
+        if kind == "dir":  # what the function wrote, now that every rank finished writing
+            names = [n for n in fsync_tree(tmp) if n not in files]
+            files.update(checksum_files(tmp, names, threads=self.threads))
         else:
-            for part in all_files:
-                files.update(part)
-        manifest = {"step": step, "world_size": self.comm.world_size, "kind": "dir" if is_dir else "state",
-                    "files": files}
+            fsync_dir(tmp)
+            if (tmp / sharded.LOCAL_DIR).is_dir():
+                fsync_dir(tmp / sharded.LOCAL_DIR)
+        manifest = {"version": 2, "step": step, "world_size": self.comm.world_size, "kind": kind,
+                    "files": dict(sorted(files.items()))}
         write_text(tmp / MANIFEST, json.dumps(manifest, indent=1))
         fsync_dir(tmp)
         if final.exists():
@@ -189,11 +269,15 @@ class CheckpointStore:
         fsync_dir(self.root)
         replace_text(self.root / "latest", final.name + "\n")
         self._prune()
-        return sum(files.values())
+        return sum(int(f["size"]) for f in files.values())
 
     def _prune(self) -> None:
+        """Keep the ``keep_last`` newest checkpoints, and every milestone (a step that is a multiple of
+        ``keep_every``), which pruning never deletes."""
         complete = self._complete_steps()
         for step in complete[self.keep_last:]:
+            if self.keep_every is not None and step % self.keep_every == 0:
+                continue
             shutil.rmtree(self.root / f"step_{step:09d}", ignore_errors=True)
         for entry in self.root.glob(".tmp-step_*"):
             # Partial saves of earlier attempts (killed mid-save). The current attempt has none in flight: at most
@@ -203,36 +287,37 @@ class CheckpointStore:
     # -- loading ---------------------------------------------------------------------------------------------------
     def _complete_steps(self) -> list[int]:
         """Steps of directories that have a manifest, newest first (without reading the data)."""
-        if not self.root.is_dir():
-            return []
-        steps = []
-        for entry in self.root.iterdir():
-            match = _STEP_DIR.fullmatch(entry.name)
-            if match and (entry / MANIFEST).is_file():
-                steps.append(int(match.group(1)))
-        return sorted(steps, reverse=True)
+        return complete_steps(self.root)
 
-    def load_latest(self, *, load: bool = True) -> tuple[int, Any] | None:
-        """(step, state) of the newest checkpoint every rank can read, the same on every rank; None if none.
+    def load_latest(self, *, load: bool = True, into: dict[str, Any] | None = None,
+                    verify: bool = True) -> Loaded | None:
+        """The newest checkpoint every rank can read, the same on every rank; None if none.
 
-        ``state`` is this rank's dict for the "state" kind, or the checkpoint's directory for the "dir" kind (for
-        ``accelerator.load_state(path)`` and the like). Incomplete or corrupt checkpoints are skipped with a warning.
+        Its ``state`` is this rank's dict for the "state" kind, the checkpoint's directory for the "dir" kind (for
+        ``accelerator.load_state(path)`` and the like), or ``into`` loaded in place for the "dcp" kind (resharded
+        to this run's sharding, whatever the world size that wrote it). Incomplete or corrupt checkpoints (a file
+        whose size or, with ``verify``, checksum differs from the manifest's) are skipped with a warning.
         """
         self.wait()
         candidates: list[int] = self.comm.broadcast(self._complete_steps() if self.comm.rank == 0 else None)
         for step in candidates:
             path = self.root / f"step_{step:09d}"
-            value: Any = None
+            value: Loaded | None = None
             problem: tuple[bool, str] | None = None  # (incompatible, message)
             try:
-                value = self._read(path, load=load)
+                manifest = self._check(path, verify=verify)
+                if manifest["kind"] == "dcp":
+                    value = self._read_dcp(path, manifest, into, load=load)
+                else:
+                    value = self._read(path, manifest, load=load)
             except _Incompatible as err:
                 problem = (True, str(err))
             except Exception as err:
                 problem = (False, f"rank {self.comm.rank}: {err}")
             problems = [p for p in self.comm.all_gather(problem) if p]
             if not problems:
-                return step, value
+                assert value is not None
+                return value
             incompatible = [message for fatal, message in problems if fatal]
             if incompatible:
                 # Not damage: this run does not fit the checkpoint. Starting fresh would let pruning delete the
@@ -243,27 +328,109 @@ class CheckpointStore:
                 logger.warning("checkpoint %s is unusable, trying an older one: %s", path, "; ".join(problems_text))
         return None
 
-    def _read(self, path: Path, *, load: bool) -> Any:
+    def _check(self, path: Path, *, verify: bool) -> dict[str, Any]:
+        """The manifest, once this rank's share of the files matches it (every size; with ``verify``, the checksums
+        of every ``world_size``-th file, so that the ranks together read each file once)."""
         manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
-        for name, size in manifest["files"].items():
-            actual = (path / name).stat().st_size
-            if actual != size:
-                raise CheckpointError(f"{path / name} has {actual} bytes, the manifest says {size} (truncated?)")
+        names = sorted(manifest["files"])
+        share = names[self.comm.rank::self.comm.world_size] if verify else []
+        problems = check_files(path, manifest, checksums=share)
+        if problems:
+            raise CheckpointError("; ".join(problems))
+        return manifest
+
+    def _local(self, path: Path, manifest: dict[str, Any]) -> tuple[Any, str | None]:
+        name = f"{sharded.LOCAL_DIR}/rank_{self.comm.rank:05d}.pt"
+        if not any(n.startswith(f"{sharded.LOCAL_DIR}/") for n in manifest["files"]):
+            return None, None
+        if manifest["world_size"] != self.comm.world_size:
+            return None, (f"the rank-local state was saved by {manifest['world_size']} ranks and this run has "
+                          f"{self.comm.world_size}: it is not restored (each rank starts its RNG and data position "
+                          "afresh)")
+        return _torch_load(path / name)["local"], None
+
+    def _read_dcp(self, path: Path, manifest: dict[str, Any], into: dict[str, Any] | None, *,
+                  load: bool) -> Loaded:
+        if into is None:
+            raise _Incompatible(
+                f"{path} holds sharded state (DCP): load it into this run's state dict, sharded as this run shards "
+                "it: load_latest(into={'model': ..., 'optim': ...}) with the same keys as the save")
+        local, lost = self._local(path, manifest) if load else (None, None)
+        if load:
+            sharded.load_dcp(into, path, group=getattr(self.comm, "group", None))
+        return Loaded(int(manifest["step"]), into, local, lost)
+
+    def _read(self, path: Path, manifest: dict[str, Any], *, load: bool) -> Loaded:
+        step = int(manifest["step"])
         if manifest["kind"] == "dir":
-            return path
+            local, lost = self._local(path, manifest) if load else (None, None)
+            return Loaded(step, path, local, lost)
         if manifest["world_size"] != self.comm.world_size:
             raise _Incompatible(
                 f"{path} was written by {manifest['world_size']} ranks and this run has {self.comm.world_size}; "
-                "per-rank state cannot be resharded. Run with the same world size, or save with a callable "
-                "(a framework saver that reshards)",
+                "per-rank state cannot be resharded. Run with the same world size, or save sharded state (DTensor, "
+                "through DCP), which reshards",
             )
         file = path / f"rank_{self.comm.rank:05d}.pt"
         if not load:
-            return file
-        import torch
+            return Loaded(step, file)
+        local, lost = self._local(path, manifest)
+        return Loaded(step, _torch_load(file), local, lost)
 
-        with open(file, "rb") as f:
-            return torch.load(f, map_location="cpu", weights_only=False)
+
+def _torch_load(file: Path) -> Any:
+    import torch
+
+    with open(file, "rb") as f:
+        return torch.load(f, map_location="cpu", weights_only=False)
+
+
+def complete_steps(root: Path) -> list[int]:
+    """Steps of the directories under ``root`` that have a manifest, newest first (without reading the data)."""
+    if not root.is_dir():
+        return []
+    steps = []
+    for entry in root.iterdir():
+        match = _STEP_DIR.fullmatch(entry.name)
+        if match and (entry / MANIFEST).is_file():
+            steps.append(int(match.group(1)))
+    return sorted(steps, reverse=True)
+
+
+def check_files(path: Path, manifest: dict[str, Any], *, checksums: list[str] | None = None) -> list[str]:
+    """What is wrong with the files of the checkpoint at ``path``: a file missing, of another size, or (for the
+    names in ``checksums``; None: all) of another CRC-32 than the manifest says. Manifests of version 1 carry sizes
+    only."""
+    problems = []
+    entries: dict[str, Any] = manifest["files"]
+    for name, entry in entries.items():
+        size = entry if isinstance(entry, int) else int(entry["size"])
+        try:
+            actual = (path / name).stat().st_size
+        except FileNotFoundError:
+            problems.append(f"{path / name} is missing")
+            continue
+        if actual != size:
+            problems.append(f"{path / name} has {actual} bytes, the manifest says {size} (truncated?)")
+    wanted = [n for n in (entries if checksums is None else checksums)
+              if isinstance(entries[n], dict) and "crc32" in entries[n] and (path / n).is_file()]
+    for name, info in checksum_files(path, wanted).items():
+        if info["size"] == int(entries[name]["size"]) and info["crc32"] != entries[name]["crc32"]:
+            problems.append(f"{path / name}: CRC-32 {info['crc32']}, the manifest says {entries[name]['crc32']} "
+                            "(the content changed after the save: a flipped bit, or an overwrite)")
+    return problems
+
+
+def verify(path: Path) -> list[str]:
+    """Check one committed checkpoint directory against its manifest, every file's size and checksum (what
+    ``slurmrt verify`` runs). An empty list: sound."""
+    try:
+        manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return [f"{path} has no {MANIFEST}: not a committed checkpoint (a save in progress, or one cut short)"]
+    except (OSError, ValueError) as err:
+        return [f"{path / MANIFEST} cannot be read: {err}"]
+    return check_files(path, manifest)
 
 
 class _Incompatible(Exception):
@@ -290,16 +457,3 @@ def _free_space(path: Path) -> str:
     except OSError:
         return "free space unknown"
     return f"{free / 2**30:.2f} GiB free in {path}"
-
-
-def _to_host(obj: Any) -> Any:
-    """A deep copy with every tensor on the CPU: what the background writer sees cannot change under it."""
-    import torch
-
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().to("cpu", copy=True)
-    if isinstance(obj, dict):
-        return {k: _to_host(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_to_host(v) for v in obj)
-    return copy.deepcopy(obj)
