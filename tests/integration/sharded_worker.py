@@ -17,15 +17,12 @@ from typing import Any
 
 import slurmrt
 
-HIDDEN = 16  # divisible by 1, 2 and 4 ranks
-
-
-def build(mode: str, world: int) -> tuple[Any, Any]:
+def build(mode: str, world: int, hidden: int = 16) -> tuple[Any, Any]:
     import torch
     from torch.distributed.device_mesh import init_device_mesh
 
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, HIDDEN), torch.nn.ReLU(), torch.nn.Linear(HIDDEN, 4))
+    model = torch.nn.Sequential(torch.nn.Linear(8, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 4))
     mesh = init_device_mesh("cpu", (world,))
     if mode == "fsdp":
         from torch.distributed.fsdp import fully_shard
@@ -66,6 +63,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, required=True)
     p.add_argument("--save-every", type=int, default=5)
     p.add_argument("--background", action="store_true", help="non-blocking saves")
+    p.add_argument("--hidden", type=int, default=16, help="the hidden width (a multiple of the world size)")
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -76,7 +74,7 @@ def main() -> None:
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     dist.init_process_group("gloo")
-    model, optim = build(args.mode, rt.world_size)
+    model, optim = build(args.mode, rt.world_size, args.hidden)
     msd, osd = get_state_dict(model, optim)  # the template, sharded as this run shards the model
     got = rt.load_latest(into={"model": msd, "optim": osd})
     start = 0

@@ -82,3 +82,68 @@ def test_saved_by_2_ranks_resumed_by_4_and_read_by_plain_dcp(tmp_path: Path) -> 
     model = {k: torch.empty_like(v) for k, v in saved["model"].items()}
     dcp.load({"model": model}, checkpoint_id=str(ckpt / "step_000000004"))
     assert_same(model, saved["model"], "plain dcp.load")
+
+
+def _committed(ckpt: Path) -> list[int]:
+    from slurmrt.checkpoint.store import complete_steps
+
+    return complete_steps(ckpt)
+
+
+def test_sigkill_at_random_moments_of_sharded_background_saves_leaves_whole_checkpoints(tmp_path: Path) -> None:
+    """20 trials: 2 ranks save a sharded model in the background at every step; once this trial committed a
+    checkpoint, both ranks get SIGKILL after a random pause (mostly mid-save: the saves run back to back). Every
+    committed checkpoint then matches its manifest, checksums included, and the next trial resumes from the newest."""
+    import random
+    import signal
+    import time
+
+    from slurmrt.checkpoint.store import verify
+
+    ckpt = tmp_path / "ckpt"
+    rng = random.Random(13)
+    mid_save = 0
+    resumed_from: list[int] = []
+    for trial in range(20):
+        out = tmp_path / f"t{trial}"
+        out.mkdir()
+        before = _committed(ckpt)
+        procs = launch.start(2, out, ["--out", str(out), "--mode", "fsdp", "--steps", "1000000", "--save-every", "1",
+                                      "--background", "--hidden", "65536"], script=WORKER,
+                             extra={"SLURMRT_CHECKPOINT_DIR": str(ckpt), "SLURMRT_KEEP_LAST": "2"})
+        try:
+            deadline = time.monotonic() + 300
+            while not (set(_committed(ckpt)) - set(before)):  # progress: this trial committed a checkpoint
+                assert all(p.poll() is None for p in procs), (out / "rank0.log").read_text()[-3000:]
+                assert time.monotonic() < deadline, (out / "rank0.log").read_text()[-3000:]
+                time.sleep(0.05)
+            time.sleep(rng.uniform(0, 0.5))
+            mid_save += bool(list(ckpt.glob(".tmp-step_*")))
+        finally:
+            for p in procs:
+                p.send_signal(signal.SIGKILL)
+            for p in procs:
+                p.wait()
+        steps = _committed(ckpt)
+        assert steps, f"trial {trial}: no checkpoint left"
+        for step in steps:
+            assert verify(ckpt / f"step_{step:09d}") == [], f"trial {trial}: step {step} is not whole"
+        if before:
+            log = (out / "rank0.log").read_text()
+            assert "unusable" not in log, log[-3000:]
+            resumed_from.append(max(before))
+    assert mid_save >= 1, "no kill landed during a save: the test did not test"
+    assert len(resumed_from) == 19
+
+
+def test_two_hundred_background_saves_beside_training_collectives_never_deadlock(tmp_path: Path) -> None:
+    """FSDP2's all-gathers and reduce-scatters on the default group at every step, a DCP save of the previous step in
+    the background on slurmrt's group, 200 times."""
+    import json
+
+    ckpt = tmp_path / "ckpt"
+    run(2, tmp_path / "run", ckpt, "--mode", "fsdp", "--steps", "200", "--save-every", "1", "--background")
+    events = [json.loads(line) for line in next(ckpt.glob("events-*.jsonl")).read_text().splitlines()]
+    saves = [e for e in events if e["event"] == "save"]
+    assert len(saves) == 200 and saves[-1]["step"] == 199
+    assert _committed(ckpt)[0] == 199

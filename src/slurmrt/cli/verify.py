@@ -1,0 +1,43 @@
+"""``slurmrt verify``: check checkpoints against their manifests, every file's size and CRC-32.
+
+DIR is one checkpoint (``step_N``, with its ``manifest.json``) or a checkpoint directory, whose committed checkpoints
+are all checked, newest first. Exit 0 when every one checked is sound, 1 when one is not (each problem names the
+file), 2 when DIR holds no checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from .._errors import SlurmrtError
+from ..checkpoint.store import MANIFEST, complete_steps, verify
+from ._common import add_command
+
+
+def run(args: argparse.Namespace) -> int:
+    root: Path = args.dir
+    if (root / MANIFEST).is_file():
+        targets = [root]
+    else:
+        targets = [root / f"step_{s:09d}" for s in complete_steps(root)]
+    if not targets:
+        raise SlurmrtError(f"{root} holds no committed checkpoint (no {MANIFEST} in it or in a step_N under it)")
+    bad = 0
+    for path in targets:
+        problems = verify(path)
+        if problems:
+            bad += 1
+            print(f"{path}: DAMAGED")
+            for p in problems:
+                print(f"  {p}")
+        else:
+            print(f"{path}: ok")
+    return 1 if bad else 0
+
+
+def add_parser(sub: Any) -> None:
+    p = add_command(sub, "verify", run, doc=__doc__, help="check checkpoints' files against their manifests",
+                    epilog="example: slurmrt verify /shared/ckpt/run17")
+    p.add_argument("dir", type=Path, metavar="DIR")
