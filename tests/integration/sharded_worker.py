@@ -17,6 +17,7 @@ from typing import Any
 
 import slurmrt
 
+
 def build(mode: str, world: int, hidden: int = 16) -> tuple[Any, Any]:
     import torch
     from torch.distributed.device_mesh import init_device_mesh

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import zlib
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+import xxhash
 
 from slurmrt import CheckpointError
 from slurmrt._comm import SoloComm
@@ -95,7 +95,7 @@ def test_callable_saves_get_a_directory_and_load_returns_it(tmp_path: Path) -> N
     step, path = _loaded(store)
     assert step == 5 and (path / "model" / "weights.bin").read_bytes() == b"x" * 10
     assert json.loads((path / "manifest.json").read_text())["files"] == {
-        "model/weights.bin": {"size": 10, "crc32": f"{zlib.crc32(b'x' * 10):08x}"}}
+        "model/weights.bin": {"size": 10, "xxh3_64": xxhash.xxh3_64(b'x' * 10).hexdigest()}}
 
 
 def test_a_failing_write_raises_and_keeps_the_previous_checkpoint(tmp_path: Path) -> None:
@@ -204,7 +204,7 @@ def test_a_flipped_bit_in_a_tensor_is_caught_by_the_checksum_and_the_previous_ch
     assert step == 2 and not torch.equal(state["w"], torch.ones(1000))
     step, state = _loaded(store)
     assert step == 1 and torch.equal(state["w"], torch.zeros(1000))
-    assert "unusable" in caplog.text and "rank_00000.pt: CRC-32" in caplog.text
+    assert "unusable" in caplog.text and "rank_00000.pt: checksum" in caplog.text
 
 
 def test_slurmrt_verify_names_the_damaged_file_and_fails(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -218,7 +218,7 @@ def test_slurmrt_verify_names_the_damaged_file_and_fails(tmp_path: Path, capsys:
     _flip(tmp_path / "step_000000002" / "model" / "weights.bin", 10)
     assert main(["verify", str(tmp_path)]) == 1
     out = capsys.readouterr().out
-    assert "step_000000002: DAMAGED" in out and "model/weights.bin: CRC-32" in out and "step_000000001: ok" in out
+    assert "step_000000002: DAMAGED" in out and "model/weights.bin: checksum" in out and "step_000000001: ok" in out
     assert main(["verify", str(tmp_path / "step_000000001")]) == 0
     (tmp_path / "step_000000001" / "rank_00000.pt").unlink()
     assert main(["verify", str(tmp_path / "step_000000001")]) == 1

@@ -1,70 +1,91 @@
 """Durable writes: a file, a directory entry or a whole tree is on disk (fsync) before the commit relies on it. And
-the content checksum the manifest carries for every file (CRC-32, computed as the bytes are written where slurmrt
-writes them, else read back while they are still in the page cache)."""
+the content checksum the manifest carries for every file: XXH3-64, about 6 GiB/s on one core here (CRC-32: 2; SHA-1:
+0.9), computed as the bytes are written where slurmrt writes them (torch.save, DCP's files), else read back while
+they are still in the page cache (what a save function wrote)."""
 
 from __future__ import annotations
 
 import os
-import zlib
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FileInfo", "checksum_files", "crc32_file", "fsync_dir", "fsync_tree", "replace_text", "write_state",
-           "write_text"]
+__all__ = ["HASH", "FileInfo", "Hashing", "checksum_files", "fsync_dir", "fsync_tree", "hash_file", "replace_text",
+           "write_state", "write_text"]
 
-#: name -> {"size": bytes, "crc32": "8 hex digits"}: one entry of a manifest's "files".
+#: The manifest's name for the checksum, the key of its value in each file's entry.
+HASH = "xxh3_64"
+#: name -> {"size": bytes, HASH: "16 hex digits"}: one entry of a manifest's "files".
 FileInfo = dict[str, Any]
 _CHUNK = 16 << 20
 
 
-class _Hashing:
-    """A write-only file object that keeps the CRC-32 and the size of what went through it (torch.save writes to
-    any object with ``write``)."""
+class Hashing:
+    """A write-only file object that hashes what goes through it to the file it wraps (torch.save writes to any
+    object with ``write``; DCP's writer also asks ``tell`` and ``fileno``)."""
 
     def __init__(self, f: Any) -> None:
-        self._f, self.crc, self.size = f, 0, 0
+        import xxhash
+
+        self._f, self._h, self.size = f, xxhash.xxh3_64(), 0
 
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
-        self.crc = zlib.crc32(view, self.crc)  # releases the GIL for large buffers
+        self._h.update(view)
         self.size += view.nbytes
-        return self._f.write(view)
+        return int(self._f.write(view))
+
+    def info(self) -> FileInfo:
+        return {"size": self.size, HASH: self._h.hexdigest()}
 
     def flush(self) -> None:
         self._f.flush()
+
+    def tell(self) -> int:
+        return int(self._f.tell())
+
+    def fileno(self) -> int:
+        return int(self._f.fileno())
+
+    def writable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        self._f.close()
 
 
 def write_state(path: Path, state: dict[str, Any]) -> FileInfo:
     import torch
 
     with open(path, "wb") as f:
-        out = _Hashing(f)
+        out = Hashing(f)
         torch.save(state, out)  # type: ignore[arg-type]  # any object with write()
         f.flush()
         os.fsync(f.fileno())
-        return {"size": out.size, "crc32": f"{out.crc:08x}"}
+        return out.info()
 
 
-def crc32_file(path: Path) -> FileInfo:
-    crc, size = 0, 0
+def hash_file(path: Path) -> FileInfo:
+    import xxhash
+
+    h, size = xxhash.xxh3_64(), 0
     with open(path, "rb", buffering=0) as f:
         buf = bytearray(_CHUNK)
         view = memoryview(buf)
         while n := f.readinto(buf):
-            crc = zlib.crc32(view[:n], crc)
+            h.update(view[:n])
             size += n
-    return {"size": size, "crc32": f"{crc:08x}"}
+    return {"size": size, HASH: h.hexdigest()}
 
 
 def checksum_files(root: Path, names: Iterable[str], *, threads: int = 4) -> dict[str, FileInfo]:
-    """The size and CRC-32 of each file, several files at a time (zlib releases the GIL)."""
+    """The size and checksum of each file, read back, several files at a time."""
     names = sorted(names)
     if len(names) <= 1 or threads <= 1:
-        return {n: crc32_file(root / n) for n in names}
-    with ThreadPoolExecutor(min(threads, len(names)), thread_name_prefix="slurmrt-crc") as pool:
-        return dict(zip(names, pool.map(lambda n: crc32_file(root / n), names), strict=True))
+        return {n: hash_file(root / n) for n in names}
+    with ThreadPoolExecutor(min(threads, len(names)), thread_name_prefix="slurmrt-hash") as pool:
+        return dict(zip(names, pool.map(lambda n: hash_file(root / n), names), strict=True))
 
 
 def write_text(path: Path, text: str) -> None:

@@ -11,9 +11,14 @@ same key on several ranks for replicas and writes one of them. It is written per
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import functools
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from ._files import FileInfo, Hashing
 
 __all__ = ["Stager", "is_sharded", "load_dcp", "save_dcp"]
 
@@ -58,12 +63,48 @@ def is_sharded(obj: Any) -> bool:
     return walk(obj)
 
 
-def save_dcp(state: dict[str, Any], directory: Path, *, group: Any, threads: int) -> None:
+def save_dcp(state: dict[str, Any], directory: Path, *, group: Any, threads: int) -> dict[str, FileInfo]:
+    """Write this rank's shards (and, on the coordinator, DCP's ``.metadata``) with ``threads`` writer threads;
+    the files this rank wrote, with their checksums, hashed as DCP writes them."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import FileSystemWriter
 
     writer = FileSystemWriter(directory, single_file_per_rank=True, sync_files=True, thread_count=max(1, threads))
+    fs = _hashing_file_system()()
+    writer.fs = fs
     dcp.save(state, storage_writer=writer, process_group=group)
+    files = dict(fs.written)
+    if ".metadata.tmp" in files:  # written under that name, then renamed
+        files[".metadata"] = files.pop(".metadata.tmp")
+    return files
+
+
+@functools.cache
+def _hashing_file_system() -> type:
+    """The class, made once torch is imported (``import slurmrt`` does not import torch)."""
+    from torch.distributed.checkpoint.filesystem import FileSystem
+
+    class HashingFileSystem(FileSystem):
+        """DCP's local file system, hashing every file it writes as the bytes go by."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.written: dict[str, FileInfo] = {}
+
+        @contextlib.contextmanager
+        def create_stream(self, path: Any, mode: str) -> Iterator[Any]:
+            if "w" not in mode:
+                with super().create_stream(path, mode) as stream:
+                    yield stream
+                return
+            with super().create_stream(path, mode) as stream:
+                hashing = Hashing(stream)
+                yield hashing
+            self.written[Path(path).name] = hashing.info()
+
+    return HashingFileSystem
+
+
 
 
 def load_dcp(into: dict[str, Any], directory: Path, *, group: Any) -> None:
@@ -71,12 +112,6 @@ def load_dcp(into: dict[str, Any], directory: Path, *, group: Any) -> None:
     from torch.distributed.checkpoint import FileSystemReader
 
     dcp.load(into, storage_reader=FileSystemReader(directory), process_group=group)
-
-
-def rank_files(names: list[str], rank: int) -> list[str]:
-    """The files of a DCP directory that ``rank`` wrote (``__<rank>_<n>.distcp``; the coordinator's ``.metadata``
-    is added by the caller)."""
-    return [n for n in names if n.startswith(f"__{rank}_") and n.endswith(".distcp")]
 
 
 class Stager:

@@ -3,7 +3,7 @@
 Layout under the checkpoint directory::
 
     step_000001200/            complete checkpoints: visible only once every rank finished writing
-        manifest.json          step, world size, kind, every file with its size and CRC-32; written last
+        manifest.json          step, world size, kind, every file with its size and checksum; written last
         rank_00000.pt ...      one file per rank ("state" kind), or whatever a save callable wrote ("dir" kind),
         .metadata, __0_0.distcp ...  or a DCP checkpoint of sharded state ("dcp" kind), with
         local/rank_00000.pt    each rank's own state (RNG, data position) next to it
@@ -37,7 +37,7 @@ from .. import _clock
 from .._comm import Comm
 from .._errors import CheckpointError
 from . import sharded
-from ._files import FileInfo, checksum_files, fsync_dir, fsync_tree, replace_text, write_state, write_text
+from ._files import HASH, FileInfo, checksum_files, fsync_dir, fsync_tree, replace_text, write_state, write_text
 
 __all__ = ["CheckpointStore", "Loaded", "PendingSave", "SaveFn", "SaveResult", "Staged", "verify"]
 
@@ -186,11 +186,7 @@ class CheckpointStore:
             state(tmp)
             kind = "dir"
         elif sharded.is_sharded(state):
-            sharded.save_dcp(state, tmp, group=getattr(self.comm, "group", None), threads=self.threads)
-            mine = sharded.rank_files(os.listdir(tmp), rank)
-            if rank == 0:
-                mine.append(".metadata")
-            files = checksum_files(tmp, mine, threads=self.threads)
+            files = sharded.save_dcp(state, tmp, group=getattr(self.comm, "group", None), threads=self.threads)
             kind = "dcp"
         else:
             name = f"rank_{rank:05d}.pt"
@@ -399,7 +395,7 @@ def complete_steps(root: Path) -> list[int]:
 
 def check_files(path: Path, manifest: dict[str, Any], *, checksums: list[str] | None = None) -> list[str]:
     """What is wrong with the files of the checkpoint at ``path``: a file missing, of another size, or (for the
-    names in ``checksums``; None: all) of another CRC-32 than the manifest says. Manifests of version 1 carry sizes
+    names in ``checksums``; None: all) of another checksum than the manifest says. Manifests of version 1 carry sizes
     only."""
     problems = []
     entries: dict[str, Any] = manifest["files"]
@@ -413,11 +409,11 @@ def check_files(path: Path, manifest: dict[str, Any], *, checksums: list[str] | 
         if actual != size:
             problems.append(f"{path / name} has {actual} bytes, the manifest says {size} (truncated?)")
     wanted = [n for n in (entries if checksums is None else checksums)
-              if isinstance(entries[n], dict) and "crc32" in entries[n] and (path / n).is_file()]
+              if isinstance(entries[n], dict) and HASH in entries[n] and (path / n).is_file()]
     for name, info in checksum_files(path, wanted).items():
-        if info["size"] == int(entries[name]["size"]) and info["crc32"] != entries[name]["crc32"]:
-            problems.append(f"{path / name}: CRC-32 {info['crc32']}, the manifest says {entries[name]['crc32']} "
-                            "(the content changed after the save: a flipped bit, or an overwrite)")
+        if info["size"] == int(entries[name]["size"]) and info[HASH] != entries[name][HASH]:
+            problems.append(f"{path / name}: checksum {info[HASH]}, the manifest says {entries[name][HASH]} "
+                            f"({HASH}; the content changed after the save: a flipped bit, or an overwrite)")
     return problems
 
 

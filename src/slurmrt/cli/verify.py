@@ -18,10 +18,8 @@ from ._common import add_command
 
 def run(args: argparse.Namespace) -> int:
     root: Path = args.dir
-    if (root / MANIFEST).is_file():
-        targets = [root]
-    else:
-        targets = [root / f"step_{s:09d}" for s in complete_steps(root)]
+    one = (root / MANIFEST).is_file()
+    targets = [root] if one else [root / f"step_{s:09d}" for s in complete_steps(root)]
     if not targets:
         raise SlurmrtError(f"{root} holds no committed checkpoint (no {MANIFEST} in it or in a step_N under it)")
     bad = 0
