@@ -78,9 +78,7 @@ def run(quick: bool = False) -> Section:
         def add(name: str, seconds: float) -> None:
             t.setdefault(name, []).append(seconds)
 
-        for i in range(repeats):
-            d = base / f"r{i}"
-            d.mkdir()
+        def one_round(d: Path) -> None:
             add("raw", _timed(lambda: _raw(d / "raw.bin", plain)))
             add("torch.save", _timed(lambda: _torch_save(d / "t.pt", plain)))
             add("dcp.save (tensors)", _timed(lambda: dcp.save(plain, storage_writer=fs(d / "dcp-plain"))))
@@ -110,7 +108,11 @@ def run(quick: bool = False) -> Section:
                     return len(b)
 
             add("checksum (XXH3-64 of the same bytes)", _timed(lambda: Hashing(Null()).write(blob)))
-            del blob
+
+        for i in range(repeats):
+            d = base / f"r{i}"
+            d.mkdir()
+            one_round(d)
             shutil.rmtree(d)
         m = {k: statistics.median(v) for k, v in t.items()}
         gib = size / 2**30

@@ -62,11 +62,11 @@ def main() -> None:
 
     def save(step: int, blocking: bool = True) -> bool:
         state = {"w": w.clone(), "extra": extra, "step": step}
-        if args.slow_save:
-            def write(directory: Path) -> None:
+        if args.slow_save:  # a save function, in the two parts a background save takes
+            def write(snapshot: dict[str, object], directory: Path) -> None:
                 time.sleep(args.slow_save)
-                torch.save(state, directory / f"rank_{rt.rank:05d}.pt")
-            return rt.save(write, step=step, blocking=blocking)
+                torch.save(snapshot, directory / f"rank_{rt.rank:05d}.pt")
+            return rt.save(slurmrt.Staged(lambda: state, write), step=step, blocking=blocking)
         return rt.save(state, step=step, blocking=blocking)
 
     for step in range(start, args.steps):
