@@ -69,19 +69,34 @@ def test_saved_by_4_ranks_resumed_by_2_and_by_4_with_the_saved_parameters_and_op
     assert_same(torch.load(tmp_path / "resume4" / "state.pt")["final"], straight, "resumed vs uninterrupted")
 
 
-def test_saved_by_2_ranks_resumed_by_4_and_read_by_plain_dcp(tmp_path: Path) -> None:
+def test_saved_by_2_ranks_resumed_by_4_read_by_plain_dcp_and_a_flipped_bit_falls_back_to_the_previous(
+        tmp_path: Path) -> None:
+    from slurmrt.checkpoint.store import verify
+
     ckpt = tmp_path / "ckpt"
-    run(2, tmp_path / "save2", ckpt, "--mode", "fsdp", "--steps", "5", "--background")
+    run(2, tmp_path / "save2", ckpt, "--mode", "fsdp", "--steps", "10", "--background")  # saves steps 4 and 9
     saved = torch.load(tmp_path / "save2" / "state.pt")["at_save"]
-    run(4, tmp_path / "resume4", ckpt, "--mode", "fsdp", "--steps", "5")
+    assert saved["step"] == 9
+    copy = tmp_path / "ckpt4"
+    shutil.copytree(ckpt, copy)
+    run(4, tmp_path / "resume4", copy, "--mode", "fsdp", "--steps", "10")
     assert_same(torch.load(tmp_path / "resume4" / "state.pt")["resumed"],
                 {"model": saved["model"], "optim": saved["optim"]}, "resumed on 4")
     # No lock-in: the committed directory is a DCP checkpoint that torch reads without slurmrt (one process).
     import torch.distributed.checkpoint as dcp
 
     model = {k: torch.empty_like(v) for k, v in saved["model"].items()}
-    dcp.load({"model": model}, checkpoint_id=str(ckpt / "step_000000004"))
+    dcp.load({"model": model}, checkpoint_id=str(ckpt / "step_000000009"))
     assert_same(model, saved["model"], "plain dcp.load")
+    # One flipped bit in a shard: the checksum names the file, and the resume takes the checkpoint before.
+    shard = ckpt / "step_000000009" / "__1_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    shard.write_bytes(bytes(data))
+    assert any("__1_0.distcp: checksum" in p for p in verify(ckpt / "step_000000009"))
+    ranks = run(4, tmp_path / "damaged", ckpt, "--mode", "fsdp", "--steps", "10")
+    assert [r["start"] for r in ranks] == [5] * 4
+    assert "__1_0.distcp: checksum" in (tmp_path / "damaged" / "rank0.log").read_text()
 
 
 def _committed(ckpt: Path) -> list[int]:

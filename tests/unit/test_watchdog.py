@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from slurmrt import _clock, exclusion, outcome
@@ -206,21 +208,20 @@ def test_a_peer_failure_is_told_from_other_errors() -> None:
     assert not is_peer_failure(None)
 
 
-def test_without_a_census_a_rank_names_nobody_and_excludes_no_node(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Two ranks, but no rendezvous store to meet in: the rank knows only itself, which must not make every other
-    rank a suspect (it once did: they all "did not answer")."""
-    import json
-
-    from slurmrt import _hang
-    from slurmrt.events import EventLog
+def _rank0_of_two() -> Any:
+    """Rank 0 of a 2-task step on nodes n1 and n2."""
     from slurmrt.launch.topology import from_environ
-    from slurmrt.options import Options
 
-    env = {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0",
-           "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_NODELIST": "n[1-2]", "SLURM_STEP_TASKS_PER_NODE": "1(x2)",
-           "SLURMD_NODENAME": "n1"}
-    topo = from_environ(env)
-    log = tmp_path / "events.jsonl"
+    return from_environ({
+        "SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0",
+        "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_NODELIST": "n[1-2]", "SLURM_STEP_TASKS_PER_NODE": "1(x2)",
+        "SLURMD_NODENAME": "n1"})
+
+
+def _no_exit(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The hang response's exit codes, raised as SystemExit instead of ending the test process."""
+    from slurmrt import _hang
+
     exits: list[int] = []
 
     def exit_now(code: int) -> None:
@@ -228,6 +229,21 @@ def test_without_a_census_a_rank_names_nobody_and_excludes_no_node(tmp_path, mon
         raise SystemExit(int(code))
 
     monkeypatch.setattr(_hang, "exit_now", exit_now)
+    return exits
+
+
+def test_without_a_census_a_rank_names_nobody_and_excludes_no_node(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two ranks, but no rendezvous store to meet in: the rank knows only itself, which must not make every other
+    rank a suspect (it once did: they all "did not answer")."""
+    import json
+
+    from slurmrt import _hang
+    from slurmrt.events import EventLog
+    from slurmrt.options import Options
+
+    topo = _rank0_of_two()
+    log = tmp_path / "events.jsonl"
+    exits = _no_exit(monkeypatch)
     monkeypatch.setenv("PATH", str(tmp_path))  # no scontrol: the requeue fails, and says so
     response = _hang.HangResponse(topo, Options(), EventLog(log, job="7", restart=0, rank=0),
                                   kill_switch_seen=lambda: False, last_step=lambda: 5, census=lambda: None)
@@ -251,25 +267,15 @@ def test_once_slurm_takes_the_step_down_the_census_waits_only_briefly_for_a_dead
 
     from slurmrt import _hang
     from slurmrt.events import EventLog
-    from slurmrt.launch.topology import from_environ
     from slurmrt.options import Options
     from slurmrt.stop.census import Census
 
-    env = {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0",
-           "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_NODELIST": "n[1-2]", "SLURM_STEP_TASKS_PER_NODE": "1(x2)",
-           "SLURMD_NODENAME": "n1"}
-    topo = from_environ(env)
+    topo = _rank0_of_two()
     store = HashStore()
     census = Census(store, prefix="c/", rank=0, world=2)
     Census(store, prefix="c/", rank=1, world=2).register("n2")  # rank 1 registered, then died: it never answers
     log = tmp_path / "events.jsonl"
-    exits: list[int] = []
-
-    def exit_now(code: int) -> None:
-        exits.append(int(code))
-        raise SystemExit(int(code))
-
-    monkeypatch.setattr(_hang, "exit_now", exit_now)
+    exits = _no_exit(monkeypatch)
     monkeypatch.setattr(_hang, "HURRIED_S", 0.3)
     monkeypatch.setenv("PATH", str(tmp_path))  # no scontrol: the requeue fails, and says so
     response = _hang.HangResponse(topo, Options(), EventLog(log, job="7", restart=0, rank=0),

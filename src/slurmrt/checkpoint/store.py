@@ -299,18 +299,26 @@ class CheckpointStore:
         for step in candidates:
             path = self.root / f"step_{step:09d}"
             value: Loaded | None = None
+            manifest: dict[str, Any] = {}
             problem: tuple[bool, str] | None = None  # (incompatible, message)
             try:
                 manifest = self._check(path, verify=verify)
-                if manifest["kind"] == "dcp":
-                    value = self._read_dcp(path, manifest, into, load=load)
-                else:
-                    value = self._read(path, manifest, load=load)
-            except _Incompatible as err:
-                problem = (True, str(err))
             except Exception as err:
                 problem = (False, f"rank {self.comm.rank}: {err}")
+            # Agreed before any rank reads: DCP's load is collective, and a rank that skips it would leave the
+            # others waiting in it.
             problems = [p for p in self.comm.all_gather(problem) if p]
+            if not problems:
+                try:
+                    if manifest["kind"] == "dcp":
+                        value = self._read_dcp(path, manifest, into, load=load)
+                    else:
+                        value = self._read(path, manifest, load=load)
+                except _Incompatible as err:
+                    problem = (True, str(err))
+                except Exception as err:
+                    problem = (False, f"rank {self.comm.rank}: {err}")
+                problems = [p for p in self.comm.all_gather(problem) if p]
             if not problems:
                 assert value is not None
                 return value
