@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,33 +27,27 @@ LOCAL_DIR = "local"
 
 
 def _sharded_types() -> tuple[type, ...]:
-    import torch.distributed as dist
-
-    if not dist.is_available():
-        return ()
-    from torch.distributed.tensor import DTensor
-
-    types: list[type] = [DTensor]
-    try:
-        from torch.distributed._shard.sharded_tensor import ShardedTensor
-    except ImportError:  # pragma: no cover - removed in some future torch
-        pass
-    else:
-        types.append(ShardedTensor)
+    """DTensor and ShardedTensor, if their modules are loaded: a state cannot hold one without them, and importing
+    them costs seconds on a loaded machine (it once made the first save of a plain dict miss its deadline)."""
+    types: list[type] = []
+    dtensor = sys.modules.get("torch.distributed.tensor")
+    if dtensor is not None and hasattr(dtensor, "DTensor"):
+        types.append(dtensor.DTensor)
+    sharded = sys.modules.get("torch.distributed._shard.sharded_tensor")
+    if sharded is not None and hasattr(sharded, "ShardedTensor"):
+        types.append(sharded.ShardedTensor)
     return tuple(types)
 
 
 def is_sharded(obj: Any) -> bool:
     """True if any leaf of ``obj`` is a DTensor (FSDP2, tensor parallel) or a ShardedTensor (FSDP1's sharded
-    state dict), or a ``Stateful`` (DCP calls its ``state_dict``)."""
+    state dict)."""
     types = _sharded_types()
     if not types:
         return False
 
     def walk(o: Any) -> bool:
         if isinstance(o, types):
-            return True
-        if hasattr(o, "state_dict") and hasattr(o, "load_state_dict") and not isinstance(o, dict):
             return True
         if isinstance(o, dict):
             return any(walk(v) for v in o.values())
@@ -145,20 +140,16 @@ class Stager:
     def _stage(self, obj: Any, key: tuple[Any, ...], sharded: tuple[type, ...]) -> Any:
         import torch
 
-        if sharded and isinstance(obj, sharded[0]):
-            from torch.distributed.tensor import DTensor
-
-            assert isinstance(obj, DTensor)
+        dtensor = sys.modules.get("torch.distributed.tensor")
+        if dtensor is not None and isinstance(obj, dtensor.DTensor):
             local = self._buffer(key, obj.to_local())
-            return DTensor.from_local(local, obj.device_mesh, obj.placements, run_check=False, shape=obj.shape,
+            return dtensor.DTensor.from_local(local, obj.device_mesh, obj.placements, run_check=False, shape=obj.shape,
                                       stride=obj.stride())
-        if sharded[1:] and isinstance(obj, sharded[1:]):
+        if sharded and isinstance(obj, sharded):  # a ShardedTensor: the DTensors were handled above
             raise TypeError("a ShardedTensor (FSDP1's sharded state dict) cannot be saved in the background: "
                             "save it with blocking=True, or use FSDP2 (DTensor)")
         if isinstance(obj, torch.Tensor):
             return self._buffer(key, obj)
-        if hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict"):  # a Stateful: DCP would call this
-            return self._stage(obj.state_dict(), key, sharded)
         if isinstance(obj, dict):
             return {k: self._stage(v, (*key, k), sharded) for k, v in obj.items()}
         if isinstance(obj, (list, tuple)):
