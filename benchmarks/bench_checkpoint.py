@@ -125,6 +125,9 @@ def run(quick: bool = False) -> Section:
         background = m["slurmrt non-blocking (DTensors): until written"]
         checksum = m["checksum (XXH3-64 of the same bytes)"]
         body = table(["what", f"seconds (median of {repeats})", "GiB/s", "throughput"], rows)
+        gpu = _gpu(base, size, repeats)
+        if gpu:
+            body += "\n\n" + table(["GPU tensors (per-rank dict)", f"seconds (median of {repeats})", "relative"], gpu)
         resume = _resume(base, mesh, quick)
         body += "\n\n" + table(["state size", "save (s)", "load_latest(into=), verified (s)", "load, unverified (s)"],
                                resume)
@@ -165,3 +168,28 @@ def _resume(base: Path, mesh: Any, quick: bool) -> list[list[str]]:
         rows.append([f"{mib} MiB", f"{save:.2f}", f"{verified:.2f}", f"{unverified:.2f}"])
         shutil.rmtree(base / f"resume-{mib}")
     return rows
+
+
+def _gpu(base: Path, size: int, repeats: int) -> list[list[str]]:
+    """With CUDA: the same bytes on the GPU, saved blocking and non-blocking (the snapshot is a device-to-host copy
+    into pinned buffers kept from one save to the next). Nothing without CUDA."""
+    if not torch.cuda.is_available():
+        return []
+    from slurmrt._comm import SoloComm
+    from slurmrt.checkpoint.store import CheckpointStore
+
+    state = {f"layer{i}": torch.randn(size // 4 // 8, device="cuda") for i in range(8)}
+    store = CheckpointStore(base / "gpu", SoloComm(), keep_last=1)
+    blocking, stall, background = [], [], []
+    for i in range(repeats + 1):
+        blocking.append(_timed(lambda: store.save(state, 2 * i)))  # noqa: B023
+        t0 = time.perf_counter()
+        store.save(state, 2 * i + 1, blocking=False)
+        stall.append(time.perf_counter() - t0)
+        store.wait()
+        background.append(time.perf_counter() - t0)
+    b, st, bg = (statistics.median(x[1:]) for x in (blocking, stall, background))  # the first allocates
+    shutil.rmtree(base / "gpu", ignore_errors=True)
+    return [["slurmrt blocking", f"{b:.2f}", "100 %"],
+            ["slurmrt non-blocking: stall", f"{st:.3f}", f"{st / b * 100:.1f} % of the blocking save"],
+            ["slurmrt non-blocking: until written", f"{bg:.2f}", f"{bg / b:.2f}x the blocking save"]]

@@ -244,3 +244,18 @@ def test_rank_local_state_comes_back_with_the_checkpoint(tmp_path: Path) -> None
     shutil.rmtree(tmp_path / "step_000000002")
     got = store.load_latest()
     assert got is not None and torch.equal(got.local["rng"], rng) and got.local["batch"] == 17
+
+
+def test_background_saves_reuse_their_host_buffers_and_each_writes_its_own_snapshot(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    w = torch.zeros(1000)
+    store.save({"w": w, "note": ["a"]}, 1, blocking=False)
+    store.wait()
+    buffer = store._stager._buffers[("w",)]
+    w += 1
+    store.save({"w": w, "note": ["b"]}, 2, blocking=False)
+    w += 1  # after the snapshot: not in checkpoint 2
+    store.wait()
+    assert store._stager._buffers[("w",)] is buffer  # no new allocation for the same shapes
+    step, state = _loaded(store)
+    assert step == 2 and torch.equal(state["w"], torch.ones(1000)) and state["note"] == ["b"]

@@ -116,14 +116,15 @@ class Stager:
 
     def __init__(self) -> None:
         self._buffers: dict[tuple[Any, ...], Any] = {}
+        self._devices: set[Any] = set()
 
     def stage(self, obj: Any) -> Any:
         import torch
 
-        cuda = torch.cuda.is_available()
+        self._devices = set()
         out = self._stage(obj, (), _sharded_types())
-        if cuda:
-            torch.cuda.synchronize()  # the non_blocking copies into pinned memory are done
+        for device in self._devices:  # only where a tensor was: a synchronize elsewhere would create a CUDA context
+            torch.cuda.synchronize(device)  # the non_blocking copies into pinned memory are done
         return out
 
     def _buffer(self, key: tuple[Any, ...], t: Any) -> Any:
@@ -134,6 +135,8 @@ class Stager:
             pin = t.device.type == "cuda"
             buf = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu", pin_memory=pin)
             self._buffers[key] = buf
+        if t.device.type == "cuda":
+            self._devices.add(t.device)
         buf.copy_(t.detach(), non_blocking=t.device.type == "cuda")
         return buf
 
