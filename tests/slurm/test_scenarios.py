@@ -548,8 +548,12 @@ def megatron_jobs(cluster: Path, tmp_path_factory: pytest.TempPathFactory) -> di
     for name, args, sbatch_args, exports in [
         ("reference", "--step-time 0", (), {}),
         ("preempted", "--step-time 0.2", (), {}),
-        # No --signal: the deadline alone, against a 1-minute limit (the start-up alone takes a good part of it).
-        ("timelimit", "--step-time 0.5", ("--time=1",), {"SLURMRT_DEADLINE_MARGIN_S": "5", "SLURMRT_SAVE_TIME_S": "5"}),
+        # No --signal: the deadline alone, against a 2-minute limit. Under load (2 cores, two spinners, the other
+        # jobs) the start-up took 35 s and Megatron's first save, which starts its writer processes, more than 15 s:
+        # a 1-minute limit with 5 s declared for the save was killed mid-save once. 200 steps of 0.5 s still do not
+        # fit in one run.
+        ("timelimit", "--step-time 0.5", ("--time=2",),
+         {"SLURMRT_DEADLINE_MARGIN_S": "5", "SLURMRT_SAVE_TIME_S": "20"}),
     ]:
         d = tmp_path_factory.mktemp(f"megatron-{name}")
         jobs[name] = (_megatron_job(d, f"mcore_{name}", args, *sbatch_args, exports=exports), d)
