@@ -155,16 +155,16 @@ class CheckpointStore:
         self.wait()
         self._seq += 1
         tmp = self.root / f".tmp-step_{step:09d}-{self._token}-{self._seq}"
-        if blocking:
-            if isinstance(state, Staged):
-                snap = state.snapshot()
-                return self._save(lambda d: state.write(snap, d), step, tmp, local)
-            return self._save(state, step, tmp, local)
-        if isinstance(state, Staged):
-            snap = state.snapshot()
-            work: dict[str, Any] | SaveFn = lambda d: state.write(snap, d)  # noqa: E731
+        work: dict[str, Any] | SaveFn
+        if isinstance(state, Staged):  # its first part here, on the calling thread, blocking or not
+            snap, write = state.snapshot(), state.write
+            work = lambda d: write(snap, d)  # noqa: E731
         else:
-            work = self._stager.stage(state)
+            work = state
+        if blocking:
+            return self._save(work, step, tmp, local)
+        if not callable(work):
+            work = self._stager.stage(work)
         local = copy.deepcopy(local) if local is not None else None
         self.pending = PendingSave(lambda: self._save(work, step, tmp, local))
         return self.pending
@@ -285,8 +285,7 @@ class CheckpointStore:
         """Steps of directories that have a manifest, newest first (without reading the data)."""
         return complete_steps(self.root)
 
-    def load_latest(self, *, load: bool = True, into: dict[str, Any] | None = None,
-                    verify: bool = True) -> Loaded | None:
+    def load_latest(self, *, into: dict[str, Any] | None = None, verify: bool = True) -> Loaded | None:
         """The newest checkpoint every rank can read, the same on every rank; None if none.
 
         Its ``state`` is this rank's dict for the "state" kind, the checkpoint's directory for the "dir" kind (for
@@ -302,18 +301,19 @@ class CheckpointStore:
             manifest: dict[str, Any] = {}
             problem: tuple[bool, str] | None = None  # (incompatible, message)
             try:
-                manifest = self._check(path, verify=verify)
+                manifest = self._check(path, verify=verify, into=into)
+            except _Incompatible as err:
+                problem = (True, str(err))
             except Exception as err:
                 problem = (False, f"rank {self.comm.rank}: {err}")
-            # Agreed before any rank reads: DCP's load is collective, and a rank that skips it would leave the
+            # Agreed before any rank reads: DCP's load is collective, and a rank that skipped it would leave the
             # others waiting in it.
             problems = [p for p in self.comm.all_gather(problem) if p]
             if not problems:
                 try:
-                    if manifest["kind"] == "dcp":
-                        value = self._read_dcp(path, manifest, into, load=load)
-                    else:
-                        value = self._read(path, manifest, load=load)
+                    state = self._read(path, manifest, into)
+                    local, lost = self._local(path, manifest)  # after the collective read
+                    value = Loaded(int(manifest["step"]), state, local, lost)
                 except _Incompatible as err:
                     problem = (True, str(err))
                 except Exception as err:
@@ -332,15 +332,26 @@ class CheckpointStore:
                 logger.warning("checkpoint %s is unusable, trying an older one: %s", path, "; ".join(problems_text))
         return None
 
-    def _check(self, path: Path, *, verify: bool) -> dict[str, Any]:
+    def _check(self, path: Path, *, verify: bool, into: dict[str, Any] | None) -> dict[str, Any]:
         """The manifest, once this rank's share of the files matches it (every size; with ``verify``, the checksums
-        of every ``world_size``-th file, so that the ranks together read each file once)."""
+        of every ``world_size``-th file, so that the ranks together read each file once), and this run can load it
+        (raises :class:`_Incompatible` if not)."""
         manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
         names = sorted(manifest["files"])
         share = names[self.comm.rank::self.comm.world_size] if verify else []
         problems = check_files(path, manifest, checksums=share)
         if problems:
             raise CheckpointError("; ".join(problems))
+        if manifest["kind"] == "dcp" and into is None:
+            raise _Incompatible(
+                f"{path} holds sharded state (DCP): load it into this run's state dict, sharded as this run shards "
+                "it: load_latest(into={'model': ..., 'optim': ...}) with the same keys as the save")
+        if manifest["kind"] == "state" and manifest["world_size"] != self.comm.world_size:
+            raise _Incompatible(
+                f"{path} was written by {manifest['world_size']} ranks and this run has {self.comm.world_size}; "
+                "per-rank state cannot be resharded. Run with the same world size, or save sharded state (DTensor, "
+                "through DCP), which reshards",
+            )
         return manifest
 
     def _local(self, path: Path, manifest: dict[str, Any]) -> tuple[Any, str | None]:
@@ -353,33 +364,16 @@ class CheckpointStore:
                           "afresh)")
         return _torch_load(path / name)["local"], None
 
-    def _read_dcp(self, path: Path, manifest: dict[str, Any], into: dict[str, Any] | None, *,
-                  load: bool) -> Loaded:
-        if into is None:
-            raise _Incompatible(
-                f"{path} holds sharded state (DCP): load it into this run's state dict, sharded as this run shards "
-                "it: load_latest(into={'model': ..., 'optim': ...}) with the same keys as the save")
-        local, lost = self._local(path, manifest) if load else (None, None)
-        if load:
+    def _read(self, path: Path, manifest: dict[str, Any], into: dict[str, Any] | None) -> Any:
+        """This rank's state: ``into`` loaded in place ("dcp", collective), the directory ("dir"), or this rank's
+        dict ("state")."""
+        if manifest["kind"] == "dcp":
+            assert into is not None  # _check refused it on every rank
             sharded.load_dcp(into, path, group=getattr(self.comm, "group", None))
-        return Loaded(int(manifest["step"]), into, local, lost)
-
-    def _read(self, path: Path, manifest: dict[str, Any], *, load: bool) -> Loaded:
-        step = int(manifest["step"])
+            return into
         if manifest["kind"] == "dir":
-            local, lost = self._local(path, manifest) if load else (None, None)
-            return Loaded(step, path, local, lost)
-        if manifest["world_size"] != self.comm.world_size:
-            raise _Incompatible(
-                f"{path} was written by {manifest['world_size']} ranks and this run has {self.comm.world_size}; "
-                "per-rank state cannot be resharded. Run with the same world size, or save sharded state (DTensor, "
-                "through DCP), which reshards",
-            )
-        file = path / f"rank_{self.comm.rank:05d}.pt"
-        if not load:
-            return Loaded(step, file)
-        local, lost = self._local(path, manifest)
-        return Loaded(step, _torch_load(file), local, lost)
+            return path
+        return _torch_load(path / f"rank_{self.comm.rank:05d}.pt")
 
 
 def _torch_load(file: Path) -> Any:
