@@ -259,3 +259,28 @@ def test_background_saves_reuse_their_host_buffers_and_each_writes_its_own_snaps
     assert store._stager._buffers[("w",)] is buffer  # no new allocation for the same shapes
     step, state = _loaded(store)
     assert step == 2 and torch.equal(state["w"], torch.ones(1000)) and state["note"] == ["b"]
+
+
+def test_a_pruned_checkpoint_leaves_the_committed_set_before_any_of_its_files_is_deleted(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A SIGKILL can land at any unlink of the pruning: at every one, the checkpoint being deleted must no longer
+    look committed (a manifest that outlived some of its files was seen in the SIGKILL trials)."""
+    import os
+
+    from slurmrt.checkpoint.store import complete_steps
+
+    store = _store(tmp_path, keep_last=1)
+    store.save({"w": torch.zeros(10)}, 1, local={"rng": 1})
+    seen: list[list[int]] = []
+    unlink = os.unlink
+
+    def watched(path: Any, *args: Any, **kwargs: Any) -> None:
+        seen.append(complete_steps(tmp_path))
+        unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "unlink", watched)
+    store.save({"w": torch.ones(10)}, 2, local={"rng": 2})
+    monkeypatch.undo()
+    assert seen, "the pruning deleted nothing"
+    assert all(steps == [2] for steps in seen), seen
+    assert complete_steps(tmp_path) == [2] and not list(tmp_path.glob(".tmp-step_*"))

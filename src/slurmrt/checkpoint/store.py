@@ -7,7 +7,8 @@ Layout under the checkpoint directory::
         rank_00000.pt ...      one file per rank ("state" kind), or whatever a save callable wrote ("dir" kind),
         .metadata, __0_0.distcp ...  or a DCP checkpoint of sharded state ("dcp" kind), with
         local/rank_00000.pt    each rank's own state (RNG, data position) next to it
-    .tmp-step_000001300-...    a save in progress, or one killed by SIGKILL: never loaded, removed later
+    .tmp-step_000001300-...    a save in progress, or one killed by SIGKILL, or a pruned checkpoint being deleted:
+                               never loaded, removed by the next commit
     latest                     name of the newest complete checkpoint, for people and tools
 
 Commit: each rank writes and fsyncs its part in the temp directory; the ranks agree that all parts succeeded; rank 0
@@ -270,14 +271,22 @@ class CheckpointStore:
     def _prune(self) -> None:
         """Keep the ``keep_last`` newest checkpoints, and every milestone (a step that is a multiple of
         ``keep_every``), which pruning never deletes."""
+        for entry in self.root.glob(".tmp-step_*"):
+            # Partial saves and deletions of earlier attempts (killed by SIGKILL). The current attempt has none in
+            # flight: at most one save runs at a time, and its directory was just renamed.
+            shutil.rmtree(entry, ignore_errors=True)
         complete = self._complete_steps()
+        doomed = []
         for step in complete[self.keep_last:]:
             if self.keep_every is not None and step % self.keep_every == 0:
                 continue
-            shutil.rmtree(self.root / f"step_{step:09d}", ignore_errors=True)
-        for entry in self.root.glob(".tmp-step_*"):
-            # Partial saves of earlier attempts (killed mid-save). The current attempt has none in flight: at most
-            # one save runs at a time, and its directory was just renamed.
+            # Out of sight first, by rename: a SIGKILL in the middle of the deletion (seen in the SIGKILL trials)
+            # would otherwise leave a committed-looking directory whose manifest outlived some of its files.
+            doomed.append(self.root / f".tmp-step_{step:09d}-{self._token}-{self._seq}-pruned")
+            os.rename(self.root / f"step_{step:09d}", doomed[-1])
+        if doomed:
+            fsync_dir(self.root)  # the renames are on disk before any file is unlinked
+        for entry in doomed:
             shutil.rmtree(entry, ignore_errors=True)
 
     # -- loading ---------------------------------------------------------------------------------------------------
