@@ -284,3 +284,18 @@ def test_a_pruned_checkpoint_leaves_the_committed_set_before_any_of_its_files_is
     assert seen, "the pruning deleted nothing"
     assert all(steps == [2] for steps in seen), seen
     assert complete_steps(tmp_path) == [2] and not list(tmp_path.glob(".tmp-step_*"))
+
+
+def test_a_resumed_run_never_writes_into_an_earlier_attempts_half_written_directory(tmp_path: Path) -> None:
+    """Outside Slurm every run has the same token, so its first save has the name of an earlier run's first save:
+    load_latest() removes what a SIGKILL left before any rank saves again."""
+    first = CheckpointStore(tmp_path, SoloComm(), token="local-r0")
+    first.save({"w": 1}, 1)
+    stale = tmp_path / ".tmp-step_000000002-local-r0-1"  # a killed run's first save, of the step after
+    stale.mkdir()
+    (stale / "rank_00007.pt").write_bytes(b"half")
+    second = CheckpointStore(tmp_path, SoloComm(), token="local-r0")
+    got = second.load_latest()
+    assert got is not None and got.step == 1 and not stale.exists()
+    second.save({"w": 2}, 2)  # its first save: that same name
+    assert sorted(p.name for p in (tmp_path / "step_000000002").iterdir()) == ["manifest.json", "rank_00000.pt"]

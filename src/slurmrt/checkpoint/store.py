@@ -8,7 +8,7 @@ Layout under the checkpoint directory::
         .metadata, __0_0.distcp ...  or a DCP checkpoint of sharded state ("dcp" kind), with
         local/rank_00000.pt    each rank's own state (RNG, data position) next to it
     .tmp-step_000001300-...    a save in progress, or one killed by SIGKILL, or a pruned checkpoint being deleted:
-                               never loaded, removed by the next commit
+                               never loaded, removed by the next load_latest() or commit
     latest                     name of the newest complete checkpoint, for people and tools
 
 Commit: each rank writes and fsyncs its part in the temp directory; the ranks agree that all parts succeeded; rank 0
@@ -271,10 +271,7 @@ class CheckpointStore:
     def _prune(self) -> None:
         """Keep the ``keep_last`` newest checkpoints, and every milestone (a step that is a multiple of
         ``keep_every``), which pruning never deletes."""
-        for entry in self.root.glob(".tmp-step_*"):
-            # Partial saves and deletions of earlier attempts (killed by SIGKILL). The current attempt has none in
-            # flight: at most one save runs at a time, and its directory was just renamed.
-            shutil.rmtree(entry, ignore_errors=True)
+        self._clear_leftovers()  # the current attempt has none in flight: its directory was just renamed
         complete = self._complete_steps()
         doomed = []
         for step in complete[self.keep_last:]:
@@ -287,6 +284,12 @@ class CheckpointStore:
         if doomed:
             fsync_dir(self.root)  # the renames are on disk before any file is unlinked
         for entry in doomed:
+            shutil.rmtree(entry, ignore_errors=True)
+
+    def _clear_leftovers(self) -> None:
+        """Remove the partial saves and interrupted deletions of earlier attempts (killed by SIGKILL); rank 0 only,
+        when none of this attempt's saves is in flight."""
+        for entry in self.root.glob(".tmp-step_*"):
             shutil.rmtree(entry, ignore_errors=True)
 
     # -- loading ---------------------------------------------------------------------------------------------------
@@ -303,6 +306,10 @@ class CheckpointStore:
         whose size or, with ``verify``, checksum differs from the manifest's) are skipped with a warning.
         """
         self.wait()
+        if self.comm.rank == 0:
+            # Before the broadcast, so before any rank's next save: a run outside Slurm has the same token every
+            # time, and its first save would otherwise write into an earlier attempt's half-written directory.
+            self._clear_leftovers()
         candidates: list[int] = self.comm.broadcast(self._complete_steps() if self.comm.rank == 0 else None)
         for step in candidates:
             path = self.root / f"step_{step:09d}"
