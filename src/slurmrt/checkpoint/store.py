@@ -313,28 +313,12 @@ class CheckpointStore:
         candidates: list[int] = self.comm.broadcast(self._complete_steps() if self.comm.rank == 0 else None)
         for step in candidates:
             path = self.root / f"step_{step:09d}"
-            value: Loaded | None = None
-            manifest: dict[str, Any] = {}
-            problem: tuple[bool, str] | None = None  # (incompatible, message)
-            try:
-                manifest = self._check(path, verify=verify, into=into)
-            except _Incompatible as err:
-                problem = (True, str(err))
-            except Exception as err:
-                problem = (False, f"rank {self.comm.rank}: {err}")
             # Agreed before any rank reads: DCP's load is collective, and a rank that skipped it would leave the
             # others waiting in it.
-            problems = [p for p in self.comm.all_gather(problem) if p]
+            manifest, problems = self._agreed(self._check, path, verify=verify, into=into)
+            value: Loaded | None = None
             if not problems:
-                try:
-                    state = self._read(path, manifest, into)
-                    local, lost = self._local(path, manifest)  # after the collective read
-                    value = Loaded(int(manifest["step"]), state, local, lost)
-                except _Incompatible as err:
-                    problem = (True, str(err))
-                except Exception as err:
-                    problem = (False, f"rank {self.comm.rank}: {err}")
-                problems = [p for p in self.comm.all_gather(problem) if p]
+                value, problems = self._agreed(self._load, path, manifest, into)
             if not problems:
                 assert value is not None
                 return value
@@ -347,6 +331,23 @@ class CheckpointStore:
             if self.comm.rank == 0:
                 logger.warning("checkpoint %s is unusable, trying an older one: %s", path, "; ".join(problems_text))
         return None
+
+    def _agreed(self, work: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, list[tuple[bool, str]]]:
+        """``work(*args, **kwargs)`` on this rank, then every rank's problem with it (one collective): its value (or
+        None), and the problems as (incompatible, message)."""
+        value, problem = None, None
+        try:
+            value = work(*args, **kwargs)
+        except _Incompatible as err:
+            problem = (True, str(err))
+        except Exception as err:
+            problem = (False, f"rank {self.comm.rank}: {err}")
+        return value, [p for p in self.comm.all_gather(problem) if p]
+
+    def _load(self, path: Path, manifest: dict[str, Any], into: dict[str, Any] | None) -> Loaded:
+        state = self._read(path, manifest, into)
+        local, lost = self._local(path, manifest)  # after the collective read
+        return Loaded(int(manifest["step"]), state, local, lost)
 
     def _check(self, path: Path, *, verify: bool, into: dict[str, Any] | None) -> dict[str, Any]:
         """The manifest, once this rank's share of the files matches it (every size; with ``verify``, the checksums
