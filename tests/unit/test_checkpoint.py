@@ -299,3 +299,24 @@ def test_a_resumed_run_never_writes_into_an_earlier_attempts_half_written_direct
     assert got is not None and got.step == 1 and not stale.exists()
     second.save({"w": 2}, 2)  # its first save: that same name
     assert sorted(p.name for p in (tmp_path / "step_000000002").iterdir()) == ["manifest.json", "rank_00000.pt"]
+
+
+def test_a_checkpoint_that_cannot_be_pruned_is_kept_and_the_new_one_is_still_committed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    import os
+
+    store = _store(tmp_path, keep_last=1)
+    store.save({"w": 1}, 1)
+    rename = os.rename
+
+    def refusing(src: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
+        if str(dst).endswith("-pruned"):
+            raise PermissionError(13, "Permission denied", str(src))
+        rename(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "rename", refusing)
+    result = store.save({"w": 2}, 2)
+    monkeypatch.undo()
+    assert result.step == 2 and _loaded(store) == (2, {"w": 2})
+    assert sorted(p.name for p in tmp_path.glob("step_*")) == ["step_000000001", "step_000000002"]
+    assert "step_000000001 could not be pruned, it is kept" in caplog.text

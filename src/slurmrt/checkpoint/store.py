@@ -279,8 +279,13 @@ class CheckpointStore:
                 continue
             # Out of sight first, by rename: a SIGKILL in the middle of the deletion (seen in the SIGKILL trials)
             # would otherwise leave a committed-looking directory whose manifest outlived some of its files.
-            doomed.append(self.root / f".tmp-step_{step:09d}-{self._token}-{self._seq}-pruned")
-            os.rename(self.root / f"step_{step:09d}", doomed[-1])
+            target = self.root / f".tmp-step_{step:09d}-{self._token}-{self._seq}-pruned"
+            try:
+                os.rename(self.root / f"step_{step:09d}", target)
+            except OSError as err:  # the new checkpoint is committed: a failed pruning must not say otherwise
+                logger.warning("checkpoint step_%09d could not be pruned, it is kept: %s", step, err)
+                continue
+            doomed.append(target)
         if doomed:
             fsync_dir(self.root)  # the renames are on disk before any file is unlinked
         for entry in doomed:
