@@ -21,10 +21,12 @@ from ._errors import (
     GpuCountError,
     HostlistError,
     LauncherConflictError,
+    LeaseError,
     NodeCountError,
     NodeRankError,
     ParallelismError,
     SlurmrtError,
+    UnsafePathError,
 )
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (mypy knows the name)
@@ -94,6 +96,7 @@ __all__ = [
     "HostlistError",
     "LaunchMode",
     "LauncherConflictError",
+    "LeaseError",
     "NodeCountError",
     "NodeRankError",
     "Options",
@@ -106,6 +109,7 @@ __all__ = [
     "Staged",
     "StopDecision",
     "Topology",
+    "UnsafePathError",
     "__version__",
     "cuda",
     "hostlist",

@@ -75,3 +75,11 @@ class AgreementError(SlurmrtError, RuntimeError):
 
 class CheckpointError(SlurmrtError, OSError):
     """A checkpoint could not be written or committed; the previous checkpoint is intact."""
+
+
+class UnsafePathError(SlurmrtError, PermissionError):
+    """A runtime file or directory is not this user's own (another owner, a mode open to others, a symlink)."""
+
+
+class LeaseError(ConfigError):
+    """The checkpoint directory is held by another live job: two jobs on one directory would destroy each other."""

@@ -9,7 +9,6 @@ appended under an exclusive ``flock`` on the file itself, so that writers on sev
 from __future__ import annotations
 
 import enum
-import fcntl
 import json
 import logging
 import os
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any, TypeGuard
 
 from . import _clock
+from ._safefs import lock, open_append
 
 __all__ = ["COPY_ENV", "Event", "EventFollower", "EventLog", "Measured", "Run", "measured", "measured_earlier",
            "read_events", "runs"]
@@ -29,6 +29,8 @@ logger = logging.getLogger(__name__)
 #: Set by ``slurmrt sim`` (a process-boundary variable): every event is also appended to this file, so the
 #: simulator can follow the job (its summary, ``--after-checkpoint``) wherever the job keeps its own event log.
 COPY_ENV = "SLURMRT_EVENT_COPY"
+#: How long a writer waits for the event log's lock (held by a writer for one line, so a longer hold is not ours).
+LOCK_TIMEOUT_S = 10.0
 
 
 class Event(str, enum.Enum):
@@ -59,6 +61,7 @@ class EventLog:
         self._base = {"job": job, "restart": restart, "rank": rank}
         self._paths = [p for p in dict.fromkeys((path, copy)) if p is not None]
         self._made: set[Path] = set()  # directories known to exist: no mkdir per event
+        self._unlocked: set[Path] = set()  # logs whose lock someone else held for LOCK_TIMEOUT_S
 
     def emit(self, event: Event, *, durable: bool = True, **data: Any) -> None:
         """Append one event under the file's lock. ``durable``: fsync before returning (what the job's story rests
@@ -73,26 +76,80 @@ class EventLog:
                 if path.parent not in self._made:
                     path.parent.mkdir(parents=True, exist_ok=True)
                     self._made.add(path.parent)
-                with open(path, "a", encoding="utf-8") as f:
-                    fcntl.flock(f.fileno(), fcntl.LOCK_EX)  # released when the file closes
-                    f.write(line + "\n")
-                    f.flush()
+                fd = open_append(path)  # a symlink planted in a shared directory is refused, not followed
+                try:
+                    # Anyone who can read the file can lock it: a bounded wait, then the line goes in unlocked
+                    # (one O_APPEND write) rather than the training waiting on another user's lock.
+                    if path not in self._unlocked and not lock(fd, timeout_s=LOCK_TIMEOUT_S):
+                        self._unlocked.add(path)
+                        logger.warning("event log %s stayed locked for %.0f s (not by a writer of ours): writing "
+                                       "without the lock from now on", path, LOCK_TIMEOUT_S)
+                    os.write(fd, (line + "\n").encode("utf-8"))
                     if durable:
-                        os.fsync(f.fileno())
+                        os.fsync(fd)
+                finally:
+                    os.close(fd)  # releases the lock
             except OSError as err:  # the log must never take the training down
                 logger.warning("cannot write event log %s: %s", path, err)
 
 
 def read_events(path: Path) -> Iterator[dict[str, Any]]:
-    with open(path, encoding="utf-8") as f:
+    """The well-formed events of the log at ``path``, in order. A line that is not JSON (a write cut short), not an
+    object, or whose fields have the wrong types (:func:`malformed`) is skipped with a warning: every reader
+    (``slurmrt status``, ``doctor``, the simulator's summary, the loop guard) may then trust the fields it reads."""
+    with open(path, encoding="utf-8", errors="replace") as f:
         for number, line in enumerate(f, 1):
             line = line.strip()
             if not line:
                 continue
             try:
-                yield json.loads(line)
-            except json.JSONDecodeError:
+                event = json.loads(line)
+            except (json.JSONDecodeError, RecursionError):
                 logger.warning("%s:%d is not JSON (a write cut short?); skipped", path, number)
+                continue
+            problem = malformed(event)
+            if problem:
+                logger.warning("%s:%d is not a slurmrt event (%s); skipped", path, number, problem)
+                continue
+            yield event
+
+
+_INTS = ("restart", "step", "code", "count")
+_NUMBERS = ("seconds", "step_s", "save_s", "idle_s", "allowed_s", "end_time", "bytes")
+_STRINGS = ("job", "outcome", "name", "experiment", "why", "signal")
+
+
+def malformed(event: Any) -> str | None:
+    """Why ``event`` is not one slurmrt wrote (the first field of the wrong type), or None when it is well formed."""
+    if not isinstance(event, dict):
+        return f"a JSON {type(event).__name__}, not an object"
+    if not isinstance(event.get("event"), str):
+        return "no \"event\" name"
+    if "time" in event:  # every event slurmrt writes has one; runs() leaves out the events without
+        try:
+            datetime.fromisoformat(event["time"])
+        except (TypeError, ValueError):
+            return f"time {event['time']!r} is not ISO 8601"
+    rank = event.get("rank")
+    if rank is not None and not _integer(rank):
+        return f"rank {rank!r}"
+    for name in _INTS:
+        if event.get(name) is not None and not _integer(event[name]):
+            return f"{name} {event[name]!r} is not an integer"
+    for name in _NUMBERS:
+        if event.get(name) is not None and not _number(event[name]):
+            return f"{name} {event[name]!r} is not a number"
+    for name in _STRINGS:
+        if event.get(name) is not None and not isinstance(event[name], str):
+            return f"{name} {event[name]!r} is not a string"
+    reasons = event.get("reasons")
+    if reasons is not None and not (isinstance(reasons, list) and all(isinstance(r, str) for r in reasons)):
+        return f"reasons {reasons!r} is not a list of names"
+    return None
+
+
+def _integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 class EventFollower:
@@ -163,7 +220,7 @@ def runs(events: Iterable[dict[str, Any]]) -> list[Run]:
     """Rank 0's events (and rankless ones) grouped by restart, oldest run first."""
     by_restart: dict[int, Run] = {}
     for e in events:
-        if e.get("rank") in (0, None):
+        if e.get("rank") in (0, None) and "time" in e:
             restart = int(e.get("restart", 0))
             by_restart.setdefault(restart, Run(restart)).events.append(e)
     return [by_restart[r] for r in sorted(by_restart)]

@@ -3,8 +3,13 @@
 Which lock file: when writing to a file, the file itself (every writer of that file sees it, and on a shared
 filesystem so does every node). When writing to a stream (stdout under srun), a lock file beside the job's output:
 ``$SLURM_SUBMIT_DIR/.slurmrt-<job id>.lock`` -- the submit directory is where sbatch puts the job's output by
-default, so it is a filesystem every node of the job can reach. Outside SLURM, a file in the temp directory (one
-machine). ``SLURMRT_LOCK_FILE`` overrides both. On NFS, Linux implements flock with byte-range locks that work
+default, so it is a filesystem every node of the job can reach. Outside SLURM, a file in this user's private
+runtime directory (one machine). ``SLURMRT_LOCK_FILE`` overrides both.
+
+No other user can make a log line wait: a lock file that is a symlink or another user's is not used, and a lock held
+for more than ``LOCK_TIMEOUT_S`` is given up (with one warning on stderr); the lines are then written unlocked.
+
+On NFS, Linux implements flock with byte-range locks that work
 across clients; Lustre needs the ``flock`` mount option.
 """
 
@@ -15,15 +20,18 @@ import logging
 import os
 import socket
 import sys
-import tempfile
 import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
+from ._safefs import lock, runtime_base
+
 __all__ = ["FlockHandler", "default_lock_path", "install", "printflock"]
 
-_lock_fds: dict[str, int] = {}
+_lock_fds: dict[str, int | None] = {}
+#: The longest wait for the lock before a line is written without it.
+LOCK_TIMEOUT_S = 10.0
 _lock_guard = threading.Lock()  # flock is per open file description: threads of one process share it
 
 
@@ -34,7 +42,9 @@ def default_lock_path(env: Mapping[str, str] | None = None) -> Path:
     job = env.get("SLURM_JOB_ID")
     if job and env.get("SLURM_SUBMIT_DIR"):
         return Path(env["SLURM_SUBMIT_DIR"]) / f".slurmrt-{job}.lock"
-    return Path(tempfile.gettempdir()) / f"slurmrt-{os.getuid()}.lock"
+    # This user's private directory, not a fixed name in /tmp: another user who created that file first and held a
+    # lock on it blocked every job's log line forever.
+    return runtime_base(env) / "log.lock"
 
 
 def _prefix(env: Mapping[str, str] | None = None) -> str:
@@ -44,25 +54,49 @@ def _prefix(env: Mapping[str, str] | None = None) -> str:
     return f"[{host}:{rank}]"
 
 
-def _fd_for(path: Path) -> int:
+def _fd_for(path: Path) -> int | None:
+    """The lock file's descriptor (opened once per process); None when it cannot be used: a symlink, or a file
+    another user owns (they could hold its lock forever). Lines are then written unlocked, with one warning."""
     key = str(path)
-    fd = _lock_fds.get(key)
-    if fd is None:
-        fd = os.open(key, os.O_RDWR | os.O_CREAT, 0o666)
-        _lock_fds[key] = fd
+    if key in _lock_fds:
+        return _lock_fds[key]
+    fd: int | None = None
+    try:
+        fd = os.open(key, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0), 0o644)
+        owner = os.fstat(fd).st_uid
+        if owner != os.getuid():
+            os.close(fd)
+            fd = None
+            _warn(f"the log lock {path} belongs to uid {owner}, not to this user: log lines are written without "
+                  "it (set SLURMRT_LOCK_FILE to a file of yours)")
+    except OSError as err:
+        _warn(f"cannot use the log lock {path} ({err}): log lines are written without it (set SLURMRT_LOCK_FILE)")
+    _lock_fds[key] = fd
     return fd
 
 
+def _warn(message: str) -> None:
+    sys.stderr.write(f"slurmrt.log: {message}\n")  # not through logging: this module may be logging's handler
+
+
 def write_locked(text: str, stream: IO[str], lock_path: Path) -> None:
-    """Write ``text`` to ``stream`` and flush it while holding an exclusive flock on ``lock_path``."""
+    """Write ``text`` to ``stream`` and flush it while holding an exclusive flock on ``lock_path``. The lock is waited
+    for at most LOCK_TIMEOUT_S (a line takes microseconds; a longer hold is a stuck or foreign process), then the
+    line is written anyway: a log line never blocks training."""
     with _lock_guard:
         fd = _fd_for(lock_path)
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        locked = fd is not None and lock(fd, timeout_s=LOCK_TIMEOUT_S)
+        if fd is not None and not locked:  # held for seconds: not by a writer of ours; stop waiting for it
+            _lock_fds[str(lock_path)] = None
+            _warn(f"the log lock {lock_path} stayed locked for {LOCK_TIMEOUT_S:.0f} s: log lines are written without "
+                  "it from now on")
         try:
             stream.write(text)
             stream.flush()
         finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
+            if locked:
+                assert fd is not None
+                fcntl.flock(fd, fcntl.LOCK_UN)
 
 
 def printflock(*args: Any, sep: str = " ", file: IO[str] | None = None, lock_path: str | Path | None = None) -> None:

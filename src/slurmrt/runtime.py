@@ -24,6 +24,7 @@ from ._errors import CheckpointError, ConfigError
 from ._hang import HangResponse, exit_now, is_peer_failure, unhealthy
 from ._hooks import ProcessHooks
 from ._report import Reporter
+from .checkpoint.lease import Lease
 from .checkpoint.store import CheckpointStore, PendingSave, SaveFn, SaveResult, Staged
 from .events import COPY_ENV, EventLog, measured_earlier, read_events, runs
 from .launch import cuda, health, preflight
@@ -60,6 +61,7 @@ def init(**options: Any) -> Runtime:
     preflight.check_master_port(topo)
     connections = cuda.apply(env, cuda.gpu_arch_major() if node_gpus else None, opts.parallel)
 
+    lease = _take_lease(opts.checkpoint_dir, topo) if opts.checkpoint_dir is not None else None
     log_path = opts.event_log or (opts.checkpoint_dir / f"events-{topo.requeue_id or 'local'}.jsonl"
                                   if opts.checkpoint_dir else None)
     events = EventLog(log_path, job=topo.requeue_id, restart=topo.restart_count, rank=topo.rank,
@@ -94,13 +96,28 @@ def init(**options: Any) -> Runtime:
         logger.info("earlier runs of the job measured a step of %s s and a save of %s s", step_s, save_s)
     rt = Runtime(topo, opts, events, budget=budget, end_time=end_time, kill_switch=switch,
                  hooks=ProcessHooks(SignalRecorder(opts.signals), job_id=topo.job_id, world_size=topo.world_size),
-                 connections=connections,
+                 connections=connections, lease=lease,
                  experiment_id=experiment_id, phases=PhaseTimes(earlier.phases))
     pollers = [p.poll for p in (switch, end_time if end_time.asks else None) if p is not None]
+    if lease is not None and lease.held:
+        pollers.append(lease.refresh)
     if opts.watchdog:
         pollers.append(rt.watchdog().poll)
     rt.start(Watcher(pollers, period_s=opts.kill_switch_poll_s))
     return rt
+
+
+def _take_lease(directory: Path, topo: Topology) -> Lease:
+    """The checkpoint directory's lease (slurmrt.checkpoint.lease): rank 0 takes it, the others check it, so that
+    every rank of a job refused for another job's directory is refused at once, before any rendezvous."""
+    owner = topo.requeue_id or (f"local-{topo.master_addr}:{topo.master_port}" if topo.world_size > 1
+                                else f"local-{topo.hostname}-{os.getpid()}")
+    lease = Lease(directory, owner=owner, job=topo.requeue_id, array_task=topo.array_task_id, host=topo.hostname)
+    if topo.rank == 0:
+        lease.acquire()
+    else:
+        lease.check()
+    return lease
 
 
 class Runtime:
@@ -108,8 +125,10 @@ class Runtime:
 
     def __init__(self, topology: Topology, options: Options, events: EventLog, *, budget: Budget, end_time: EndTime,
                  kill_switch: KillSwitch | None, hooks: ProcessHooks, connections: str | None = None,
-                 experiment_id: str | None = None, phases: PhaseTimes | None = None) -> None:
+                 experiment_id: str | None = None, phases: PhaseTimes | None = None,
+                 lease: Lease | None = None) -> None:
         self.topology, self.options, self.events = topology, options, events
+        self._lease = lease
         self.cuda_device_max_connections = connections
         self._report = Reporter(events, topology)
         self._budget, self._steps, self._end = budget, budget.steps, end_time
@@ -445,7 +464,8 @@ class Runtime:
             token = f"{self.topology.requeue_id or 'local'}-r{self.restart_count}".replace("/", "_")
             self._store = CheckpointStore(self.options.checkpoint_dir, self._groups().work,
                                           keep_last=self.options.keep_last, keep_every=self.options.keep_every,
-                                          token=token, threads=self.options.save_threads)
+                                          token=token, threads=self.options.save_threads,
+                                          guard=self._lease.guard if self._lease is not None else None)
         if self._background is not None:
             self._collect()  # the store waits for it anyway; take its result first
         return self._store
@@ -579,3 +599,5 @@ class Runtime:
         self._wait_for_saves()
         # After a failed round a peer is probably gone: destroying the groups could wait for it.
         self._hooks.undo(destroy_groups=self._agreement is None or not self._agreement.failed)
+        if self._lease is not None:
+            self._lease.release()  # the next task of an --array=...%1 chain may take the directory now

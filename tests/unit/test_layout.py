@@ -9,11 +9,11 @@ ROOT = Path(__file__).resolve().parents[2] / "src" / "slurmrt"  # read, not impo
 
 #: Bottom first. A module not listed here fails the test: a new module must say where it belongs.
 FLOORS = [
-    ["_errors", "_clock", "_env", "_slurm"],
+    ["_errors", "_clock", "_env", "_slurm", "_safefs"],
     ["_comm", "log", "launch.hostlist", "stop.signals", "stop.pidfiles", "checkpoint._files",
      "checkpoint.sharded"],
     ["launch.parallel", "launch.topology", "stop.deadline", "stop.watcher", "stop.killswitch", "stop.census", "events",
-     "experiment"],
+     "experiment", "checkpoint.lease", "checkpoint.manifest"],
     ["launch.preflight", "launch.cuda", "launch.health", "stop.decision", "stop.watchdog", "checkpoint.store",
      "options", "trackers", "exclusion"],
     ["stop.agreement", "outcome", "timeline"],

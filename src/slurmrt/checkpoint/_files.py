@@ -5,14 +5,18 @@ they are still in the page cache (what a save function wrote)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import secrets
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-__all__ = ["HASH", "FileInfo", "Hashing", "checksum_files", "fsync_dir", "fsync_tree", "hash_file", "replace_text",
-           "write_state", "write_text"]
+from .._safefs import open_new
+
+__all__ = ["HASH", "FileInfo", "Hashing", "checksum_files", "fsync_dir", "fsync_tree", "hash_file",
+           "leftover_tmp_files", "replace_text", "write_state", "write_text"]
 
 #: The manifest's name for the checksum, the key of its value in each file's entry.
 HASH = "xxh3_64"
@@ -96,11 +100,27 @@ def write_text(path: Path, text: str) -> None:
 
 
 def replace_text(path: Path, text: str) -> None:
-    """Replace ``path`` whole, durably: a reader (or a run after a SIGKILL) sees the old text or the new one."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    write_text(tmp, text)
-    os.replace(tmp, path)
+    """Replace ``path`` whole, durably: a reader (or a run after a SIGKILL) sees the old text or the new one. The
+    temporary file is new (O_EXCL, never through a planted symlink) and gone when this returns, whatever happened;
+    one a SIGKILL left is named ``.<name>.<pid>.<random>.tmp`` (see :func:`leftover_tmp_files`)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    try:
+        fd = open_new(tmp, 0o644)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
     fsync_dir(path.parent)
+
+
+def leftover_tmp_files(directory: Path, name: str) -> list[Path]:
+    """The temporary files of :func:`replace_text` for ``directory/name`` that a killed writer left behind."""
+    return [p for p in directory.glob(f".{name}.*.tmp") if not p.is_dir()]
 
 
 def fsync_dir(path: Path) -> None:

@@ -26,7 +26,6 @@ import errno
 import json
 import logging
 import os
-import re
 import shutil
 import threading
 from collections.abc import Callable
@@ -38,14 +37,22 @@ from .. import _clock
 from .._comm import Comm
 from .._errors import CheckpointError
 from . import sharded
-from ._files import HASH, FileInfo, checksum_files, fsync_dir, fsync_tree, replace_text, write_state, write_text
+from ._files import (
+    FileInfo,
+    checksum_files,
+    fsync_dir,
+    fsync_tree,
+    leftover_tmp_files,
+    replace_text,
+    write_state,
+    write_text,
+)
+from .manifest import MANIFEST, check_files, complete_steps, read_manifest, verify
 
 __all__ = ["CheckpointStore", "Loaded", "PendingSave", "SaveFn", "SaveResult", "Staged", "verify"]
 
 logger = logging.getLogger(__name__)
 
-_STEP_DIR = re.compile(r"step_(\d{9,})")
-MANIFEST = "manifest.json"
 SaveFn = Callable[[Path], Any]
 
 
@@ -114,7 +121,7 @@ class PendingSave:
 
 class CheckpointStore:
     def __init__(self, root: Path, comm: Comm, *, keep_last: int = 3, keep_every: int | None = None,
-                 token: str = "0", threads: int = 4) -> None:
+                 token: str = "0", threads: int = 4, guard: Callable[[], None] | None = None) -> None:
         if keep_last < 1:
             raise ValueError(f"keep_last={keep_last}: keep at least the newest checkpoint (>= 1)")
         if keep_every is not None and keep_every < 1:
@@ -129,6 +136,11 @@ class CheckpointStore:
         self._stager = sharded.Stager()
         #: The background save in flight, if any.
         self.pending: PendingSave | None = None
+        #: Rank 0 calls it before it changes what is in the directory (commit, pruning, clearing leftovers): it
+        #: raises when this job no longer holds the directory (:mod:`slurmrt.checkpoint.lease`).
+        self.guard: Callable[[], None] | None = guard
+        self._committed: set[int] = set()  # steps this store committed: sound, written by this run
+        self._damaged: set[int] = set()  # steps load_latest found damaged: they never count as kept
 
     # -- saving ----------------------------------------------------------------------------------------------------
     def save(self, state: dict[str, Any] | SaveFn | Staged, step: int, *, blocking: bool = True,
@@ -227,22 +239,30 @@ class CheckpointStore:
         final = self.root / f"step_{step:09d}"
         outcome: tuple[str | None, int] = (None, 0)
         if rank == 0:
+            committed = False
             try:
-                outcome = (None, self._commit(tmp, final, step, kind, [f for _, _, f in reports]))
+                size = self._prepare(tmp, step, kind, [f for _, _, f in reports])
+                committed = self._commit(tmp, final, step)
+                outcome = (None, size)
             except Exception as err:
                 logger.exception("checkpoint step %d: the commit failed", step)  # with the traceback
                 outcome = (repr(err), 0)
                 shutil.rmtree(tmp, ignore_errors=True)
+            if committed:
+                self._after_commit(final)
         commit_error, size = self.comm.broadcast(outcome)
         if commit_error is not None:
             raise CheckpointError(
                 f"checkpoint of step {step} could not be committed ({commit_error}); the previous one is intact",
                 step=step,
             )
+        self._committed.add(step)
+        self._damaged.discard(step)
         return SaveResult(step=step, path=final, seconds=_clock.mono() - start, bytes=size, started=started)
 
-    def _commit(self, tmp: Path, final: Path, step: int, kind: str, parts: list[dict[str, FileInfo]]) -> int:
-        """Make ``tmp`` the checkpoint ``final``; returns the bytes it holds. Rank 0 only."""
+    def _prepare(self, tmp: Path, step: int, kind: str, parts: list[dict[str, FileInfo]]) -> int:
+        """Write the manifest of ``tmp`` and make the whole directory durable; returns the bytes it holds. Rank 0
+        only, before the commit point: a failure here leaves the previous checkpoints as they were."""
         files: dict[str, FileInfo] = {}
         for part in parts:
             files.update(part)
@@ -253,30 +273,61 @@ class CheckpointStore:
             fsync_dir(tmp)
             if (tmp / sharded.LOCAL_DIR).is_dir():
                 fsync_dir(tmp / sharded.LOCAL_DIR)
+        if not files:
+            raise CheckpointError(f"checkpoint of step {step}: the save wrote no file (a save function that wrote "
+                                  "nothing?); an empty checkpoint would restore nothing", step=step)
         manifest = {"version": 2, "step": step, "world_size": self.comm.world_size, "kind": kind,
                     "files": dict(sorted(files.items()))}
         write_text(tmp / MANIFEST, json.dumps(manifest, indent=1))
         fsync_dir(tmp)
-        if final.exists():
-            # The same step saved twice (a periodic save, then the stop at that step): same training state.
-            logger.info("checkpoint %s already exists; keeping it", final.name)
-            shutil.rmtree(tmp, ignore_errors=True)
-        else:
-            os.rename(tmp, final)
-        fsync_dir(self.root)
-        replace_text(self.root / "latest", final.name + "\n")
-        self._prune()
         return sum(int(f["size"]) for f in files.values())
 
+    def _commit(self, tmp: Path, final: Path, step: int) -> bool:
+        """The commit point: ``tmp`` becomes ``final`` by rename. False when ``final`` is kept instead (this run
+        committed that step already: a periodic save, then the stop at that step, hold the same training state).
+
+        A ``final`` this run did not commit is replaced: it is an earlier run's, which load_latest found damaged
+        or did not resume from, and the save in hand is sound. The damaged copy is renamed out of sight first; a
+        SIGKILL between the two renames loses only that damaged copy (the new one waits in ``tmp``, and the older
+        checkpoints are untouched)."""
+        if self.guard is not None:
+            self.guard()
+        if final.exists() and step in self._committed:
+            logger.info("checkpoint %s already exists (committed by this run); keeping it", final.name)
+            shutil.rmtree(tmp, ignore_errors=True)
+            return False
+        if final.exists():
+            damaged = "it was found damaged" if step in self._damaged else "an earlier run wrote it"
+            logger.warning("checkpoint %s exists (%s): replacing it with this run's sound save", final.name, damaged)
+            old = self.root / f".tmp-step_{step:09d}-{self._token}-{self._seq}-replaced"
+            os.rename(final, old)
+            os.rename(tmp, final)
+            fsync_dir(self.root)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(tmp, final)
+            fsync_dir(self.root)
+        return True
+
+    def _after_commit(self, final: Path) -> None:
+        """What follows the commit point (``latest``, pruning): best effort. The checkpoint is committed and the
+        next run loads it; an error here is logged, never reported as a failed save."""
+        try:
+            replace_text(self.root / "latest", final.name + "\n")
+        except OSError as err:
+            logger.warning("checkpoint %s is committed, but `latest` could not be updated (%s); it is only a hint "
+                           "for people and tools: load_latest() finds the checkpoint without it", final.name, err)
+        try:
+            self._prune()
+        except Exception:  # noqa: BLE001 - the save succeeded; pruning is retried at the next one
+            logger.exception("pruning after %s failed; old checkpoints are kept until the next save", final.name)
+
     def _prune(self) -> None:
-        """Keep the ``keep_last`` newest checkpoints, and every milestone (a step that is a multiple of
-        ``keep_every``), which pruning never deletes."""
+        """Keep the ``keep_last`` newest sound checkpoints (:meth:`_prunable`), and every milestone (a step that
+        is a multiple of ``keep_every``), which pruning never deletes."""
         self._clear_leftovers()  # the current attempt has none in flight: its directory was just renamed
-        complete = self._complete_steps()
         doomed = []
-        for step in complete[self.keep_last:]:
-            if self.keep_every is not None and step % self.keep_every == 0:
-                continue
+        for step in self._prunable(self._complete_steps()):
             # Out of sight first, by rename: a SIGKILL in the middle of the deletion (seen in the SIGKILL trials)
             # would otherwise leave a committed-looking directory whose manifest outlived some of its files.
             target = self.root / f".tmp-step_{step:09d}-{self._token}-{self._seq}-pruned"
@@ -291,11 +342,31 @@ class CheckpointStore:
         for entry in doomed:
             shutil.rmtree(entry, ignore_errors=True)
 
+    def _prunable(self, complete: list[int]) -> list[int]:
+        """The steps pruning deletes, of the committed ``complete`` (newest first): those past the ``keep_last``
+        newest sound ones. A checkpoint found damaged never counts as kept, so damage cannot push the newest sound
+        checkpoint out of the window; milestones are never deleted."""
+        kept = 0
+        doomed = []
+        for step in complete:
+            if kept < self.keep_last:
+                kept += step not in self._damaged
+                continue
+            if self.keep_every is not None and step % self.keep_every == 0:
+                continue
+            doomed.append(step)
+        return doomed
+
     def _clear_leftovers(self) -> None:
-        """Remove the partial saves and interrupted deletions of earlier attempts (killed by SIGKILL); rank 0 only,
-        when none of this attempt's saves is in flight."""
+        """Remove the partial saves and interrupted deletions of earlier attempts (killed by SIGKILL), and the
+        temporary files of an interrupted ``latest`` update; rank 0 only, when none of this attempt's saves is in
+        flight, and only while this job holds the directory (the guard)."""
+        if self.guard is not None:
+            self.guard()
         for entry in self.root.glob(".tmp-step_*"):
             shutil.rmtree(entry, ignore_errors=True)
+        for entry in leftover_tmp_files(self.root, "latest"):
+            entry.unlink(missing_ok=True)
 
     # -- loading ---------------------------------------------------------------------------------------------------
     def _complete_steps(self) -> list[int]:
@@ -333,6 +404,7 @@ class CheckpointStore:
                 # real progress after keep_last saves, so refuse on every rank.
                 raise CheckpointError(incompatible[0], step=step)
             problems_text = [message for _, message in problems]
+            self._damaged.add(step)  # it never counts as kept, and a sound save of its step replaces it
             if self.comm.rank == 0:
                 logger.warning("checkpoint %s is unusable, trying an older one: %s", path, "; ".join(problems_text))
         return None
@@ -358,7 +430,7 @@ class CheckpointStore:
         """The manifest, once this rank's share of the files matches it (every size; with ``verify``, the checksums
         of every ``world_size``-th file, so that the ranks together read each file once), and this run can load it
         (raises :class:`_Incompatible` if not)."""
-        manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+        manifest = read_manifest(path)
         names = sorted(manifest["files"])
         share = names[self.comm.rank::self.comm.world_size] if verify else []
         problems = check_files(path, manifest, checksums=share)
@@ -403,54 +475,6 @@ def _torch_load(file: Path) -> Any:
 
     with open(file, "rb") as f:
         return torch.load(f, map_location="cpu", weights_only=False)
-
-
-def complete_steps(root: Path) -> list[int]:
-    """Steps of the directories under ``root`` that have a manifest, newest first (without reading the data)."""
-    if not root.is_dir():
-        return []
-    steps = []
-    for entry in root.iterdir():
-        match = _STEP_DIR.fullmatch(entry.name)
-        if match and (entry / MANIFEST).is_file():
-            steps.append(int(match.group(1)))
-    return sorted(steps, reverse=True)
-
-
-def check_files(path: Path, manifest: dict[str, Any], *, checksums: list[str] | None = None) -> list[str]:
-    """What is wrong with the files of the checkpoint at ``path``: a file missing, of another size, or (for the
-    names in ``checksums``; None: all) of another checksum than the manifest says. Manifests of version 1 carry sizes
-    only."""
-    problems = []
-    entries: dict[str, Any] = manifest["files"]
-    for name, entry in entries.items():
-        size = entry if isinstance(entry, int) else int(entry["size"])
-        try:
-            actual = (path / name).stat().st_size
-        except FileNotFoundError:
-            problems.append(f"{path / name} is missing")
-            continue
-        if actual != size:
-            problems.append(f"{path / name} has {actual} bytes, the manifest says {size} (truncated?)")
-    wanted = [n for n in (entries if checksums is None else checksums)
-              if isinstance(entries[n], dict) and HASH in entries[n] and (path / n).is_file()]
-    for name, info in checksum_files(path, wanted).items():
-        if info["size"] == int(entries[name]["size"]) and info[HASH] != entries[name][HASH]:
-            problems.append(f"{path / name}: checksum {info[HASH]}, the manifest says {entries[name][HASH]} "
-                            f"({HASH}; the content changed after the save: a flipped bit, or an overwrite)")
-    return problems
-
-
-def verify(path: Path) -> list[str]:
-    """Check one committed checkpoint directory against its manifest, every file's size and checksum (what
-    ``slurmrt verify`` runs). An empty list: sound."""
-    try:
-        manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return [f"{path} has no {MANIFEST}: not a committed checkpoint (a save in progress, or one cut short)"]
-    except (OSError, ValueError) as err:
-        return [f"{path / MANIFEST} cannot be read: {err}"]
-    return check_files(path, manifest)
 
 
 class _Incompatible(Exception):

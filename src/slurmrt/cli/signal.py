@@ -12,7 +12,7 @@ import os
 from typing import Any
 
 from .._errors import SlurmrtError
-from ..stop.pidfiles import process_dir
+from ..stop.pidfiles import registered
 from ..stop.signals import parse_signal
 from ._common import add_command
 
@@ -29,18 +29,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def signal_training(sig: int, job_id: str | None) -> list[int]:
-    """Send ``sig`` to this node's training processes of the job (those registered by slurmrt.init())."""
-    import psutil
-
+    """Send ``sig`` to this node's training processes of the job (those registered by slurmrt.init(), still the
+    process that registered: see :mod:`slurmrt.stop.pidfiles`)."""
     signalled = []
-    directory = process_dir(job_id)
-    for entry in sorted(directory.iterdir()) if directory.is_dir() else []:
-        pid = int(entry.name) if entry.name.isdigit() else -1
-        if pid <= 0 or not psutil.pid_exists(pid):
-            entry.unlink(missing_ok=True)  # a process that died without close()
+    for process in registered(job_id):
+        try:
+            os.kill(process.pid, sig)
+        except ProcessLookupError:  # ended since the check
             continue
-        os.kill(pid, sig)
-        signalled.append(pid)
+        signalled.append(process.pid)
     return signalled
 
 

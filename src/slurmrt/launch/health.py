@@ -11,6 +11,7 @@ checks every node of an allocation).
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -21,14 +22,18 @@ SIM_UNHEALTHY_ENV = "SLURMRT_SIM_UNHEALTHY"
 
 
 def _writable(directory: Path, what: str) -> str | None:
-    probe = directory / f".slurmrt-health-{os.getpid()}"
+    # A file of our own, made with O_EXCL (mkstemp): a fixed name in /dev/shm, which every user can write to, let a
+    # planted symlink turn the probe into an overwrite of whatever the link pointed at.
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        with open(probe, "wb") as f:
-            f.write(b"\0" * 65536)
-            f.flush()
-            os.fsync(f.fileno())
-        probe.unlink()
+        fd, probe = tempfile.mkstemp(prefix=".slurmrt-health-", dir=directory)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(b"\0" * 65536)
+                f.flush()
+                os.fsync(f.fileno())
+        finally:
+            os.unlink(probe)
     except OSError as err:
         return f"{what} {directory} is not writable: {err}"
     return None

@@ -71,8 +71,16 @@ def scontrol(args: Sequence[str]) -> int:
 def squeue(args: Sequence[str]) -> int:
     state = SimState.from_env()
     fmt = args[args.index("-o") + 1] if "-o" in args and args.index("-o") + 1 < len(args) else "%e"
+    job = args[args.index("-j") + 1] if "-j" in args and args.index("-j") + 1 < len(args) else None
+    if job is not None and job != str(state.read_job()[0].job_id):
+        # As Slurm answers for a job it no longer knows (the checkpoint lease asks about earlier jobs).
+        print("slurm_load_jobs error: Invalid job id specified", file=sys.stderr)
+        return 1
+    if fmt == "%T":
+        print("RUNNING")
+        return 0
     if fmt != "%e":
-        print(f"squeue (slurmrt sim): unsupported format {fmt!r}; only -o %e", file=sys.stderr)
+        print(f"squeue (slurmrt sim): unsupported format {fmt!r}; only -o %e and -o %T", file=sys.stderr)
         return 1
     end = _end_time(state)
     print(time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(end)) if end else "N/A")

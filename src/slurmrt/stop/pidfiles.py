@@ -2,34 +2,66 @@
 
 Launchers (torchrun, `accelerate launch`) die of SIGUSR1, so a `--signal=B:USR1` warning must be passed to the
 training processes only; a command-line pattern (pkill -f) also matches the launcher, whose arguments name the script.
+
+The directory is this user's private runtime directory (:func:`slurmrt._safefs.runtime_base`), never one another
+user could have created first. A pid file holds the pid, the process's start time and the job id: a pid alone is
+reused by the kernel (a SIGKILLed rank leaves its file behind, and a requeued job keeps its id), so a process is
+signalled only while its start time still matches.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
-import tempfile
+import re
+from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["process_dir", "register_process", "unregister_process"]
+from .._errors import UnsafePathError
+from .._safefs import open_new, private_dir, process_start_time, runtime_base
+
+__all__ = ["Registered", "process_dir", "register_process", "registered", "unregister_process"]
 
 logger = logging.getLogger(__name__)
 
+_JOB = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+_PID_FILE = re.compile(r"[0-9]{1,10}")
 
-def process_dir(job_id: str | None) -> Path:
-    """Node-local directory where each training process of a job registers its pid (for `slurmrt signal`)."""
-    return Path(tempfile.gettempdir()) / f"slurmrt-{os.getuid()}" / (job_id or "local")
+
+def _job_name(job_id: str | None) -> str:
+    name = job_id or "local"
+    if not _JOB.fullmatch(name) or name in {".", ".."}:
+        raise UnsafePathError(f"job id {name!r} is not a Slurm job id (digits, or <array job>_<task>)", job=name)
+    return name
+
+
+def process_dir(job_id: str | None, *, create: bool = True) -> Path:
+    """This node's directory of the job's training processes: ``<runtime base>/<job>``, ours and 0700 (created
+    when ``create``). :class:`~slurmrt.UnsafePathError` when it is not."""
+    path = runtime_base() / _job_name(job_id)
+    if create:
+        return private_dir(path)
+    if os.path.lexists(path):
+        private_dir(path)  # checks it
+    return path
 
 
 def register_process(job_id: str | None) -> Path | None:
     """Register this process; returns the file to remove at close, None when the directory is unusable."""
-    path = process_dir(job_id) / str(os.getpid())
+    pid = os.getpid()
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.touch()
-    except OSError as err:
-        logger.warning("cannot register this process in %s (%s): `slurmrt signal` will not find it", path, err)
+        path = process_dir(job_id) / str(pid)
+        record = json.dumps({"pid": pid, "start": process_start_time(pid), "job": job_id or "local"})
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()  # a file left by a SIGKILLed process whose pid this one reuses
+        fd = open_new(path)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(record)
+    except (OSError, UnsafePathError) as err:
+        logger.warning("cannot register this process for `slurmrt signal` (%s): a signal forwarded with "
+                       "`slurmrt signal` will not reach it", err)
         return None
     return path
 
@@ -40,3 +72,36 @@ def unregister_process(path: Path | None) -> None:
     path.unlink(missing_ok=True)
     with contextlib.suppress(OSError):  # the last process of the job on this node removes the directory
         path.parent.rmdir()
+
+
+@dataclass(frozen=True)
+class Registered:
+    pid: int
+    path: Path
+
+
+def registered(job_id: str | None) -> list[Registered]:
+    """The job's live training processes on this node. A file whose process is gone, or whose pid now names
+    another process (another start time), is removed; a file not in slurmrt's form is left alone and ignored."""
+    directory = process_dir(job_id, create=False)
+    if not directory.is_dir():
+        return []
+    found = []
+    for entry in sorted(directory.iterdir()):
+        if not _PID_FILE.fullmatch(entry.name):
+            continue  # not ours: never touched
+        try:
+            st = entry.lstat()
+            if not entry.is_file() or entry.is_symlink() or st.st_uid != os.getuid():
+                continue
+            record = json.loads(entry.read_text(encoding="utf-8"))
+            pid, start = int(record["pid"]), record["start"]
+        except (OSError, ValueError, TypeError, KeyError):
+            continue
+        if pid != int(entry.name) or record.get("job") != (job_id or "local"):
+            continue
+        if start is None or process_start_time(pid) != start:
+            entry.unlink(missing_ok=True)  # the process is gone, or its pid was reused
+            continue
+        found.append(Registered(pid, entry))
+    return found

@@ -1,0 +1,125 @@
+"""Files in shared places are hostile until proven otherwise.
+
+``/tmp``, ``/dev/shm`` and a group-writable checkpoint directory are places another user can write to first. Every
+file slurmrt creates there is created here: directories by us, mode 0700, checked for owner, mode and symlink before
+use (as OpenSSH and systemd treat per-user runtime directories); files with ``O_EXCL``/``O_NOFOLLOW``, so that a
+symlink planted under the name is refused instead of followed; locks taken with a bound, so that another user who
+holds a lock on a file they can open never blocks a slurmrt call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import stat
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from ._errors import UnsafePathError
+
+__all__ = ["lock", "open_append", "open_new", "private_dir", "process_start_time", "runtime_base"]
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+def _check_private(path: Path, st: os.stat_result) -> None:
+    """Refuse ``path`` (lstat ``st``) unless it is a real directory of ours that nobody else may write to."""
+    uid = os.getuid()
+    if stat.S_ISLNK(st.st_mode):
+        raise UnsafePathError(
+            f"{path} is a symlink (to {os.readlink(path)!r}); slurmrt keeps its runtime files in a directory it "
+            "created itself. Remove the link (someone else may have planted it), or point TMPDIR elsewhere",
+            path=str(path))
+    if not stat.S_ISDIR(st.st_mode):
+        raise UnsafePathError(f"{path} is not a directory: remove it, or point TMPDIR elsewhere", path=str(path))
+    if st.st_uid != uid:
+        raise UnsafePathError(
+            f"{path} belongs to uid {st.st_uid}, not to this user (uid {uid}): another user created it first, so "
+            "the files in it cannot be trusted. Ask them or an administrator to remove it, or point TMPDIR "
+            "elsewhere", path=str(path), owner=st.st_uid)
+    if st.st_mode & 0o077:
+        raise UnsafePathError(
+            f"{path} has mode {stat.S_IMODE(st.st_mode):04o}: others may write or read in it. slurmrt creates it "
+            f"with 0700; fix it with `chmod 700 {path}` (or remove it)", path=str(path),
+            mode=stat.S_IMODE(st.st_mode))
+
+
+def private_dir(path: Path) -> Path:
+    """``path`` as a directory of this user's, mode 0700: created if absent (its parent must exist), checked if
+    present. :class:`~slurmrt.UnsafePathError` when it is a symlink, not ours, or open to others."""
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    _check_private(path, os.lstat(path))
+    return path
+
+
+def runtime_base(env: Mapping[str, str] | None = None) -> Path:
+    """This user's private runtime directory on this node: ``$XDG_RUNTIME_DIR/slurmrt`` when that directory exists
+    and is ours (systemd creates it per user, 0700), else ``$TMPDIR/slurmrt-<uid>`` (under Slurm, the job's own
+    tmp when the cluster gives one). Created 0700 and checked (:func:`private_dir`)."""
+    env = os.environ if env is None else env
+    xdg = env.get("XDG_RUNTIME_DIR")
+    if xdg:
+        try:
+            _check_private(Path(xdg), os.lstat(xdg))
+        except (OSError, UnsafePathError):
+            pass  # propagated by srun from a login node where it existed: not usable here
+        else:
+            return private_dir(Path(xdg) / "slurmrt")
+    tmp = env.get("TMPDIR") or tempfile.gettempdir()
+    return private_dir(Path(tmp) / f"slurmrt-{os.getuid()}")
+
+
+def open_new(path: Path, mode: int = 0o600) -> int:
+    """A new file, for writing: refused (FileExistsError) when the name exists, a symlink included."""
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, mode)
+
+
+def open_append(path: Path, mode: int = 0o644) -> int:
+    """``path`` opened for appending, created if absent; a symlink there is refused (OSError ELOOP), never
+    followed."""
+    try:
+        return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | _NOFOLLOW | _CLOEXEC, mode)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise OSError(errno.ELOOP, f"{path} is a symlink; slurmrt does not write through links that it did "
+                                       "not make (remove it)") from None
+        raise
+
+
+def lock(fd: int, *, timeout_s: float, shared: bool = False) -> bool:
+    """``flock`` ``fd`` within ``timeout_s``; False when someone else held it all that time (anyone who can open a
+    file can lock it, so no wait may be unbounded)."""
+    deadline = time.monotonic() + timeout_s
+    delay = 0.001
+    operation = (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB
+    while True:
+        try:
+            fcntl.flock(fd, operation)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+        time.sleep(delay)
+        delay = min(delay * 2, 0.05)
+
+
+def process_start_time(pid: int) -> int | None:
+    """The start time of process ``pid`` in clock ticks since boot (field 22 of ``/proc/<pid>/stat``); None when
+    there is no such process. With the pid it names one process, even after the pid is reused."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    # The command name (field 2) is in parentheses and may hold spaces or ')': split after its last ')'.
+    fields = data[data.rfind(b")") + 2:].split()
+    try:
+        return int(fields[19])
+    except (IndexError, ValueError):
+        return None

@@ -1,0 +1,238 @@
+"""A checkpoint directory belongs to one live job at a time: a lease next to the checkpoints.
+
+Two jobs on one directory destroy each other: each clears the other's saves in progress as leftovers, prunes the
+other's checkpoints, and resumes from the other's weights. It happens for real: a job resubmitted while the old one
+still runs, two array tasks given the same ``--checkpoint-dir``, a script's default path.
+
+``.slurmrt-lease.json`` names the holder: the job (its requeue id: ``<array job>_<task>`` for an array task), the
+host and pid of its rank 0, and a heartbeat that the watcher thread refreshes every ``REFRESH_S``. At ``init()``:
+
+- no lease, or one of this job (a requeued run keeps its job id): the job takes it and goes on;
+- one of another job that is still live: refused (:class:`~slurmrt.LeaseError`) before anything is written, naming
+  the other job, where it runs, and the fix;
+- one of another job that is stale, taken over with a warning. Stale: Slurm no longer knows the holder's job (or
+  knows it ended), its rank-0 process is gone from this host, or its heartbeat is older than ``stale_s``
+  (``STALE_S``, 10 minutes, by default).
+
+A job releases its lease when it closes, so the next task of an ``--array=...%1`` chain takes it at once; a task
+killed by SIGKILL leaves it behind, and the next one takes it over once Slurm says the holder ended. Rank 0 checks,
+before every commit, pruning and clean-up, that it still holds the lease (:meth:`Lease.guard`): a job whose lease
+was taken over while it stalled stops writing instead of deleting the new holder's files. Outside Slurm the holder
+is the run (``local-<master address>:<port>``, or ``local-<host>-<pid>`` for one process).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import socket
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from .. import _clock, _slurm
+from .._errors import CheckpointError, LeaseError
+from .._safefs import lock, process_start_time
+from ._files import replace_text
+
+__all__ = ["LEASE_FILE", "REFRESH_S", "STALE_S", "Holder", "Lease", "slurm_job_alive"]
+
+logger = logging.getLogger(__name__)
+
+LEASE_FILE = ".slurmrt-lease.json"
+_LOCK_FILE = ".slurmrt-lease.lock"
+#: How often the holder's watcher rewrites its heartbeat.
+REFRESH_S = 30.0
+#: A heartbeat older than this makes a lease stale, whatever Slurm says (a cluster without squeue, a lost node).
+STALE_S = 600.0
+_LOCK_WAIT_S = 10.0
+
+#: squeue states of a job that still has, or will again have, processes.
+_LIVE_STATES = {"PENDING", "RUNNING", "SUSPENDED", "CONFIGURING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD",
+                "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD"}
+
+
+@dataclass(frozen=True)
+class Holder:
+    owner: str  #: the job's requeue id, or a local run's token
+    host: str
+    pid: int
+    start: int | None  #: the pid's start time (/proc), which tells a reused pid from the holder
+    heartbeat: float  #: wall time of the last refresh
+    job: str | None = None
+    array_task: str | None = None
+    uid: int | None = None
+
+    @classmethod
+    def parse(cls, data: Any) -> Holder | None:
+        """The holder written in a lease file; None when it is not one (damaged: treated as no lease, with a
+        warning by the caller)."""
+        if not isinstance(data, dict):
+            return None
+        try:
+            holder = cls(owner=str(data["owner"]), host=str(data["host"]), pid=int(data["pid"]),
+                         start=None if data.get("start") is None else int(data["start"]),
+                         heartbeat=float(data["heartbeat"]), job=data.get("job"), array_task=data.get("array_task"),
+                         uid=data.get("uid"))
+        except (KeyError, TypeError, ValueError):
+            return None
+        return holder if holder.owner else None
+
+    def describe(self, now: float) -> str:
+        where = f"on {self.host}, pid {self.pid}"
+        job = f"job {self.owner}" if self.job else f"run {self.owner}"
+        return f"{job} ({where}, heartbeat {max(0.0, now - self.heartbeat):.0f} s ago)"
+
+
+def slurm_job_alive(job: str) -> bool | None:
+    """True while Slurm knows ``job`` as not ended, False when it says it ended or knows it no more, None when it
+    cannot be asked (no squeue, no answer)."""
+    out = _slurm.run("squeue", "-h", "-j", job, "-o", "%T", timeout_s=20.0)
+    if isinstance(out, str):
+        return None
+    if out.returncode != 0:
+        return False if "Invalid job id" in out.stderr else None
+    states = {line.strip().upper() for line in out.stdout.splitlines() if line.strip()}
+    return bool(states & _LIVE_STATES)
+
+
+class Lease:
+    def __init__(self, directory: Path, *, owner: str, job: str | None = None, array_task: str | None = None,
+                 host: str | None = None, stale_s: float = STALE_S,
+                 alive: Callable[[str], bool | None] = slurm_job_alive) -> None:
+        self.directory = directory
+        self.path = directory / LEASE_FILE
+        self.owner = owner
+        self._job, self._array_task = job, array_task
+        self._host = host or socket.gethostname()
+        self._stale_s = stale_s
+        self._alive = alive
+        self._next_refresh = 0.0
+        self.held = False
+        #: Set when another job took the lease over while this one held it: this job must not write any more.
+        self.lost_to: Holder | None = None
+
+    # -- reading ---------------------------------------------------------------------------------------------------
+    def holder(self) -> Holder | None:
+        """The holder named in the lease file; None when there is none (or it is damaged: a warning says so)."""
+        try:
+            if self.path.is_symlink():
+                raise LeaseError(f"{self.path} is a symlink: slurmrt writes its lease only as a file of its own. "
+                                 "Remove it", path=str(self.path))
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as err:
+            raise LeaseError(f"cannot read the checkpoint directory's lease {self.path}: {err}",
+                             path=str(self.path)) from None
+        try:
+            holder = Holder.parse(json.loads(raw))
+        except (ValueError, RecursionError):
+            holder = None
+        if holder is None:
+            logger.warning("%s is damaged (not a slurmrt lease): it is replaced", self.path)
+        return holder
+
+    def stale(self, holder: Holder) -> str | None:
+        """Why ``holder`` (another owner's) no longer holds the directory, or None while it is live."""
+        now = _clock.wall()
+        if now - holder.heartbeat > self._stale_s:
+            return f"its heartbeat is {now - holder.heartbeat:.0f} s old (more than {self._stale_s:.0f} s)"
+        if holder.host == self._host and (holder.start is None or process_start_time(holder.pid) != holder.start):
+            return f"its process {holder.pid} is gone from {holder.host}"
+        if holder.job:
+            alive = self._alive(holder.job)
+            if alive is False:
+                return f"Slurm says job {holder.job} has ended"
+        return None
+
+    def check(self) -> Holder | None:
+        """Refuse (:class:`~slurmrt.LeaseError`) when another live job holds the directory; the stale holder this
+        job may take over, if any. Reads only: every rank calls it at init(), rank 0 then :meth:`acquire`."""
+        holder = self.holder()
+        if holder is None or holder.owner == self.owner:
+            return None
+        why = self.stale(holder)
+        if why is None:
+            raise LeaseError(
+                f"checkpoint directory {self.directory} is in use by {holder.describe(_clock.wall())}; this is "
+                f"{'job ' if self._job else 'run '}{self.owner}. Two jobs on one directory destroy each other's "
+                f"checkpoints. Fix: wait for {holder.owner} to end (or `scancel {holder.owner}`), or give this job "
+                f"its own checkpoint_dir. If {holder.owner} is gone for good, remove {self.path}",
+                directory=str(self.directory), holder=holder.owner, host=holder.host)
+        return holder
+
+    # -- holding ---------------------------------------------------------------------------------------------------
+    def acquire(self) -> None:
+        """Take the lease (rank 0, at init), under the directory's lock so that two jobs starting together cannot
+        both win."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        with self._locked():
+            taken = self.check()
+            if taken is not None:
+                logger.warning("checkpoint directory %s: taking over the lease of %s, which is stale (%s)",
+                               self.directory, taken.describe(_clock.wall()), self.stale(taken))
+            self._write()
+        self.held = True
+
+    def refresh(self) -> None:
+        """The watcher's poller: rewrite the heartbeat every REFRESH_S, and notice a lease taken over meanwhile."""
+        if not self.held or self.lost_to is not None or _clock.mono() < self._next_refresh:
+            return
+        holder = self.holder()
+        if holder is not None and holder.owner != self.owner:
+            self.lost_to = holder
+            logger.error("checkpoint directory %s was taken over by %s: this job writes no more checkpoints there",
+                         self.directory, holder.describe(_clock.wall()))
+            return
+        self._write()
+
+    def guard(self) -> None:
+        """Raise :class:`~slurmrt.CheckpointError` unless this job still holds the directory: called by rank 0
+        before it commits, prunes or clears leftovers (one small read)."""
+        if not self.held:
+            return
+        holder = self.lost_to or self.holder()
+        if holder is not None and holder.owner != self.owner:
+            self.lost_to = holder
+            raise CheckpointError(
+                f"checkpoint directory {self.directory} now belongs to {holder.describe(_clock.wall())}: this job "
+                "(whose lease went stale) must not commit or delete anything there. Nothing was changed",
+                directory=str(self.directory), holder=holder.owner)
+
+    def release(self) -> None:
+        """Give the lease up at the end of the run, if it is still this job's."""
+        if not self.held:
+            return
+        self.held = False
+        with contextlib.suppress(OSError, LeaseError), self._locked():
+            holder = self.holder()
+            if holder is not None and holder.owner == self.owner and holder.pid == os.getpid():
+                self.path.unlink()
+
+    def _write(self) -> None:
+        pid = os.getpid()
+        record = Holder(owner=self.owner, host=self._host, pid=pid, start=process_start_time(pid),
+                        heartbeat=_clock.wall(), job=self._job, array_task=self._array_task, uid=os.getuid())
+        replace_text(self.path, json.dumps(asdict(record)) + "\n")
+        self._next_refresh = _clock.mono() + REFRESH_S
+
+    @contextlib.contextmanager
+    def _locked(self) -> Any:
+        path = self.directory / _LOCK_FILE
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0),
+                         0o644)
+        except OSError as err:
+            raise LeaseError(f"cannot open the lease lock {path}: {err}", path=str(path)) from None
+        try:
+            if not lock(fd, timeout_s=_LOCK_WAIT_S):
+                raise LeaseError(f"{path} stayed locked for {_LOCK_WAIT_S:.0f} s: another job is taking the "
+                                 "checkpoint directory, or a process holds the lock. Retry, or use another "
+                                 "checkpoint_dir", path=str(path))
+            yield
+        finally:
+            os.close(fd)

@@ -1,0 +1,149 @@
+"""A checkpoint's manifest, and the check of a checkpoint's files against it.
+
+``manifest.json`` is written last, by rank 0, and says what the checkpoint is: its step, the world size that wrote
+it, its kind, and every file with its size and checksum. A checkpoint is sound when its manifest is well formed
+(:func:`manifest_problems`) and every file it lists has that size and checksum (:func:`check_files`). A manifest is
+data from a shared directory: anything in it that is not what slurmrt writes is damage, never an exception.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from .._errors import CheckpointError
+from ._files import HASH, checksum_files
+
+__all__ = ["KINDS", "MANIFEST", "check_files", "complete_steps", "manifest_problems", "read_manifest", "verify"]
+
+MANIFEST = "manifest.json"
+KINDS = ("state", "dir", "dcp")
+_STEP_DIR = re.compile(r"step_([0-9]{9,})")
+_HEX = re.compile(r"[0-9a-f]{16}")
+
+
+def _integer(value: Any, minimum: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+
+
+def _entry_problem(name: Any, entry: Any, version: int) -> str | None:
+    if not isinstance(name, str) or not name:
+        return f"a file name {name!r}"
+    parts = PurePosixPath(name).parts
+    if name.startswith("/") or ".." in parts or "\\" in name or "\0" in name:
+        return f"file name {name!r} points outside the checkpoint"
+    if version == 1 and _integer(entry, 0):
+        return None
+    if not isinstance(entry, dict) or not _integer(entry.get("size"), 0):
+        return f"{name}: {entry!r} is not a {{size, {HASH}}} entry"
+    if version >= 2 and not (isinstance(entry.get(HASH), str) and _HEX.fullmatch(entry[HASH])):
+        return f"{name}: checksum {entry.get(HASH)!r} is not 16 hex digits"
+    return None
+
+
+def manifest_problems(manifest: Any, directory: Path | None = None) -> list[str]:
+    """What is wrong with a manifest as data (its files are not looked at): an empty list when it is one slurmrt
+    wrote. ``directory``: the step directory it was read from, whose step it must name."""
+    if not isinstance(manifest, dict):
+        return [f"the manifest is a JSON {type(manifest).__name__}, not an object"]
+    problems = []
+    version = manifest.get("version")
+    if version not in (1, 2) or isinstance(version, bool):
+        problems.append(f"version {version!r} (slurmrt writes 2)")
+        version = 2
+    step, world, kind, files = (manifest.get(k) for k in ("step", "world_size", "kind", "files"))
+    if not _integer(step, 0):
+        problems.append(f"step {step!r} is not a step number")
+    elif directory is not None:
+        match = _STEP_DIR.fullmatch(directory.name)
+        if match and int(match.group(1)) != step:
+            problems.append(f"it names step {step}, but it is in {directory.name}")
+    if not _integer(world, 1):
+        problems.append(f"world_size {world!r} is not a number of ranks")
+    if kind not in KINDS:
+        problems.append(f"kind {kind!r} (one of {', '.join(KINDS)})")
+    if not isinstance(files, dict) or not files:
+        problems.append("it lists no file: a checkpoint that restores nothing" if isinstance(files, dict)
+                        else f"files {files!r} is not a map of file names")
+        return problems
+    problems.extend(p for p in (_entry_problem(n, e, version) for n, e in files.items()) if p)
+    if kind == "dcp" and ".metadata" not in files:
+        problems.append("a DCP checkpoint without .metadata")
+    return problems
+
+
+def read_manifest(directory: Path) -> dict[str, Any]:
+    """The manifest of the step directory ``directory``, once it is well formed; :class:`CheckpointError` naming the
+    problem otherwise (missing, unreadable, not JSON, malformed)."""
+    path = directory / MANIFEST
+    try:
+        manifest = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        raise CheckpointError(f"{directory} has no {MANIFEST}: not a committed checkpoint (a save in progress, or "
+                              "one cut short)", path=str(directory)) from None
+    except (OSError, ValueError, RecursionError) as err:
+        raise CheckpointError(f"{path} cannot be read: {err}", path=str(path)) from None
+    problems = manifest_problems(manifest, directory)
+    if problems:
+        raise CheckpointError(f"{path} is damaged: {'; '.join(problems)}", path=str(path))
+    return manifest
+
+
+def complete_steps(root: Path) -> list[int]:
+    """Steps of the directories under ``root`` that have a manifest, newest first (without reading the data)."""
+    if not root.is_dir():
+        return []
+    steps = []
+    for entry in root.iterdir():
+        match = _STEP_DIR.fullmatch(entry.name)
+        if match and (entry / MANIFEST).is_file():
+            steps.append(int(match.group(1)))
+    return sorted(steps, reverse=True)
+
+
+def check_files(path: Path, manifest: dict[str, Any], *, checksums: list[str] | None = None) -> list[str]:
+    """What is wrong with the files of the checkpoint at ``path`` (its manifest well formed): a file missing, not a
+    file, of another size, or (for the names in ``checksums``; None: all) of another checksum than the manifest
+    says. Manifests of version 1 carry sizes only."""
+    problems = []
+    entries: dict[str, Any] = manifest["files"]
+    present = []
+    for name, entry in entries.items():
+        size = entry if isinstance(entry, int) else int(entry["size"])
+        file = path / name
+        try:
+            if file.is_symlink() or not file.is_file():
+                problems.append(f"{file} is not a regular file" if file.exists() or file.is_symlink()
+                                else f"{file} is missing")
+                continue
+            actual = file.stat().st_size
+        except OSError as err:
+            problems.append(f"{file} cannot be read: {err}")
+            continue
+        if actual != size:
+            problems.append(f"{file} has {actual} bytes, the manifest says {size} (truncated?)")
+        else:
+            present.append(name)
+    wanted = [n for n in (present if checksums is None else [c for c in checksums if c in present])
+              if isinstance(entries[n], dict) and HASH in entries[n]]
+    try:
+        sums = checksum_files(path, wanted)
+    except OSError as err:
+        return [*problems, f"{path}: a file cannot be read: {err}"]
+    for name, info in sums.items():
+        if info["size"] == int(entries[name]["size"]) and info[HASH] != entries[name][HASH]:
+            problems.append(f"{path / name}: checksum {info[HASH]}, the manifest says {entries[name][HASH]} "
+                            f"({HASH}; the content changed after the save: a flipped bit, or an overwrite)")
+    return problems
+
+
+def verify(path: Path) -> list[str]:
+    """Check one committed checkpoint directory: its manifest, and every file's size and checksum against it (what
+    ``slurmrt verify`` runs). An empty list: sound."""
+    try:
+        manifest = read_manifest(path)
+    except CheckpointError as err:
+        return [str(err)]
+    return check_files(path, manifest)
