@@ -27,7 +27,7 @@ def get_int(env: Mapping[str, str], name: str, *, minimum: int = 0) -> int | Non
     value = int(raw)
     if value < minimum:
         raise EnvironmentVariableError(
-            f"{name}={raw!r} must be >= {minimum}", variable=name, value=raw
+            f"{name}={raw!r} must be >= {minimum}; unset it, or fix the export that set it", variable=name, value=raw
         )
     return value
 

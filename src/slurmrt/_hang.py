@@ -55,6 +55,8 @@ def is_peer_failure(err: BaseException | None) -> bool:
     if isinstance(err, AgreementError):
         return True
     text = str(err)
+    if "EADDRINUSE" in text or "ddress already in use" in text:
+        return False  # this rank's own bind failed (its port is taken): nobody else is lost
     return type(err).__name__ in {"DistBackendError", "DistNetworkError"} or any(
         s in text for s in ("Connection closed by peer", "Connection reset by peer", "Broken pipe"))
 

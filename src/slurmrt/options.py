@@ -5,6 +5,7 @@ An explicit argument wins over the environment, which wins over the default.
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 from collections.abc import Mapping, Sequence
@@ -12,12 +13,11 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from ._env import truthy
 from ._errors import ConfigError
 from .launch.parallel import ParallelConfig
 from .stop.signals import DEFAULT_SIGNALS, parse_signal
 
-__all__ = ["Options"]
+__all__ = ["OTHER_VARIABLES", "Options", "unknown_variables"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,35 +86,84 @@ class Options:
         return cls(parallel=ParallelConfig.declared(env, **declared), **values)
 
 
+#: ``SLURMRT_*`` variables that are not init() options, each read where it acts (the README's table).
+OTHER_VARIABLES = frozenset({"SLURMRT_LOCK_FILE", "SLURMRT_ALLOW_NODE_RANK_REORDER", "SLURMRT_EVENT_COPY",
+                             "SLURMRT_SIM_DIR", "SLURMRT_SIM_UNHEALTHY", "SLURMRT_CLUSTER_DIR",
+                             "SLURMRT_BENCH_DIR"})
+
+
+def unknown_variables(env: Mapping[str, str]) -> list[str]:
+    """The ``SLURMRT_*`` variables in ``env`` that slurmrt does not read: a misspelt one (``SLURMRT_KILLSWITCH``)
+    would otherwise leave its protection off without a word."""
+    known = {f"SLURMRT_{f.name.upper()}" for f in fields(Options) if f.name != "parallel"}
+    known |= {f"SLURMRT_{f.name.upper()}" for f in fields(ParallelConfig)} | {"SLURMRT_MEGATRON_ARGS"}
+    return sorted(k for k in env if k.startswith("SLURMRT_") and k not in known and k not in OTHER_VARIABLES)
+
+
 _PATHS = {"checkpoint_dir", "kill_switch", "event_log"}
-_INTS = {"keep_last", "keep_every", "save_threads", "max_restarts", "max_excluded_nodes", "max_futile_runs", "nnodes",
-         "gpus_per_node", "tp", "pp", "cp"}
-_FLOATS = {"deadline_margin_s", "save_time_s", "kill_wait_s", "kill_switch_poll_s", "end_time_refresh_s",
-           "hang_timeout_s", "progress_s", "hang_floor_s", "startup_timeout_s"}
-_OPTIONAL = {"max_restarts", "max_futile_runs", "keep_every"}
+#: Integers and the least value each takes.
+_INTS = {"keep_last": 1, "keep_every": 1, "save_threads": 1, "max_restarts": 0, "max_excluded_nodes": 0,
+         "max_futile_runs": 1, "nnodes": 1, "gpus_per_node": 0, "tp": 1, "pp": 1, "cp": 1}
+#: Seconds and the least value each takes (a poll of 0 s burns a core; a negative margin or save time turns the
+#: deadline off without a word).
+_FLOATS = {"deadline_margin_s": 0.0, "save_time_s": 0.0, "kill_wait_s": 0.0, "kill_switch_poll_s": 0.01,
+           "end_time_refresh_s": 1.0, "hang_timeout_s": 0.01, "progress_s": 0.01, "hang_floor_s": 0.01,
+           "startup_timeout_s": 0.01}
+#: Options whose "none"/"off"/"never" is a value: no limit, no milestones, no fixed allowance, no progress events.
+_OPTIONAL = {"max_restarts", "max_futile_runs", "keep_every", "hang_timeout_s", "progress_s"}
 _BOOLS = {"requeue", "deadline", "watchdog", "health_check", "fsdp", "moe_overlap"}
+_TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
+_NONE = {"none", "off", "never"}
+#: Signals a process cannot catch: a recorder for them would never run.
+_UNCATCHABLE = {signal.SIGKILL, signal.SIGSTOP}
 
 
 def _convert(name: str, value: Any) -> Any:
+    """``value`` (an argument, or the text of ``SLURMRT_<NAME>``) as option ``name`` takes it, checked: the one
+    place every option is validated. :class:`ConfigError` naming the value, the rule and the fix."""
     try:
-        if name in _PATHS:
-            return Path(os.path.expanduser(str(value)))
-        if name in _INTS:
-            if name in _OPTIONAL and isinstance(value, str) and value.lower() in {"none", "off", "never"}:
-                return None
-            return int(value)
-        if name in _FLOATS:
-            if isinstance(value, str) and value.lower() in {"none", "off", "never"}:
-                return None
-            return float(value)
-        if name in _BOOLS:
-            return truthy(value) if isinstance(value, str) else bool(value)
-        if name == "signals":
-            items = value.replace(",", " ").split() if isinstance(value, str) else value
-            return tuple(parse_signal(s) for s in items)
-        if name == "megatron_args":
-            return tuple(str(a) for a in value) if isinstance(value, Sequence) and not isinstance(value, str) else \
-                tuple(str(value).split())
+        return _parse(name, value)
     except (TypeError, ValueError) as err:
         raise ConfigError(f"option {name}={value!r} is invalid: {err}", option=name, value=value) from None
+
+
+def _parse(name: str, value: Any) -> Any:
+    text = value.strip().lower() if isinstance(value, str) else None
+    if name in _OPTIONAL and text in _NONE:
+        return None
+    if name in _PATHS:
+        if not isinstance(value, (str, os.PathLike)) or not str(value).strip():
+            raise ValueError("an empty path would be the current directory; give a path, or leave the option unset")
+        return Path(os.path.expanduser(str(value)))
+    if name in _INTS:
+        if isinstance(value, (bool, float)) or (text is not None and not text.lstrip("-").isdigit()):
+            raise ValueError("not a whole number")
+        number = int(value)
+        if number < _INTS[name]:
+            raise ValueError(f"must be at least {_INTS[name]}")
+        return number
+    if name in _FLOATS:
+        if isinstance(value, bool):
+            raise ValueError("not a number of seconds")
+        seconds = float(value)
+        if not math.isfinite(seconds) or seconds < _FLOATS[name]:
+            raise ValueError(f"seconds, at least {_FLOATS[name]:g} and finite"
+                             + (" (or 'none')" if name in _OPTIONAL else ""))
+        return seconds
+    if name in _BOOLS:
+        if isinstance(value, bool):
+            return value
+        if text in _TRUE or text in _FALSE:
+            return text in _TRUE
+        raise ValueError("use 1/true/yes/on or 0/false/no/off (an unknown word must not turn a protection off)")
+    if name == "signals":
+        items = value.replace(",", " ").split() if isinstance(value, str) else list(value)
+        signals = tuple(parse_signal(s) for s in items)
+        caught = sorted(s.name for s in signals if s in _UNCATCHABLE)
+        if caught:
+            raise ValueError(f"{', '.join(caught)} cannot be caught by any process; use USR1, USR2, TERM or INT")
+        return signals
+    if name == "megatron_args":
+        return tuple(str(a) for a in value) if isinstance(value, Sequence) and not isinstance(value, str) else \
+            tuple(str(value).split())
     return value

@@ -29,8 +29,9 @@ from .checkpoint.store import CheckpointStore, PendingSave, SaveFn, SaveResult, 
 from .events import COPY_ENV, EventLog, measured_earlier, read_events, runs
 from .launch import cuda, health, preflight
 from .launch.topology import Topology, from_environ, launcher_argv
-from .options import Options
+from .options import Options, unknown_variables
 from .outcome import ExitCode, Outcome
+from .stop import killswitch
 from .stop.agreement import Agreement, DistributedAgreement, LocalAgreement
 from .stop.census import Census, CensusError
 from .stop.deadline import SAVE_SAFETY, Budget, EndTime
@@ -53,6 +54,8 @@ def init(**options: Any) -> Runtime:
     """
     env = os.environ
     opts = Options.resolve(options, env)
+    for name in unknown_variables(env):
+        logger.warning("%s is set but slurmrt reads no such variable (misspelt?): it has no effect", name)
     topo = from_environ(env, launcher_argv=launcher_argv() if "RANK" in env else None)
     for warning in topo.warnings:
         logger.warning("%s", warning)
@@ -71,7 +74,7 @@ def init(**options: Any) -> Runtime:
                                      local_rank=topo.local_rank)
         if failures:
             unhealthy(topo, opts, events, failures, nodes=[topo.hostname])
-    if opts.kill_switch is not None and opts.kill_switch.exists():
+    if opts.kill_switch is not None and killswitch.exists(opts.kill_switch):
         logger.warning("kill switch %s exists: exiting at init with code 0, no requeue", opts.kill_switch)
         verdict = outcome.Verdict(Outcome.KILL_SWITCH, f"kill switch {opts.kill_switch} exists at init")
         Reporter(events, topo).exit(verdict.outcome, verdict, None, reason="kill_switch_at_init")

@@ -117,7 +117,7 @@ def build(events: Iterable[dict[str, Any]], job: str = "?") -> JobLife:
 
 def _with_next(lives: list[RunLife]) -> list[tuple[RunLife, RunLife | None]]:
     """Each run with the one after it (None for the last)."""
-    return list(zip(lives, [*lives[1:], None], strict=True))
+    return list(zip(lives, [*lives[1:], None], strict=True)) if lives else []
 
 
 def _run_life(run: Run) -> RunLife:

@@ -27,11 +27,15 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    name = getattr(args, "command_name", "")
     try:
         return int(args.func(args))
     except SlurmrtError as err:
-        print(f"slurmrt {args.command}: {err}", file=sys.stderr)
+        print(f"slurmrt {name}: {err}", file=sys.stderr)
         return 2
+    except OSError as err:  # a file named on the command line that cannot be read: one line, not a traceback
+        print(f"slurmrt {name}: {err}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

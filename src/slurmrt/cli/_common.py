@@ -42,7 +42,8 @@ def event_files(dirs: Iterable[Path]) -> list[Path]:
         if d.is_file():
             files.append(d)
         elif d.is_dir():
-            files.extend(sorted(d.glob("events*.jsonl")) + sorted(d.glob("*/events*.jsonl")))
+            found = sorted(d.glob("events*.jsonl")) + sorted(d.glob("*/events*.jsonl"))
+            files.extend(f for f in found if f.is_file())
     return files
 
 
@@ -53,5 +54,5 @@ def add_command(sub: Any, name: str, run: Callable[[argparse.Namespace], int], *
     description = doc.split("\n\n", 1)[1].strip().replace("\n", " ") if doc and "\n\n" in doc else None
     p = sub.add_parser(name, help=help, description=description, epilog=epilog,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, command_name=name)
     return p

@@ -24,6 +24,7 @@ from ..events import Event, read_events
 from ..launch import cuda, health, preflight
 from ..launch.parallel import ParallelConfig
 from ..launch.topology import from_environ
+from ..options import Options, unknown_variables
 from ..stop.deadline import end_time_from_env, query_end_time
 from ._common import add_command, add_events, add_parallel, default_dirs, event_files, parallel
 
@@ -75,13 +76,15 @@ def doctor(env: Mapping[str, str], config: ParallelConfig, *, events_dirs: Itera
         r.ok("master", f"{topo.master_addr} resolves to {address}, port {topo.master_port}")
     except OSError as err:
         r.fail("master", f"{topo.master_addr} does not resolve ({err}): the rendezvous cannot start")
+    try:
+        Options.resolve({}, env)
+        r.ok("options", "every SLURMRT_* option is well formed")
+    except ConfigError as err:
+        r.fail("options", f"{err}: init() refuses it")
+    for name in unknown_variables(env):
+        r.warn("options", f"{name} is set, but slurmrt reads no such variable (misspelt?)")
     if topo.job_id:
-        end = end_time_from_env(env) or query_end_time(topo.job_id)
-        if end is None:
-            r.ok("time", "no time limit known (unlimited job, or squeue unavailable)")
-        else:
-            left = end - datetime.now().timestamp()
-            (r.ok if left > 600 else r.warn)("time", f"{left / 60:.1f} min left (ends {datetime.fromtimestamp(end)})")
+        _time_check(r, env, topo.job_id)
         _requeue_check(r, topo.job_id)
     else:
         r.warn("slurm", "not inside a Slurm job: time limit and requeue not checked")
@@ -124,6 +127,19 @@ def doctor(env: Mapping[str, str], config: ParallelConfig, *, events_dirs: Itera
     return r
 
 
+def _time_check(r: Report, env: Mapping[str, str], job_id: str) -> None:
+    try:
+        end = end_time_from_env(env) or query_end_time(job_id)
+    except ConfigError as err:
+        r.fail("time", f"{err}: init() refuses it (ignoring it would turn the deadline off)")
+        return
+    if end is None:
+        r.ok("time", "no time limit known (unlimited job, or squeue unavailable)")
+        return
+    left = end - datetime.now().timestamp()
+    (r.ok if left > 600 else r.warn)("time", f"{left / 60:.1f} min left (ends {datetime.fromtimestamp(end)})")
+
+
 def _requeue_check(r: Report, job_id: str) -> None:
     out = _slurm.run("scontrol", "show", "job", job_id)
     if isinstance(out, str):
@@ -138,7 +154,7 @@ def _requeue_check(r: Report, job_id: str) -> None:
 
 def _max_save_seconds(dirs: Iterable[Path]) -> float | None:
     seconds = [float(e["seconds"]) for f in event_files(dirs) for e in read_events(f)
-               if e.get("event") == Event.SAVE.value]
+               if e.get("event") == Event.SAVE.value and e.get("seconds") is not None]
     return max(seconds) if seconds else None
 
 

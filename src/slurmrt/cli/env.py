@@ -11,10 +11,11 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from .._env import get_int
 from .._errors import ConfigError
 from ..launch import cuda, hostlist
 from ..launch.parallel import ParallelConfig
-from ..launch.topology import master_port_for
+from ..launch.topology import from_environ, master_port_for
 from ._common import add_command, add_parallel, parallel
 
 
@@ -34,11 +35,16 @@ def env_exports(env: Mapping[str, str], config: ParallelConfig, gpus_per_node: i
     if not job or not nodelist:
         raise ConfigError("slurmrt env runs inside a Slurm allocation (SLURM_JOB_ID and SLURM_JOB_NODELIST are unset): "
                           "call it from the sbatch script or inside salloc")
+    # The checks init() runs on the same variables: a malformed or inconsistent SLURM_*, MASTER_* or WORLD_SIZE is
+    # refused here too, rather than exported for every task to trip over.
+    topo = from_environ(env)
     hosts = hostlist.expand(nodelist)
     nnodes = len(hosts)
+    if gpus_per_node is not None and gpus_per_node < 0:
+        raise ConfigError(f"--gpus-per-node={gpus_per_node}: a number of GPUs, 0 or more")
     gpus = gpus_per_node if gpus_per_node is not None else cuda.node_gpu_count(env)
-    world = nnodes * gpus if gpus else int(env.get("SLURM_NTASKS") or nnodes)
-    port = env.get("MASTER_PORT") or str(master_port_for(job, "0"))
+    world = nnodes * gpus if gpus else (get_int(env, "SLURM_NTASKS", minimum=1) or nnodes)
+    port = str(topo.master_port) if env.get("MASTER_PORT") else str(master_port_for(job, "0"))
     lines = [
         f"export MASTER_ADDR={env.get('MASTER_ADDR') or hosts[0]}",
         f"export MASTER_PORT={port}",

@@ -23,9 +23,9 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("hostnames", help="expand a hostlist, one host per line (like scontrol show hostnames)",
                        epilog="example: slurmrt hostnames 'gpu[001-003,7]'")
     p.add_argument("expression")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, command_name="hostnames")
 
     p = sub.add_parser("hostlist", help="compress host names into a hostlist (like scontrol show hostlist)",
                        epilog="example: slurmrt hostlist gpu001 gpu002 gpu003")
     p.add_argument("hosts", nargs="+")
-    p.set_defaults(func=run_compress)
+    p.set_defaults(func=run_compress, command_name="hostlist")

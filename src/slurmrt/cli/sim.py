@@ -8,6 +8,7 @@ run of the job at the end. Exit code: 0 when the last run finished with 0, 1 oth
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -24,6 +25,7 @@ def run(args: argparse.Namespace) -> int:
     command = list(args.command)
     if command[:1] == ["--"]:
         command = command[1:]
+    _check_usage(args, command)
     spec = JobSpec(kill_wait_s=args.kill_wait, grace_s=args.grace, max_restarts=args.max_restarts)
     if command and command[0].endswith((".sbatch", ".sh")) and Path(command[0]).is_file() and len(command) == 1:
         spec, ignored = parse_sbatch_script(Path(command[0]), spec)
@@ -55,6 +57,20 @@ def run(args: argparse.Namespace) -> int:
         return 128 + stop.signum
     last = records[-1]
     return 0 if last.exit_code == 0 and last.ended_by == "finished" else 1
+
+
+def _check_usage(args: argparse.Namespace, command: list[str]) -> None:
+    """What the simulator would otherwise run and misreport: a command that does not exist (it "ran" and exited
+    127), a negative time, a failure time with nothing to fail."""
+    if command and shutil.which(command[0]) is None and not Path(command[0]).is_file():
+        raise SlurmrtError(f"{command[0]!r}: no such batch script or command (give `-- COMMAND ...` or a batch "
+                           "script that exists)")
+    for flag, value in (("--kill-wait", args.kill_wait), ("--grace", args.grace), ("--preempt-at", args.preempt_at),
+                        ("--cancel-at", args.cancel_at), ("--at", args.at), ("--max-restarts", args.max_restarts)):
+        if value is not None and not value >= 0:
+            raise SlurmrtError(f"{flag} {value}: a time or count, 0 or more")
+    if args.at is not None and args.fail_node is None and args.hang_task is None:
+        raise SlurmrtError("--at SECONDS says when --fail-node or --hang-task happens: give one of them, or drop --at")
 
 
 def add_parser(sub: Any) -> None:

@@ -21,9 +21,13 @@ from ._common import add_command, default_dirs, event_files
 
 def run(args: argparse.Namespace) -> int:
     dirs = args.dirs or default_dirs(os.environ)
-    for line in status(dirs, chart=not args.no_chart, plot=args.plot):
+    lines = status(dirs, chart=not args.no_chart, plot=args.plot)
+    for line in lines:
         print(line)
-    return 0
+    return 1 if any(line.startswith(_NOTHING) for line in lines) else 0
+
+
+_NOTHING = "no slurmrt event in"
 
 
 def status(dirs: Iterable[Path], *, chart: bool = True, plot: Path | None = None) -> list[str]:
@@ -34,6 +38,9 @@ def status(dirs: Iterable[Path], *, chart: bool = True, plot: Path | None = None
     out: list[str] = []
     for f in files:
         life = build(read_events(f), job=f.stem.removeprefix("events-"))
+        if not life.runs:
+            out.append(f"{_NOTHING} {f}: it is empty, or damaged (each line it skipped is in the warnings above)")
+            continue
         restarts = max((r.restart for r in life.runs), default=0)
         experiment = f", experiment {life.experiment}" if life.experiment else ""
         out.append(f"job {life.job}{experiment}: {len(life.runs)} run(s), {restarts} restart(s)  [{f}]")

@@ -167,6 +167,9 @@ def from_environ(env: Mapping[str, str], *, hostname: str | None = None,
             )
         warnings: list[str] = []
         ntasks = get_int(env, "SLURM_NTASKS", minimum=1)
+        get_int(env, "WORLD_SIZE", minimum=1)  # for `slurmrt env`, which exports from the batch shell
+        _allocation(env, ("SLURM_JOB_NODELIST", "SLURM_NODELIST"), ("SLURM_JOB_NUM_NODES", "SLURM_NNODES"),
+                    ("SLURM_TASKS_PER_NODE",), ("SLURM_NTASKS", ntasks) if ntasks is not None else None)
         if ntasks is not None and ntasks > 1:
             warnings.append(
                 f"running in the batch shell without srun, but SLURM_NTASKS={ntasks}: this is one process, and the "
@@ -229,36 +232,15 @@ def _slurm_step(env: Mapping[str, str]) -> _SlurmStep:
     local_rank = _required_int(env, "SLURM_LOCALID")
     node_rank = _required_int(env, "SLURM_NODEID")
     world_var, world = _required_first(env, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS")
-    list_var, nodelist = first_str(env, "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST") or (
-        "SLURM_STEP_NODELIST",
-        "",
-    )
-    try:
-        hosts = hostlist.expand(nodelist)
-    except HostlistError as err:
-        raise EnvironmentVariableError(f"{list_var}={nodelist!r} cannot be parsed: {err}", variable=list_var) from err
+    hosts, counted = _allocation(env, ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"),
+                                 ("SLURM_STEP_NUM_NODES", "SLURM_NNODES"),
+                                 ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"), (world_var, world))
     if not hosts:
         raise EnvironmentVariableError(
-            f"{list_var} is empty or missing inside an srun step; Slurm always sets it", variable=list_var
-        )
-    nodes = first_int(env, "SLURM_STEP_NUM_NODES", "SLURM_NNODES", minimum=1)
-    if nodes is not None and nodes[1] != len(hosts):
-        raise EnvironmentVariableError(
-            f"{nodes[0]}={nodes[1]} but {list_var}={nodelist!r} names {len(hosts)} hosts; the two must agree",
-            variable=nodes[0],
-        )
-    tpn_var, tpn_raw = first_str(env, "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE") or ("", "")
-    if tpn_raw:
-        tasks = parse_tasks_per_node(tpn_var, tpn_raw)
-        if len(tasks) != len(hosts):
-            raise EnvironmentVariableError(
-                f"{tpn_var}={tpn_raw!r} describes {len(tasks)} nodes but {list_var}={nodelist!r} names {len(hosts)}",
-                variable=tpn_var,
-            )
-        if sum(tasks) != world:
-            raise EnvironmentVariableError(
-                f"{tpn_var}={tpn_raw!r} adds up to {sum(tasks)} tasks but {world_var}={world}", variable=tpn_var
-            )
+            "SLURM_STEP_NODELIST is empty or missing inside an srun step; Slurm always sets it",
+            variable="SLURM_STEP_NODELIST")
+    if counted is not None:
+        tasks = counted
     else:
         if world % len(hosts):
             raise EnvironmentVariableError(
@@ -271,6 +253,39 @@ def _slurm_step(env: Mapping[str, str]) -> _SlurmStep:
     _check_below(node_rank, "SLURM_NODEID", len(hosts), "the step's node count")
     _check_below(local_rank, "SLURM_LOCALID", tasks[node_rank], f"the tasks on node {node_rank}")
     return rank, local_rank, node_rank, world, tasks, hosts
+
+
+def _allocation(env: Mapping[str, str], lists: tuple[str, ...], counts: tuple[str, ...], per_node: tuple[str, ...],
+                world: tuple[str, int] | None) -> tuple[list[str], list[int] | None]:
+    """The hosts (from the first of ``lists`` that is set) and the tasks on each (from ``per_node``; None when
+    unset), checked against the node count (``counts``) and the task count ``world`` (its variable and value).
+    Slurm sets them together: a disagreement is a value exported by hand, refused before any rendezvous."""
+    list_var, nodelist = first_str(env, *lists) or (lists[0], "")
+    try:
+        hosts = hostlist.expand(nodelist)
+    except HostlistError as err:
+        raise EnvironmentVariableError(f"{list_var}={nodelist!r} cannot be parsed: {err}", variable=list_var) from err
+    nodes = first_int(env, *counts, minimum=1)
+    if hosts and nodes is not None and nodes[1] != len(hosts):
+        raise EnvironmentVariableError(
+            f"{nodes[0]}={nodes[1]} but {list_var}={nodelist!r} names {len(hosts)} hosts; the two must agree",
+            variable=nodes[0],
+        )
+    tpn_var, tpn_raw = first_str(env, *per_node) or ("", "")
+    if not tpn_raw or not hosts:
+        return hosts, None
+    tasks = parse_tasks_per_node(tpn_var, tpn_raw)
+    if len(tasks) != len(hosts):
+        raise EnvironmentVariableError(
+            f"{tpn_var}={tpn_raw!r} describes {len(tasks)} nodes but {list_var}={nodelist!r} names {len(hosts)}",
+            variable=tpn_var,
+        )
+    if world is not None and sum(tasks) != world[1]:
+        raise EnvironmentVariableError(
+            f"{tpn_var}={tpn_raw!r} adds up to {sum(tasks)} tasks but {world[0]}={world[1]}; Slurm sets both "
+            "together: unset the one exported by hand", variable=tpn_var
+        )
+    return hosts, tasks
 
 
 def _launcher(env: Mapping[str, str], mode: LaunchMode, common: _Common, nodelist: tuple[str, ...]) -> Topology:

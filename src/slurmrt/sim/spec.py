@@ -93,9 +93,9 @@ def parse_signal_option(value: str) -> tuple[signal.Signals, float, bool]:
 def apply_option(spec: JobSpec, name: str, value: str | None) -> JobSpec:
     """One sbatch option (long name without dashes) onto ``spec``; unknown options are ignored by the caller."""
     if name in {"nodes", "N"}:
-        return replace(spec, nodes=int(str(value).split("-")[0]))
+        return replace(spec, nodes=_count(f"--{name}", str(value), str(value).split("-")[0]))
     if name in {"ntasks-per-node"}:
-        return replace(spec, ntasks_per_node=int(str(value)))
+        return replace(spec, ntasks_per_node=_count(f"--{name}", str(value), str(value)))
     if name in {"time", "t"}:
         return replace(spec, time_s=parse_time(str(value)))
     if name == "signal":
@@ -114,6 +114,13 @@ def apply_option(spec: JobSpec, name: str, value: str | None) -> JobSpec:
     raise KeyError(name)
 
 
+def _count(flag: str, given: str, value: str) -> int:
+    """``value`` (the count read off ``given``: "2" of "--nodes=2-4") as a count of at least 1."""
+    if not value.strip().isdigit() or int(value) < 1:
+        raise ConfigError(f"{flag}={given!r}: a whole number, at least 1", value=given)
+    return int(value)
+
+
 _SHORT = {"N": "nodes", "t": "time", "J": "job-name"}
 
 
@@ -121,7 +128,11 @@ def parse_sbatch_script(path: Path, spec: JobSpec) -> tuple[JobSpec, list[str]]:
     """Read the #SBATCH lines of ``path`` (up to the first command, as sbatch does); returns the spec and the options
     it ignored."""
     ignored: list[str] = []
-    for line in path.read_text().splitlines():
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"batch script {path} cannot be read: {err}", path=str(path)) from None
+    for line in text.splitlines():
         stripped = line.strip()
         if not stripped or (stripped.startswith("#") and not stripped.startswith("#SBATCH")):
             continue
