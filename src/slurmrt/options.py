@@ -107,7 +107,7 @@ _INTS = {"keep_last": 1, "keep_every": 1, "save_threads": 1, "max_restarts": 0, 
 #: Seconds and the least value each takes (a poll of 0 s burns a core; a negative margin or save time turns the
 #: deadline off without a word).
 _FLOATS = {"deadline_margin_s": 0.0, "save_time_s": 0.0, "kill_wait_s": 0.0, "kill_switch_poll_s": 0.01,
-           "end_time_refresh_s": 1.0, "hang_timeout_s": 0.01, "progress_s": 0.01, "hang_floor_s": 0.01,
+           "end_time_refresh_s": 1.0, "hang_timeout_s": 0.01, "progress_s": 0.0, "hang_floor_s": 0.01,
            "startup_timeout_s": 0.01}
 #: Options whose "none"/"off"/"never" is a value: no limit, no milestones, no fixed allowance, no progress events.
 _OPTIONAL = {"max_restarts", "max_futile_runs", "keep_every", "hang_timeout_s", "progress_s"}

@@ -57,6 +57,9 @@ munge_up() {
     chown -R munge:munge /etc/munge /var/log/munge /run/munge /var/lib/munge
     chmod 400 /etc/munge/munge.key
     /usr/sbin/munged --force
+    # Ours to stop: `stop` ends only the munged this script started.
+    for _ in $(seq 50); do [ -s /run/munge/munged.pid ] && break; sleep 0.1; done
+    cp /run/munge/munged.pid "$DIR/munged.pid" 2>/dev/null || true
     for _ in $(seq 50); do munge -n 2>/dev/null | unmunge >/dev/null 2>&1 && return; sleep 0.1; done
     log "munged did not come up"; exit 1
 }
@@ -110,6 +113,25 @@ CONF
 
 running() { scontrol ping 2>/dev/null | grep -q "UP"; }
 
+PORTS=(16817 17001 17002 17003 17004)
+
+ports_free() {
+    # Another cluster (or any program) on this machine may hold our ports: starting beside it would make our
+    # daemons fail in odd ways, or talk to it. Refuse, and say which port and who holds it.
+    local port holder
+    for port in "${PORTS[@]}"; do
+        if python3 -c "import socket,sys; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(('127.0.0.1', $port))" 2>/dev/null; then
+            continue
+        fi
+        holder=$(ss -Hltnp "sport = :$port" 2>/dev/null | sed -n 's/.*users:((\("[^"]*",pid=[0-9]*\).*/\1/p' | head -1)
+        log "port $port is in use${holder:+ by $holder}: another Slurm cluster or program runs on this machine. Stop it, or run the tests where these ports (${PORTS[*]}) are free"
+        return 1
+    done
+}
+
+# Started by this script, by pid file: the only processes `stop` ends.
+alive() { [ -s "$1" ] && [ "$(cat "/proc/$(cat "$1")/comm" 2>/dev/null)" = "$2" ]; }
+
 wait_idle() {
     local i state
     for i in $(seq 120); do
@@ -126,6 +148,10 @@ wait_idle() {
 
 start() {
     need_root
+    mkdir -p "$DIR"
+    if ! running; then
+        ports_free || exit 4
+    fi
     install
     hosts
     munge_up
@@ -146,24 +172,24 @@ start() {
 }
 
 stop() {
-    local pid
+    local f name pid
     if running; then
         scancel --quiet --user=root 2>/dev/null || true
-        scontrol shutdown 2>/dev/null || true   # stops slurmctld and every slurmd
+        scontrol shutdown 2>/dev/null || true   # stops slurmctld and every slurmd of this cluster (its config)
     fi
-    for f in "$DIR"/slurmd-*.pid "$DIR"/slurmctld.pid; do
+    # Only the daemons this script started, by the pids it recorded and only while the pid is still that daemon: a
+    # `pkill -x slurmd` here once killed another cluster on the same machine, mid-job.
+    for f in "$DIR"/slurmd-*.pid "$DIR"/slurmctld.pid "$DIR"/munged.pid; do
         [ -s "$f" ] || continue
-        pid=$(cat "$f")
-        for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-        kill -9 "$pid" 2>/dev/null || true
+        name=$(basename "$f" .pid); name=${name%%-*}
+        if alive "$f" "$name"; then
+            pid=$(cat "$f")
+            [ "$name" = munged ] && kill "$pid" 2>/dev/null
+            for _ in $(seq 50); do alive "$f" "$name" || break; sleep 0.1; done
+            alive "$f" "$name" && kill -9 "$pid" 2>/dev/null
+        fi
         rm -f "$f"
     done
-    # Daemons started before this script wrote pid files (or by hand) must not outlive the tests either.
-    pkill -9 -x slurmctld 2>/dev/null || true
-    pkill -9 -x slurmd 2>/dev/null || true
-    pkill -9 -x slurmstepd 2>/dev/null || true
-    if [ -f /run/munge/munged.pid ]; then kill "$(cat /run/munge/munged.pid)" 2>/dev/null || true; fi
-    pkill -x munged 2>/dev/null || true
     log "stopped"
 }
 

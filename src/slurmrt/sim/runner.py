@@ -28,6 +28,7 @@ import psutil
 
 from ..events import COPY_ENV, Event, EventFollower, read_events, runs
 from ..launch import hostlist
+from . import jobids
 from .environ import batch_env, default_node_names
 from .shims import install
 from .spec import JobSpec
@@ -322,8 +323,17 @@ def simulate(spec: JobSpec, *, out: IO[str] = sys.stdout, state_dir: Path | None
         spec = replace(spec, node_names=default_node_names(spec.nodes))
     if spec.unhealthy_node is not None:
         spec = replace(spec, unhealthy_name=spec.node_names[spec.unhealthy_node])
+    reservation = None
     if not spec.job_id:
-        spec = replace(spec, job_id=int(time.time()) % 900000 + 100000)
+        job_id, reservation = jobids.reserve()
+        spec = replace(spec, job_id=job_id)
+    try:
+        return _simulate(spec, out, state_dir)
+    finally:
+        jobids.release(reservation)
+
+
+def _simulate(spec: JobSpec, out: IO[str], state_dir: Path | None) -> list[RunRecord]:
     _become_subreaper()
     directory = state_dir or Path(tempfile.mkdtemp(prefix=f"slurmrt-sim-{spec.job_id}-"))
     state = SimState(directory)
