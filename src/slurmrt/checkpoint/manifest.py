@@ -16,7 +16,8 @@ from typing import Any
 from .._errors import CheckpointError
 from ._files import HASH, checksum_files
 
-__all__ = ["KINDS", "MANIFEST", "check_files", "complete_steps", "manifest_problems", "read_manifest", "verify"]
+__all__ = ["KINDS", "MANIFEST", "check_files", "complete_steps", "manifest_problems", "read_manifest", "step_dirs",
+           "verify"]
 
 MANIFEST = "manifest.json"
 KINDS = ("state", "dir", "dcp")
@@ -79,6 +80,8 @@ def read_manifest(directory: Path) -> dict[str, Any]:
     problem otherwise (missing, unreadable, not JSON, malformed)."""
     path = directory / MANIFEST
     try:
+        if path.is_symlink():  # slurmrt writes it as a file: a link in its place was put there by someone else
+            raise CheckpointError(f"{path} is a symlink, not the manifest slurmrt wrote", path=str(path))
         manifest = json.loads(path.read_bytes())
     except FileNotFoundError:
         raise CheckpointError(f"{directory} has no {MANIFEST}: not a committed checkpoint (a save in progress, or "
@@ -91,16 +94,18 @@ def read_manifest(directory: Path) -> dict[str, Any]:
     return manifest
 
 
-def complete_steps(root: Path) -> list[int]:
-    """Steps of the directories under ``root`` that have a manifest, newest first (without reading the data)."""
+def step_dirs(root: Path) -> list[int]:
+    """Steps of every ``step_N`` directory under ``root``, newest first. Each became a ``step_N`` by the rename that
+    commits it, with its manifest in it: one without a manifest is damaged, not a save in progress."""
     if not root.is_dir():
         return []
-    steps = []
-    for entry in root.iterdir():
-        match = _STEP_DIR.fullmatch(entry.name)
-        if match and (entry / MANIFEST).is_file():
-            steps.append(int(match.group(1)))
+    steps = [int(m.group(1)) for m in (_STEP_DIR.fullmatch(e.name) for e in root.iterdir()) if m]
     return sorted(steps, reverse=True)
+
+
+def complete_steps(root: Path) -> list[int]:
+    """Steps of the directories under ``root`` that have a manifest, newest first (without reading the data)."""
+    return [s for s in step_dirs(root) if (root / f"step_{s:09d}" / MANIFEST).is_file()]
 
 
 def check_files(path: Path, manifest: dict[str, Any], *, checksums: list[str] | None = None) -> list[str]:

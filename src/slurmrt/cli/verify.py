@@ -1,8 +1,8 @@
-"""``slurmrt verify``: check checkpoints against their manifests, every file's size and CRC-32.
+"""``slurmrt verify``: check checkpoints against their manifests, every file's size and checksum (XXH3-64).
 
-DIR is one checkpoint (``step_N``, with its ``manifest.json``) or a checkpoint directory, whose committed checkpoints
-are all checked, newest first. Exit 0 when every one checked is sound, 1 when one is not (each problem names the
-file), 2 when DIR holds no checkpoint.
+DIR is one checkpoint (``step_N``, with its ``manifest.json``) or a checkpoint directory, whose checkpoints are all
+checked, newest first (a ``step_N`` without a manifest is damage: it was committed with one). Exit 0 when every one
+checked is sound, 1 when one is not (each problem names the file), 2 when DIR holds no checkpoint.
 """
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import SlurmrtError
-from ..checkpoint.store import MANIFEST, complete_steps, verify
+from ..checkpoint.manifest import MANIFEST, step_dirs, verify
 from ._common import add_command
 
 
 def run(args: argparse.Namespace) -> int:
     root: Path = args.dir
     one = (root / MANIFEST).is_file()
-    targets = [root] if one else [root / f"step_{s:09d}" for s in complete_steps(root)]
+    targets = [root] if one else [root / f"step_{s:09d}" for s in step_dirs(root)]
     if not targets:
         raise SlurmrtError(f"{root} holds no committed checkpoint (no {MANIFEST} in it or in a step_N under it)")
     bad = 0

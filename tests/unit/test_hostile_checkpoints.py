@@ -1,0 +1,293 @@
+"""Damaged checkpoints and a second job on the same directory: nothing sound is lost, nothing damaged is loaded.
+
+Each test here failed on the main before the "nothing lost, nobody in" issue.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from slurmrt import CheckpointError, LeaseError
+from slurmrt._comm import SoloComm
+from slurmrt.checkpoint import lease as lease_module
+from slurmrt.checkpoint.lease import LEASE_FILE, Lease
+from slurmrt.checkpoint.manifest import manifest_problems, verify
+from slurmrt.checkpoint.store import CheckpointStore
+from slurmrt.cli import main
+
+
+def _store(root: Path, keep_last: int = 3, guard: Callable[[], None] | None = None) -> CheckpointStore:
+    return CheckpointStore(root, SoloComm(), keep_last=keep_last, guard=guard)
+
+
+def _flip(path: Path, offset: int = -1) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def _resume(root: Path, **kwargs: Any) -> tuple[CheckpointStore, int | None, Any]:
+    """A new run on ``root``: its store, and the step and state it resumes from."""
+    store = _store(root, **kwargs)
+    got = store.load_latest()
+    return store, (got.step if got else None), (got.state if got else None)
+
+
+# -- a damaged checkpoint is replaced, never kept, never counted --------------------------------------------------
+
+def test_a_sound_save_replaces_a_damaged_committed_checkpoint_of_its_step(tmp_path: Path) -> None:
+    first = _store(tmp_path)
+    first.save({"w": torch.full((4,), 1.0)}, 1)
+    first.save({"w": torch.full((4,), 2.0)}, 2)
+    _flip(tmp_path / "step_000000002" / "rank_00000.pt")
+    store, step, _ = _resume(tmp_path)
+    assert step == 1
+    store.save({"w": torch.full((4,), 2.5)}, 2)  # the resumed run reaches step 2 again
+    _, step, state = _resume(tmp_path)
+    assert step == 2 and torch.equal(state["w"], torch.full((4,), 2.5))
+    assert verify(tmp_path / "step_000000002") == []
+
+
+def test_a_run_keeps_its_own_checkpoint_when_it_saves_the_same_step_again(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    store.save({"w": torch.full((4,), 1.0)}, 3)
+    store.save({"w": torch.full((4,), 9.0)}, 3)  # the stop save at the step of a periodic one: same state
+    _, step, state = _resume(tmp_path)
+    assert step == 3 and torch.equal(state["w"], torch.full((4,), 1.0))
+
+
+def test_pruning_never_deletes_the_newest_sound_checkpoint_when_the_newest_ones_are_damaged(tmp_path: Path) -> None:
+    first = _store(tmp_path, keep_last=3)  # the next run keeps 2: three on disk, step 0 the only sound one
+    for step in range(3):
+        first.save({"w": torch.full((4,), float(step))}, step)
+    for step in (1, 2):
+        _flip(tmp_path / f"step_{step:09d}" / "rank_00000.pt")
+    store, step, _ = _resume(tmp_path, keep_last=2)
+    assert step == 0
+    store.save({"w": torch.full((4,), 1.5)}, 1)  # replaces the damaged step 1; the damaged step 2 counts for nothing
+    assert (tmp_path / "step_000000000").is_dir(), "pruning deleted a sound checkpoint inside keep_last"
+    _, step, state = _resume(tmp_path)
+    assert step == 1 and torch.equal(state["w"], torch.full((4,), 1.5))
+
+
+def test_a_manifest_that_lists_no_file_is_damage_not_a_checkpoint(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    store = _store(tmp_path)
+    store.save({"w": torch.ones(4)}, 1)
+    store.save({"w": torch.ones(4)}, 2)
+    manifest = tmp_path / "step_000000002" / "manifest.json"
+    data = json.loads(manifest.read_text())
+    data["files"] = {}
+    manifest.write_text(json.dumps(data))
+    weights = tmp_path / "step_000000002" / "rank_00000.pt"
+    torch.save({"w": torch.full((4,), 1.0000001)}, weights)  # corrupted weights that nothing lists any more
+    _, step, state = _resume(tmp_path)
+    assert step == 1 and torch.equal(state["w"], torch.ones(4))
+    assert main(["verify", str(tmp_path / "step_000000002")]) == 1
+    assert "lists no file" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("files", [[], "rank_00000.pt", {"rank_00000.pt": "12"}, {"rank_00000.pt": {"size": -1}},
+                                   {"../../etc/passwd": {"size": 1, "xxh3_64": "0" * 16}}, None])
+def test_a_manifest_whose_files_have_the_wrong_type_is_damage(tmp_path: Path, files: Any) -> None:
+    store = _store(tmp_path)
+    store.save({"w": torch.ones(4)}, 1)
+    store.save({"w": torch.zeros(4)}, 2)
+    manifest = tmp_path / "step_000000002" / "manifest.json"
+    data = json.loads(manifest.read_text())
+    data["files"] = files
+    manifest.write_text(json.dumps(data))
+    assert _resume(tmp_path)[1] == 1
+    assert verify(tmp_path / "step_000000002")  # a problem, named, not an exception
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
+                                                                                max_size=5), max_leaves=20))
+def test_any_json_value_as_a_manifest_gives_problems_never_an_exception(value: Any) -> None:
+    problems = manifest_problems(value, Path("step_000000001"))
+    assert isinstance(problems, list)
+
+
+def _save_with_every_kind(root: Path) -> None:
+    store = _store(root, keep_last=5)
+    store.save({"w": torch.full((64,), 1.0)}, 1, local={"rng": 1})
+    store.save({"w": torch.full((64,), 2.0)}, 2, local={"rng": 2})
+
+
+def _damages(path: Path) -> list[tuple[str, Callable[[], None]]]:
+    size = path.stat().st_size
+
+    def symlink() -> None:
+        copy = path.with_name(path.name + ".copy")
+        copy.write_bytes(path.read_bytes())
+        path.unlink()
+        path.symlink_to(copy)
+
+    return [("deleted", path.unlink), ("emptied", lambda: path.write_bytes(b"")),
+            ("truncated", lambda: path.write_bytes(path.read_bytes()[: size // 2])),
+            ("flipped first byte", lambda: _flip(path, 0)), ("flipped middle byte", lambda: _flip(path, size // 2)),
+            ("flipped last byte", lambda: _flip(path, -1)), ("replaced by a symlink", symlink)]
+
+
+def test_damage_at_every_file_of_a_checkpoint_falls_back_to_the_sound_one(tmp_path: Path) -> None:
+    pristine = tmp_path / "pristine"
+    _save_with_every_kind(pristine)
+    names = sorted(str(p.relative_to(pristine / "step_000000002")) for p in (pristine / "step_000000002").rglob("*")
+                   if p.is_file())
+    assert "manifest.json" in names and "local/rank_00000.pt" in names
+    cases = 0
+    for name in names:
+        for index, (what, _) in enumerate(_damages(pristine / "step_000000002" / name)):
+            root = tmp_path / f"case{cases}"
+            subprocess.run(["cp", "-a", str(pristine), str(root)], check=True)
+            _damages(root / "step_000000002" / name)[index][1]()
+            store, step, state = _resume(root, keep_last=5)
+            assert step == 1, f"{name} {what}: resumed from {step}"
+            assert torch.equal(state["w"], torch.full((64,), 1.0)), f"{name} {what}"
+            assert main(["verify", str(root)]) == 1, f"{name} {what}: verify called it sound"
+            store.save({"w": torch.full((64,), 2.0)}, 2, local={"rng": 2})  # the sound save replaces the damage
+            assert _resume(root)[1] == 2, f"{name} {what}: the damaged step 2 was not replaced"
+            cases += 1
+    assert cases == len(names) * 7
+
+
+def test_every_byte_of_a_manifest_flipped_is_caught(tmp_path: Path) -> None:
+    _save_with_every_kind(tmp_path)
+    manifest = tmp_path / "step_000000002" / "manifest.json"
+    original = manifest.read_bytes()
+    for offset in range(len(original)):
+        data = bytearray(original)
+        data[offset] ^= 0x01
+        manifest.write_bytes(bytes(data))
+        assert verify(tmp_path / "step_000000002"), f"byte {offset} ({chr(original[offset])!r}) flipped: sound?"
+    manifest.write_bytes(original)
+    assert verify(tmp_path / "step_000000002") == []
+
+
+def test_a_full_disk_at_the_latest_update_reports_the_committed_save_and_leaves_no_temp_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    store = _store(tmp_path)
+    store.save({"w": torch.zeros(4)}, 1)
+    real = os.replace
+
+    def full(src: Any, dst: Any) -> None:
+        if Path(dst).name == "latest":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(src, dst)
+
+    monkeypatch.setattr(os, "replace", full)
+    result = store.save({"w": torch.ones(4)}, 2)  # committed: no error may say otherwise
+    monkeypatch.setattr(os, "replace", real)
+    assert result.step == 2
+    assert "is committed, but `latest` could not be updated" in caplog.text
+    assert "previous one is intact" not in caplog.text
+    assert list(tmp_path.glob(".latest.*")) == []
+    _, step, state = _resume(tmp_path)
+    assert step == 2 and torch.equal(state["w"], torch.ones(4))
+
+
+def test_a_temporary_latest_file_left_by_a_kill_is_gone_after_the_next_save(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    store.save({"w": torch.zeros(4)}, 1)
+    (tmp_path / ".latest.4242.tmp").write_text("step_000000001\n")
+    (tmp_path / ".latest.4242.deadbeef.tmp").write_text("step_000000001\n")
+    store.save({"w": torch.zeros(4)}, 2)
+    assert list(tmp_path.glob(".latest.*")) == []
+
+
+# -- one live job per directory ---------------------------------------------------------------------------------
+
+def _lease(root: Path, owner: str, *, alive: bool | None = True, host: str = "n1") -> Lease:
+    return Lease(root, owner=owner, job=owner, host=host, alive=lambda job: alive)
+
+
+def test_a_second_job_on_a_live_jobs_directory_is_refused_with_its_id_place_and_fix(tmp_path: Path) -> None:
+    _lease(tmp_path, "7001").acquire()
+    second = _lease(tmp_path, "7002", host="n9")
+    with pytest.raises(LeaseError, match=r"in use by job 7001 \(on n1, pid \d+.*scancel 7001.*own checkpoint_dir"):
+        second.acquire()
+    with pytest.raises(LeaseError, match="7001"):
+        second.check()  # every rank of the second job, not only its rank 0
+    assert json.loads((tmp_path / LEASE_FILE).read_text())["owner"] == "7001"
+
+
+def test_a_requeued_run_of_the_same_job_continues_with_the_directory(tmp_path: Path) -> None:
+    _lease(tmp_path, "7001").acquire()
+    again = _lease(tmp_path, "7001", host="n3")
+    again.acquire()
+    assert json.loads((tmp_path / LEASE_FILE).read_text())["host"] == "n3"
+
+
+def test_the_next_array_task_takes_the_directory_once_the_holder_released_it(tmp_path: Path) -> None:
+    first = _lease(tmp_path, "4711_1")
+    first.acquire()
+    first.release()
+    assert not (tmp_path / LEASE_FILE).exists()
+    _lease(tmp_path, "4711_2").acquire()
+
+
+def test_a_lease_whose_job_slurm_says_ended_is_taken_over_with_a_warning(tmp_path: Path,
+                                                                        caplog: pytest.LogCaptureFixture) -> None:
+    _lease(tmp_path, "4711_1", host="n2").acquire()  # SIGKILLed: never released
+    _lease(tmp_path, "4711_2", alive=False, host="n5").acquire()
+    assert "Slurm says job 4711_1 has ended" in caplog.text
+    assert json.loads((tmp_path / LEASE_FILE).read_text())["owner"] == "4711_2"
+
+
+def test_a_lease_whose_heartbeat_is_older_than_the_bound_is_stale(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    _lease(tmp_path, "7001", alive=None).acquire()
+    later = lease_module._clock.wall() + lease_module.STALE_S + 1
+    monkeypatch.setattr(lease_module._clock, "wall", lambda: later)
+    _lease(tmp_path, "7002", alive=None, host="n7").acquire()
+
+
+def test_a_lease_whose_process_is_gone_from_this_host_is_stale(tmp_path: Path) -> None:
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    record = {"owner": "local-a", "host": "vm", "pid": gone.pid, "start": 1, "heartbeat": lease_module._clock.wall()}
+    (tmp_path / LEASE_FILE).write_text(json.dumps(record))
+    _lease(tmp_path, "local-b", alive=None, host="vm").acquire()
+
+
+def test_a_job_whose_lease_was_taken_over_commits_and_deletes_nothing(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    old = _lease(tmp_path, "7001", alive=None)
+    old.acquire()
+    a = _store(tmp_path, keep_last=1, guard=old.guard)
+    a.save({"w": torch.zeros(4)}, 1)
+    later = lease_module._clock.wall() + lease_module.STALE_S + 1
+    monkeypatch.setattr(lease_module._clock, "wall", lambda: later)  # job 7001 stalled past the bound
+    new = _lease(tmp_path, "7002", alive=None, host="n8")
+    new.acquire()
+    b = _store(tmp_path, keep_last=1, guard=new.guard)
+    assert b.load_latest() is not None
+    b.save({"w": torch.ones(4)}, 5)
+    with pytest.raises(CheckpointError, match="now belongs to job 7002"):
+        a.save({"w": torch.zeros(4)}, 2)
+    _, step, state = _resume(tmp_path)
+    assert step == 5 and torch.equal(state["w"], torch.ones(4))
+
+
+def test_a_symlink_or_damage_in_place_of_the_lease(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    (tmp_path / LEASE_FILE).symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(LeaseError, match="is a symlink"):
+        _lease(tmp_path, "1").acquire()
+    (tmp_path / LEASE_FILE).unlink()
+    (tmp_path / LEASE_FILE).write_bytes(b"\x00\xff[1,2")
+    _lease(tmp_path, "1").acquire()
+    assert "is damaged" in caplog.text
