@@ -55,24 +55,21 @@ class JobSpec:
 def parse_time(value: str) -> float:
     """Slurm's --time formats, in seconds: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S."""
     text = value.strip()
-    days = 0
+    days, parts = "0", text.split(":")
     if "-" in text:
-        d, _, text = text.partition("-")
-        days = int(d)
-        parts = [int(p) for p in text.split(":")]
-        h, m, s = (parts + [0, 0, 0])[:3]
-        return float(days * 86400 + h * 3600 + m * 60 + s)
-    try:
-        parts = [int(p) for p in text.split(":")]
-    except ValueError:
-        raise ConfigError(f"--time={value!r}: use minutes, MM:SS or HH:MM:SS as sbatch does", value=value) from None
-    if len(parts) == 1:
-        return float(parts[0] * 60)
-    if len(parts) == 2:
-        return float(parts[0] * 60 + parts[1])
-    if len(parts) == 3:
-        return float(parts[0] * 3600 + parts[1] * 60 + parts[2])
-    raise ConfigError(f"--time={value!r}: use minutes, MM:SS or HH:MM:SS as sbatch does", value=value)
+        days, _, rest = text.partition("-")
+        parts = rest.split(":")
+    fields = [days, *parts]
+    if not all(f.isdigit() and f.isascii() for f in fields) or len(parts) > 3:
+        raise ConfigError(f"--time={value!r}: use minutes, MM:SS, HH:MM:SS or D-HH:MM:SS as sbatch does", value=value)
+    numbers = [int(p) for p in parts]
+    if "-" in text:  # D-H, D-H:M, D-H:M:S
+        h, m, s = (numbers + [0, 0, 0])[:3]
+    elif len(numbers) == 3:  # H:M:S
+        h, m, s = numbers
+    else:  # M, M:S
+        h, m, s = 0, numbers[0], (numbers[1] if len(numbers) == 2 else 0)
+    return float(int(days) * 86400 + h * 3600 + m * 60 + s)
 
 
 _SIGNAL = re.compile(r"(B:)?([A-Za-z0-9]+)(?:@(\d+))?")
