@@ -111,7 +111,7 @@ CONF
     mv "$CONF.new" "$CONF"
 }
 
-running() { scontrol ping 2>/dev/null | grep -q "UP"; }
+running() { [ -f "$CONF" ] && scontrol ping 2>/dev/null | grep -q "UP"; }
 
 PORTS=(16817 17001 17002 17003 17004)
 
