@@ -169,13 +169,18 @@ class Lease:
     def acquire(self) -> None:
         """Take the lease (rank 0, at init), under the directory's lock so that two jobs starting together cannot
         both win."""
-        self.directory.mkdir(parents=True, exist_ok=True)
-        with self._locked():
-            taken = self.check()
-            if taken is not None:
-                logger.warning("checkpoint directory %s: taking over the lease of %s, which is stale (%s)",
-                               self.directory, taken.describe(_clock.wall()), self.stale(taken))
-            self._write()
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            with self._locked():
+                taken = self.check()
+                if taken is not None:
+                    logger.warning("checkpoint directory %s: taking over the lease of %s, which is stale (%s)",
+                                   self.directory, taken.describe(_clock.wall()), self.stale(taken))
+                self._write()
+        except OSError as err:
+            raise LeaseError(f"cannot take the lease of checkpoint directory {self.directory}: {err}. The directory "
+                             "must be writable by the job (and seen by every node)",
+                             directory=str(self.directory)) from None
         self.held = True
 
     def refresh(self) -> None:

@@ -73,8 +73,9 @@ def squeue(args: Sequence[str]) -> int:
     fmt = args[args.index("-o") + 1] if "-o" in args and args.index("-o") + 1 < len(args) else "%e"
     job = args[args.index("-j") + 1] if "-j" in args and args.index("-j") + 1 < len(args) else None
     if job is not None and job != str(state.read_job()[0].job_id):
-        # As Slurm answers for a job it no longer knows (the checkpoint lease asks about earlier jobs).
-        print("slurm_load_jobs error: Invalid job id specified", file=sys.stderr)
+        # The simulator knows only its own job: "cannot tell" (not Slurm's "Invalid job id", which would say the
+        # other job ended and let the checkpoint lease be taken from a simulated job that still runs).
+        print(f"squeue (slurmrt sim): only job {state.read_job()[0].job_id} is known here", file=sys.stderr)
         return 1
     if fmt == "%T":
         print("RUNNING")
