@@ -81,7 +81,7 @@ def _cluster() -> tuple[str, dict[str, float]]:
         info = job.wait(900)
         events = [json.loads(line) for line in (d / "ckpt" / f"events-{job.id}.jsonl").read_text().splitlines()]
     hang = next(e for e in events if e["event"] == "hang" and e["activity"] == "step")
-    from slurmrt.events import timestamp
+    from slurmrt.record.events import timestamp
 
     stuck = timestamp(hang) - hang["idle_s"]
     requeued = timestamp(next(e for e in events if e["event"] == "requeue"))

@@ -44,7 +44,7 @@ def run(quick: bool = False) -> Section:
 
 
 def _stop(framework: str) -> tuple[int, float]:
-    from slurmrt.events import read_events, timestamp
+    from slurmrt.record.events import read_events, timestamp
 
     example = ROOT / "examples" / framework / "train.py"
     with tempfile.TemporaryDirectory() as tmp:

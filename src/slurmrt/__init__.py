@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from .launch.topology import LaunchMode, Topology
     from .log import FlockHandler, printflock
     from .options import Options
-    from .outcome import ExitCode, Outcome
+    from .outcome.policy import ExitCode, Outcome
     from .runtime import Runtime, init
     from .stop.decision import Reason, StopDecision
 
@@ -55,8 +55,8 @@ _LAZY = {
     "FlockHandler": ".log",
     "printflock": ".log",
     "Options": ".options",
-    "ExitCode": ".outcome",
-    "Outcome": ".outcome",
+    "ExitCode": ".outcome.policy",
+    "Outcome": ".outcome.policy",
     "Runtime": ".runtime",
     "init": ".runtime",
     "Reason": ".stop.decision",

@@ -43,7 +43,7 @@ class Options:
     kill_wait_s: float = 30.0
     kill_switch_poll_s: float = 5.0
     end_time_refresh_s: float = 900.0
-    #: The hang watchdog (see slurmrt.stop.watchdog): on by default.
+    #: The hang watchdog (see slurmrt.hang.watchdog): on by default.
     watchdog: bool = True
     #: A fixed allowance for one training step; None: learned from the measured steps (10x the slowest recent one).
     hang_timeout_s: float | None = None

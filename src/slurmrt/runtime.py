@@ -3,7 +3,7 @@
 Each part has one job and its own module; this one only connects them. ``init()`` reads and checks the launch
 (:mod:`slurmrt.launch`), builds the stop machinery (:mod:`slurmrt.stop`) and installs the process-global hooks
 (:mod:`slurmrt._hooks`). The Runtime passes steps, saves and the end of the run between them; how a run ends is
-:func:`slurmrt.outcome.choose`.
+:func:`slurmrt.outcome.policy.choose`.
 """
 
 from __future__ import annotations
@@ -18,27 +18,29 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
-from . import _clock, experiment, outcome
+from . import _clock
 from ._comm import Groups, torch_distributed
 from ._errors import CheckpointError, ConfigError
-from ._hang import HangResponse, exit_now, is_peer_failure, unhealthy
 from ._hooks import ProcessHooks
-from ._report import Reporter
 from .checkpoint.lease import Lease
 from .checkpoint.store import CheckpointStore, PendingSave, SaveFn, SaveResult, Staged
-from .events import COPY_ENV, EventLog, measured_earlier, read_events, runs
+from .hang.census import Census, CensusError
+from .hang.response import HangResponse, exit_now, is_peer_failure, unhealthy
+from .hang.watchdog import Activity, PhaseTimes, Watchdog
 from .launch import cuda, health, preflight
 from .launch.topology import Topology, from_environ, launcher_argv
 from .options import Options, unknown_variables
-from .outcome import ExitCode, Outcome
+from .outcome import policy as outcome
+from .outcome.policy import ExitCode, Outcome
+from .record import experiment
+from .record.events import COPY_ENV, EventLog, measured_earlier, read_events, runs
+from .record.report import Reporter
 from .stop import killswitch
 from .stop.agreement import Agreement, DistributedAgreement, LocalAgreement
-from .stop.census import Census, CensusError
 from .stop.deadline import SAVE_SAFETY, Budget, EndTime
 from .stop.decision import Contribution, Reason, StopDecision, contribution
 from .stop.killswitch import KillSwitch, cancel_and_exit
 from .stop.signals import SignalRecorder
-from .stop.watchdog import Activity, PhaseTimes, Watchdog
 from .stop.watcher import Watcher
 
 __all__ = ["Runtime", "init"]
@@ -164,7 +166,7 @@ class Runtime:
         self._response: HangResponse | None = None
 
     def watchdog(self) -> Watchdog:
-        """The hang watchdog of this run (init() polls it on the watcher thread; see slurmrt.stop.watchdog)."""
+        """The hang watchdog of this run (init() polls it on the watcher thread; see slurmrt.hang.watchdog)."""
         o = self.options
         self._response = HangResponse(
             self.topology, o, self.events, kill_switch_seen=self._kill_switch_seen,

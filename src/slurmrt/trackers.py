@@ -21,7 +21,7 @@ import logging
 from typing import Any, Protocol
 
 from ._errors import ConfigError
-from .experiment import read_trackers, remember_tracker
+from .record.experiment import read_trackers, remember_tracker
 
 __all__ = ["first_step", "mlflow_run_id", "mlflow_start_run", "tensorboard_purge_step", "wandb_args"]
 

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from slurmrt.events import Event, read_events, runs
-from slurmrt.timeline import duration
+from slurmrt.record.events import Event, read_events, runs
+from slurmrt.record.timeline import duration
 
 from .launch import ROOT
 from .test_sim import sim

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from slurmrt import ConfigError, trackers
-from slurmrt.experiment import EXPERIMENT_FILE, establish
-from slurmrt.timeline import build, draw, render, totals
+from slurmrt.record.experiment import EXPERIMENT_FILE, establish
+from slurmrt.record.timeline import build, draw, render, totals
 
 # -- the experiment id ---------------------------------------------------------------------------------------------
 

@@ -22,8 +22,8 @@ import pytest
 from slurmrt import log
 from slurmrt._safefs import process_start_time
 from slurmrt.cli import main
-from slurmrt.events import Event, EventLog
 from slurmrt.launch import health
+from slurmrt.record.events import Event, EventLog
 
 NOBODY = 65534
 as_root = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
@@ -151,7 +151,7 @@ def test_another_user_holding_the_event_logs_lock_delays_a_write_by_a_bounded_ti
                         "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(120)", str(path))
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
-        monkeypatch.setattr("slurmrt.events.LOCK_TIMEOUT_S", 0.3)
+        monkeypatch.setattr("slurmrt.record.events.LOCK_TIMEOUT_S", 0.3)
         log_ = EventLog(path, job="8", restart=0, rank=0)
         log_.emit(Event.RESUME, step=3)
         log_.emit(Event.RESUME, step=4)  # given up once: no second wait

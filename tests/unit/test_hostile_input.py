@@ -24,10 +24,10 @@ import slurmrt
 from slurmrt import ConfigError, EnvironmentVariableError, HostlistError, Options, ParallelConfig
 from slurmrt.cli import main
 from slurmrt.cli.doctor import doctor
-from slurmrt.events import malformed, read_events
 from slurmrt.launch import hostlist
 from slurmrt.launch.topology import from_environ
 from slurmrt.options import unknown_variables
+from slurmrt.record.events import malformed, read_events
 from slurmrt.sim.spec import JobSpec, apply_option
 from slurmrt.stop.killswitch import exists
 

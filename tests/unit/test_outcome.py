@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from slurmrt import ExitCode, Outcome, Reason, StopDecision
-from slurmrt.outcome import after_failed_save, choose
+from slurmrt.outcome.policy import after_failed_save, choose
 
 FACTS = {"requeue_enabled": True, "is_slurm": True, "restart_count": 0, "max_restarts": None}
 

@@ -6,11 +6,13 @@ from typing import Any
 
 import pytest
 
-from slurmrt import _clock, exclusion, outcome
-from slurmrt.events import Run
-from slurmrt.stop.census import RankState, name_suspects
+from slurmrt import _clock
+from slurmrt.hang.census import RankState, name_suspects
+from slurmrt.hang.watchdog import STEP_FACTOR, Activity, Hang, PhaseTimes, Watchdog
+from slurmrt.outcome import exclusion
+from slurmrt.outcome import policy as outcome
+from slurmrt.record.events import Run
 from slurmrt.stop.deadline import Budget
-from slurmrt.stop.watchdog import STEP_FACTOR, Activity, Hang, PhaseTimes, Watchdog
 
 
 @pytest.fixture
@@ -200,7 +202,7 @@ def test_runs_that_commit_nothing_newer_are_counted_and_the_third_stops_the_requ
 
 def test_a_peer_failure_is_told_from_other_errors() -> None:
     from slurmrt._errors import AgreementError
-    from slurmrt._hang import is_peer_failure
+    from slurmrt.hang.response import is_peer_failure
 
     assert is_peer_failure(AgreementError("the ranks can no longer agree"))
     assert is_peer_failure(RuntimeError("[pair.cc:534] Connection closed by peer [127.0.0.1]:4242"))
@@ -220,7 +222,7 @@ def _rank0_of_two() -> Any:
 
 def _no_exit(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The hang response's exit codes, raised as SystemExit instead of ending the test process."""
-    from slurmrt import _hang
+    from slurmrt.hang import response as _hang
 
     exits: list[int] = []
 
@@ -237,9 +239,9 @@ def test_without_a_census_a_rank_names_nobody_and_excludes_no_node(tmp_path, mon
     rank a suspect (it once did: they all "did not answer")."""
     import json
 
-    from slurmrt import _hang
-    from slurmrt.events import EventLog
+    from slurmrt.hang import response as _hang
     from slurmrt.options import Options
+    from slurmrt.record.events import EventLog
 
     topo = _rank0_of_two()
     log = tmp_path / "events.jsonl"
@@ -265,10 +267,10 @@ def test_once_slurm_takes_the_step_down_the_census_waits_only_briefly_for_a_dead
 
     from torch.distributed import HashStore
 
-    from slurmrt import _hang
-    from slurmrt.events import EventLog
+    from slurmrt.hang import response as _hang
+    from slurmrt.hang.census import Census
     from slurmrt.options import Options
-    from slurmrt.stop.census import Census
+    from slurmrt.record.events import EventLog
 
     topo = _rank0_of_two()
     store = HashStore()

@@ -20,11 +20,11 @@ from typing import Any
 
 from .. import _slurm
 from .._errors import ConfigError
-from ..events import Event, read_events
 from ..launch import cuda, health, preflight
 from ..launch.parallel import ParallelConfig
 from ..launch.topology import from_environ
 from ..options import Options, unknown_variables
+from ..record.events import Event, read_events
 from ..stop.deadline import end_time_from_env, query_end_time
 from ._common import add_command, add_events, add_parallel, default_dirs, event_files, parallel
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import SlurmrtError
-from ..events import Event, read_events
+from ..record.events import Event, read_events
 from ._common import add_command, add_events, default_dirs, event_files
 
 

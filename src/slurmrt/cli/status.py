@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import SlurmrtError
-from ..events import read_events
-from ..timeline import JobLife, RunLife, build, draw, duration, render, totals
+from ..record.events import read_events
+from ..record.timeline import JobLife, RunLife, build, draw, duration, render, totals
 from ._common import add_command, default_dirs, event_files
 
 

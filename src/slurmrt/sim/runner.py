@@ -26,8 +26,8 @@ from typing import IO, Any
 
 import psutil
 
-from ..events import COPY_ENV, Event, EventFollower, read_events, runs
 from ..launch import hostlist
+from ..record.events import COPY_ENV, Event, EventFollower, read_events, runs
 from . import jobids
 from .environ import batch_env, default_node_names
 from .shims import install

@@ -1,7 +1,7 @@
 """The kill switch: a path anyone with write access can create to stop a job (or every task of an array) cleanly.
 
 The watcher thread polls it (:meth:`KillSwitch.poll`); the agreement carries what it saw to every rank. It must work
-when the job hangs too, which made kill switches useless elsewhere: the hang watchdog (:mod:`slurmrt.stop.watchdog`)
+when the job hangs too, which made kill switches useless elsewhere: the hang watchdog (:mod:`slurmrt.hang.watchdog`)
 finds a training loop that no longer reaches a step boundary, and with the switch seen, :func:`cancel_and_exit`
 cancels the job.
 """

@@ -10,9 +10,9 @@ import enum
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import _slurm
-from .events import Event, Run
-from .stop.decision import Reason, StopDecision
+from .. import _slurm
+from ..record.events import Event, Run
+from ..stop.decision import Reason, StopDecision
 
 __all__ = ["ExitCode", "Outcome", "Verdict", "choose", "futile_runs", "requeue"]
 

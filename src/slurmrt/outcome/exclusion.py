@@ -17,8 +17,8 @@ import logging
 import re
 from dataclasses import dataclass
 
-from . import _slurm
-from .launch import hostlist
+from .. import _slurm
+from ..launch import hostlist
 
 __all__ = ["Plan", "apply", "exclude_after_requeue", "plan", "read_job"]
 

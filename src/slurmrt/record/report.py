@@ -5,13 +5,13 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from . import _clock
-from .checkpoint.store import SaveResult
+from .. import _clock
+from ..checkpoint.store import SaveResult
+from ..launch.topology import Topology
+from ..outcome.policy import Outcome, Verdict
+from ..stop.decision import Reason, StopDecision
+from ..stop.signals import SignalRecorder
 from .events import Event, EventLog
-from .launch.topology import Topology
-from .outcome import Outcome, Verdict
-from .stop.decision import Reason, StopDecision
-from .stop.signals import SignalRecorder
 
 __all__ = ["Reporter"]
 

@@ -2,9 +2,10 @@
 
 1. Write the stack of every thread (faulthandler) to the rank's log and to the event log.
 2. If the kill switch was seen: cancel the job and exit 0, as the switch means (no requeue, no checkpoint).
-3. Take the census (:mod:`slurmrt.stop.census`) and name the suspects.
+3. Take the census (:mod:`slurmrt.hang.census`) and name the suspects.
 4. The census leader (the lowest rank that answered) requeues the job, unless the requeue loop guard or the options
-   say no, then adds the suspects' nodes to the job's excluded nodes (:mod:`slurmrt.exclusion`), and tells the others.
+   say no, then adds the suspects' nodes to the job's excluded nodes (:mod:`slurmrt.outcome.exclusion`), and tells
+   the others.
 5. Exit with :attr:`ExitCode.HUNG` (``os._exit``: the training thread cannot be joined), so that
    ``srun --kill-on-bad-exit=1`` takes down the step. No checkpoint: the thread that would write it is the one stuck.
 """
@@ -22,13 +23,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
-from . import exclusion, outcome
-from .events import Event, EventLog, read_events, runs
-from .launch.topology import Topology
-from .options import Options
-from .outcome import ExitCode
-from .stop.census import Census, CensusError, RankState, main_thread_state, name_suspects
-from .stop.watchdog import Hang
+from ..launch.topology import Topology
+from ..options import Options
+from ..outcome import exclusion
+from ..outcome import policy as outcome
+from ..outcome.policy import ExitCode
+from ..record.events import Event, EventLog, read_events, runs
+from .census import Census, CensusError, RankState, main_thread_state, name_suspects
+from .watchdog import Hang
 
 #: How long the census and its hand-over may wait once Slurm takes the step down (see HangResponse.terminating).
 HURRIED_S = 3.0
@@ -48,7 +50,7 @@ def all_stacks() -> str:
 
 def is_peer_failure(err: BaseException | None) -> bool:
     """An exception that says a peer is gone: a collective that failed on a closed connection, or the agreement."""
-    from ._errors import AgreementError
+    from .._errors import AgreementError
 
     if err is None:
         return False

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from .. import _clock
-from .deadline import Budget
+from ..stop.deadline import Budget
 
 __all__ = ["Activity", "Hang", "PhaseTimes", "Watchdog", "IO_FACTOR", "PHASE_FACTOR", "STEP_FACTOR", "WARMUP_STEPS"]
 

@@ -18,8 +18,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TypeGuard
 
-from . import _clock
-from ._safefs import lock, open_append
+from .. import _clock
+from .._safefs import lock, open_append
 
 __all__ = ["COPY_ENV", "Event", "EventFollower", "EventLog", "Measured", "Run", "measured", "measured_earlier",
            "read_events", "runs"]
