@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from . import trackers
-    from .checkpoint.store import Staged
+    from .checkpoint.background import Staged
     from .launch import cuda, hostlist
     from .launch.parallel import ParallelConfig
     from .launch.topology import LaunchMode, Topology
@@ -49,7 +49,7 @@ _LAZY = {
     "cuda": ".launch.cuda",
     "hostlist": ".launch.hostlist",
     "ParallelConfig": ".launch.parallel",
-    "Staged": ".checkpoint.store",
+    "Staged": ".checkpoint.background",
     "LaunchMode": ".launch.topology",
     "Topology": ".launch.topology",
     "FlockHandler": ".log",

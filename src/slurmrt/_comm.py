@@ -172,3 +172,11 @@ def torch_distributed() -> Any:
     """``torch.distributed`` if the program imported torch; never imports it (``import slurmrt`` stays light)."""
     torch = sys.modules.get("torch")
     return getattr(torch, "distributed", None) if torch is not None else None
+
+
+def destroy_default_group() -> None:
+    """Destroy torch.distributed's default group, if the program made one: spares the "process group was not
+    destroyed" warning and NCCL's teardown hangs at interpreter exit."""
+    dist = torch_distributed()
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

@@ -21,6 +21,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from ._comm import Groups, open_groups
 from .stop.agreement import Agreement
@@ -44,6 +45,8 @@ class ProcessHooks:
         self._installed = False
         #: Called with the exception that ends the program, if any (the hang response names a lost peer).
         self.on_uncaught: Callable[[BaseException | None], None] | None = None
+        #: Called with the control group once the groups are open (every rank at the same point of its program).
+        self.on_groups: Callable[[Any], None] | None = None
 
     def install(self) -> None:
         if not self.signals.install():
@@ -55,10 +58,19 @@ class ProcessHooks:
         self._installed = True
 
     def groups(self) -> Groups:
-        """The control and work groups, made on first use (collectively: see the module docstring)."""
+        """The control and work groups, made on first use (collectively: see the module docstring); then
+        :attr:`on_groups` is told the control group (the hang monitor's census and start-up barrier)."""
         if self._groups is None:
             self._groups = open_groups(self._world_size)
+            if self.on_groups is not None:
+                self.on_groups(self._groups.control)
         return self._groups
+
+    def reclaim_signals(self) -> None:
+        """Put the signal recorders back where a framework replaced them with handlers of its own."""
+        taken = self.signals.reclaim()
+        if taken:
+            logger.info("slurmrt's handlers for %s are back in place", ", ".join(s.name for s in taken))
 
     def watch(self, agreement: Agreement) -> None:
         """The agreement to take out of its rounds if the interpreter exits without finish()."""

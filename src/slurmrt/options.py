@@ -5,6 +5,7 @@ An explicit argument wins over the environment, which wins over the default.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import signal
@@ -17,7 +18,9 @@ from ._errors import ConfigError
 from .launch.parallel import ParallelConfig
 from .stop.signals import DEFAULT_SIGNALS, parse_signal
 
-__all__ = ["OTHER_VARIABLES", "Options", "unknown_variables"]
+__all__ = ["OTHER_VARIABLES", "Options", "unknown_variables", "warn_unknown"]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,8 +70,20 @@ class Options:
     #: own (``tp=2``, ``SLURMRT_TP``), and so is ``megatron_args``, Megatron-LM's command line, read in their place.
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
+    def explicit(self) -> dict[str, Any]:
+        """The fields set to something other than their default, the job's shape flattened (``tp=2``)."""
+        default, shape = Options(), ParallelConfig()
+        own = {f.name: getattr(self, f.name) for f in fields(self)
+               if f.name != "parallel" and getattr(self, f.name) != getattr(default, f.name)}
+        return own | {f.name: getattr(self.parallel, f.name) for f in fields(shape)
+                      if getattr(self.parallel, f.name) != getattr(shape, f.name)}
+
     @classmethod
-    def resolve(cls, given: Mapping[str, Any], env: Mapping[str, str]) -> Options:
+    def resolve(cls, given: Mapping[str, Any], env: Mapping[str, str], base: Options | None = None) -> Options:
+        """The options of a run: ``given`` (keyword arguments), then what ``base`` sets (an ``Options`` passed to
+        init()), then ``SLURMRT_*`` in ``env``, then the defaults; every value checked (:func:`_convert`)."""
+        if base is not None:
+            given = {**base.explicit(), **given}
         own = {f.name for f in fields(cls)} - {"parallel"}
         shape = {f.name for f in fields(ParallelConfig)} | {"megatron_args"}
         unknown = sorted(set(given) - own - shape)
@@ -90,6 +105,11 @@ class Options:
 OTHER_VARIABLES = frozenset({"SLURMRT_LOCK_FILE", "SLURMRT_ALLOW_NODE_RANK_REORDER", "SLURMRT_EVENT_COPY",
                              "SLURMRT_SIM_DIR", "SLURMRT_SIM_UNHEALTHY", "SLURMRT_CLUSTER_DIR",
                              "SLURMRT_BENCH_DIR"})
+
+
+def warn_unknown(env: Mapping[str, str]) -> None:
+    for name in unknown_variables(env):
+        logger.warning("%s is set but slurmrt reads no such variable (misspelt?): it has no effect", name)
 
 
 def unknown_variables(env: Mapping[str, str]) -> list[str]:

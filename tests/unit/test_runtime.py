@@ -13,6 +13,7 @@ import pytest
 
 import slurmrt
 from slurmrt import ExitCode, Reason, _clock
+from slurmrt.stop.decision import reason_for
 from tests.integration.launch import fake_bin
 
 
@@ -63,7 +64,7 @@ def _signal_self(rt: slurmrt.Runtime, sig: signal.Signals) -> None:
     thread: a moment after os.kill returns, not before."""
     os.kill(os.getpid(), sig)
     deadline = time.monotonic() + 20
-    while sig not in rt._signals.first_seen:
+    while reason_for(sig) not in rt.local_reasons():
         assert time.monotonic() < deadline, f"{sig.name} was never recorded"
         time.sleep(0.001)
 
@@ -250,7 +251,7 @@ def test_time_outside_the_steps_is_left_out_of_the_step_time(clock: FakeClock, j
     clock.advance(600.0)  # an evaluation
     rt.restart_step_clock()
     rt.should_stop(5)
-    assert rt._steps.estimate() == pytest.approx(1.0)
+    assert rt.stop.budget.steps.estimate() == pytest.approx(1.0)
     rt.close()
 
 
@@ -278,10 +279,10 @@ def test_a_requeued_run_starts_from_the_step_and_save_times_the_earlier_runs_mea
              {"event": "decision", "rank": 0, "step": 20, "step_s": 0.25}]
     (ckpt / "events-99.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines) + '{"event": "sa')
     rt = slurmrt.init(checkpoint_dir=ckpt, deadline=False, save_time_s=30)
-    assert rt._budget.saves.estimate() == 3.5 and rt._budget.steps.estimate() == 0.25
+    assert rt.stop.budget.saves.estimate() == 3.5 and rt.stop.budget.steps.estimate() == 0.25
     rt.close()
     rt = slurmrt.init(checkpoint_dir=tmp_path / "fresh", deadline=False, save_time_s=30)
-    assert rt._budget.saves.estimate() == 30 and rt._budget.steps.estimate() is None
+    assert rt.stop.budget.saves.estimate() == 30 and rt.stop.budget.steps.estimate() is None
     rt.close()
 
 

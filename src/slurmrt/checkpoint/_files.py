@@ -6,8 +6,10 @@ they are still in the page cache (what a save function wrote)."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import secrets
+import shutil
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -15,7 +17,8 @@ from typing import Any
 
 from .._safefs import open_new
 
-__all__ = ["HASH", "FileInfo", "Hashing", "checksum_files", "fsync_dir", "fsync_tree", "hash_file",
+__all__ = ["HASH", "FileInfo", "Hashing", "checksum_files", "failure_advice", "free_space", "fsync_dir", "fsync_tree",
+           "hash_file",
            "leftover_tmp_files", "replace_text", "write_state", "write_text"]
 
 #: The manifest's name for the checksum, the key of its value in each file's entry.
@@ -142,3 +145,25 @@ def fsync_tree(root: Path) -> list[str]:
             names.append(str(full.relative_to(root)))
         fsync_dir(Path(dirpath))
     return names
+
+
+_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+_DENIED = {errno.EACCES, errno.EPERM, errno.EROFS}
+
+
+def failure_advice(err: BaseException, root: Path) -> str:
+    """The fix for the errors whose fix is known (a full disk, a refused write); nothing for the others -- a bug in
+    a saver is not cured by freeing space. torch.save turns a full disk into "unexpected pos": that counts too."""
+    if isinstance(err, OSError) and err.errno in _FULL or "unexpected pos" in str(err):
+        return f"; fix: free space (or raise the quota) in {root}"
+    if isinstance(err, OSError) and err.errno in _DENIED:
+        return f"; fix: let the job write to {root} (permissions, a read-only mount)"
+    return ""
+
+
+def free_space(path: Path) -> str:
+    try:
+        free = shutil.disk_usage(path).free
+    except OSError:
+        return "free space unknown"
+    return f"{free / 2**30:.2f} GiB free in {path}"

@@ -36,9 +36,10 @@ from typing import Any
 from .. import _clock, _slurm
 from .._errors import CheckpointError, LeaseError
 from .._safefs import lock, process_start_time
+from ..launch.topology import Topology
 from ._files import replace_text
 
-__all__ = ["LEASE_FILE", "REFRESH_S", "STALE_S", "Holder", "Lease", "slurm_job_alive"]
+__all__ = ["LEASE_FILE", "REFRESH_S", "STALE_S", "Holder", "Lease", "slurm_job_alive", "take"]
 
 logger = logging.getLogger(__name__)
 
@@ -241,3 +242,17 @@ class Lease:
             yield
         finally:
             os.close(fd)
+
+
+def take(directory: Path, topology: Topology) -> Lease:
+    """The run's lease on its checkpoint directory: rank 0 takes it, the others check it, so that every rank of a
+    job refused for another job's directory is refused at once, before any rendezvous."""
+    t = topology
+    owner = t.requeue_id or (f"local-{t.master_addr}:{t.master_port}" if t.world_size > 1
+                             else f"local-{t.hostname}-{os.getpid()}")
+    lease = Lease(directory, owner=owner, job=t.requeue_id, array_task=t.array_task_id, host=t.hostname)
+    if t.rank == 0:
+        lease.acquire()
+    else:
+        lease.check()
+    return lease

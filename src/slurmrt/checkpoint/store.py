@@ -22,12 +22,10 @@ read.
 from __future__ import annotations
 
 import copy
-import errno
 import json
 import logging
 import os
 import shutil
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,31 +38,23 @@ from . import sharded
 from ._files import (
     FileInfo,
     checksum_files,
+    failure_advice,
+    free_space,
     fsync_dir,
     fsync_tree,
-    leftover_tmp_files,
     replace_text,
     write_state,
     write_text,
 )
+from .background import PendingSave, SaveResult, Staged
 from .manifest import MANIFEST, check_files, complete_steps, read_manifest, verify
+from .retention import Retention
 
 __all__ = ["CheckpointStore", "Loaded", "PendingSave", "SaveFn", "SaveResult", "Staged", "verify"]
 
 logger = logging.getLogger(__name__)
 
 SaveFn = Callable[[Path], Any]
-
-
-@dataclass(frozen=True)
-class Staged:
-    """A save function in two parts, the form a function takes for ``blocking=False``: ``snapshot()`` runs on the
-    training thread (it may use collectives, and copies what training will change), then ``write(snapshot,
-    directory)`` runs on the background thread and must issue no collective (it would pair up with the training
-    thread's). A plain function is refused for background saves: a framework saver's own collectives would."""
-
-    snapshot: Callable[[], Any]
-    write: Callable[[Any, Path], Any]
 
 
 @dataclass(frozen=True)
@@ -78,69 +68,21 @@ class Loaded:
     local_lost: str | None = None
 
 
-@dataclass(frozen=True)
-class SaveResult:
-    step: int
-    path: Path
-    seconds: float
-    bytes: int
-    #: Wall time the save began.
-    started: float
-
-
-class PendingSave:
-    """A save running on the ``slurmrt-save`` thread: its result (or error) is a value the caller takes with
-    :meth:`wait`, on its own thread; nothing it learns is pushed anywhere."""
-
-    def __init__(self, save: Callable[[], SaveResult]) -> None:
-        self._save = save
-        self._result: SaveResult | None = None
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="slurmrt-save", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            self._result = self._save()
-        except BaseException as err:  # noqa: BLE001 - handed to the waiting thread by wait()
-            self._error = err
-
-    def done(self) -> bool:
-        return not self._thread.is_alive()
-
-    def wait(self) -> SaveResult:
-        """Join the save; its result, or its error raised here. Calling it again gives the same answer."""
-        self._thread.join()
-        if self._error is not None:
-            if isinstance(self._error, CheckpointError):
-                raise self._error
-            raise CheckpointError(f"background checkpoint save failed: {self._error!r}") from self._error
-        assert self._result is not None
-        return self._result
-
-
 class CheckpointStore:
     def __init__(self, root: Path, comm: Comm, *, keep_last: int = 3, keep_every: int | None = None,
                  token: str = "0", threads: int = 4, guard: Callable[[], None] | None = None) -> None:
-        if keep_last < 1:
-            raise ValueError(f"keep_last={keep_last}: keep at least the newest checkpoint (>= 1)")
-        if keep_every is not None and keep_every < 1:
-            raise ValueError(f"keep_every={keep_every}: a number of steps (>= 1), or None for no milestones")
         self.root = root
         self.comm = comm
-        self.keep_last = keep_last
-        self.keep_every = keep_every
         self.threads = threads
         self._token = token  # job id and restart: a temp dir name no earlier attempt used
         self._seq = 0
         self._stager = sharded.Stager()
         #: The background save in flight, if any.
         self.pending: PendingSave | None = None
-        #: Rank 0 calls it before it changes what is in the directory (commit, pruning, clearing leftovers): it
-        #: raises when this job no longer holds the directory (:mod:`slurmrt.checkpoint.lease`).
-        self.guard: Callable[[], None] | None = guard
+        #: ``guard``: rank 0 calls it before it changes what is in the directory (commit, pruning, clearing
+        #: leftovers); it raises when this job no longer holds the directory (:mod:`slurmrt.checkpoint.lease`).
+        self.retention = Retention(root, keep_last=keep_last, keep_every=keep_every, guard=guard)
         self._committed: set[int] = set()  # steps this store committed: sound, written by this run
-        self._damaged: set[int] = set()  # steps load_latest found damaged: they never count as kept
 
     # -- saving ----------------------------------------------------------------------------------------------------
     def save(self, state: dict[str, Any] | SaveFn | Staged, step: int, *, blocking: bool = True,
@@ -220,7 +162,7 @@ class CheckpointStore:
             kind, files = self._write(state, tmp, local)
         except Exception as err:  # disk full, permission denied, an unpicklable object: all ranks must hear of it
             # torch.save reports a failed write as "unexpected pos ...", hiding ENOSPC/EFBIG: show the free space.
-            error = f"rank {rank}: {err!r} ({_free_space(self.root)}){_fix(err, self.root)}"
+            error = f"rank {rank}: {err!r} ({free_space(self.root)}){failure_advice(err, self.root)}"
             logger.exception("checkpoint step %d: writing failed on rank %d: %s", step, rank, err)
         reports: list[tuple[str | None, str, dict[str, FileInfo]]] = self.comm.all_gather((error, kind, files))
         errors = [e for e, _, _ in reports if e]
@@ -257,7 +199,7 @@ class CheckpointStore:
                 step=step,
             )
         self._committed.add(step)
-        self._damaged.discard(step)
+        self.retention.damaged.discard(step)
         return SaveResult(step=step, path=final, seconds=_clock.mono() - start, bytes=size, started=started)
 
     def _prepare(self, tmp: Path, step: int, kind: str, parts: list[dict[str, FileInfo]]) -> int:
@@ -290,14 +232,14 @@ class CheckpointStore:
         or did not resume from, and the save in hand is sound. The damaged copy is renamed out of sight first; a
         SIGKILL between the two renames loses only that damaged copy (the new one waits in ``tmp``, and the older
         checkpoints are untouched)."""
-        if self.guard is not None:
-            self.guard()
+        if self.retention.guard is not None:
+            self.retention.guard()
         if final.exists() and step in self._committed:
             logger.info("checkpoint %s already exists (committed by this run); keeping it", final.name)
             shutil.rmtree(tmp, ignore_errors=True)
             return False
         if final.exists():
-            damaged = "it was found damaged" if step in self._damaged else "an earlier run wrote it"
+            damaged = "it was found damaged" if step in self.retention.damaged else "an earlier run wrote it"
             logger.warning("checkpoint %s exists (%s): replacing it with this run's sound save", final.name, damaged)
             old = self.root / f".tmp-step_{step:09d}-{self._token}-{self._seq}-replaced"
             os.rename(final, old)
@@ -318,55 +260,9 @@ class CheckpointStore:
             logger.warning("checkpoint %s is committed, but `latest` could not be updated (%s); it is only a hint "
                            "for people and tools: load_latest() finds the checkpoint without it", final.name, err)
         try:
-            self._prune()
+            self.retention.prune(f"{self._token}-{self._seq}")
         except Exception:  # noqa: BLE001 - the save succeeded; pruning is retried at the next one
             logger.exception("pruning after %s failed; old checkpoints are kept until the next save", final.name)
-
-    def _prune(self) -> None:
-        """Keep the ``keep_last`` newest sound checkpoints (:meth:`_prunable`), and every milestone (a step that
-        is a multiple of ``keep_every``), which pruning never deletes."""
-        self._clear_leftovers()  # the current attempt has none in flight: its directory was just renamed
-        doomed = []
-        for step in self._prunable(self._complete_steps()):
-            # Out of sight first, by rename: a SIGKILL in the middle of the deletion (seen in the SIGKILL trials)
-            # would otherwise leave a committed-looking directory whose manifest outlived some of its files.
-            target = self.root / f".tmp-step_{step:09d}-{self._token}-{self._seq}-pruned"
-            try:
-                os.rename(self.root / f"step_{step:09d}", target)
-            except OSError as err:  # the new checkpoint is committed: a failed pruning must not say otherwise
-                logger.warning("checkpoint step_%09d could not be pruned, it is kept: %s", step, err)
-                continue
-            doomed.append(target)
-        if doomed:
-            fsync_dir(self.root)  # the renames are on disk before any file is unlinked
-        for entry in doomed:
-            shutil.rmtree(entry, ignore_errors=True)
-
-    def _prunable(self, complete: list[int]) -> list[int]:
-        """The steps pruning deletes, of the committed ``complete`` (newest first): those past the ``keep_last``
-        newest sound ones. A checkpoint found damaged never counts as kept, so damage cannot push the newest sound
-        checkpoint out of the window; milestones are never deleted."""
-        kept = 0
-        doomed = []
-        for step in complete:
-            if kept < self.keep_last:
-                kept += step not in self._damaged
-                continue
-            if self.keep_every is not None and step % self.keep_every == 0:
-                continue
-            doomed.append(step)
-        return doomed
-
-    def _clear_leftovers(self) -> None:
-        """Remove the partial saves and interrupted deletions of earlier attempts (killed by SIGKILL), and the
-        temporary files of an interrupted ``latest`` update; rank 0 only, when none of this attempt's saves is in
-        flight, and only while this job holds the directory (the guard)."""
-        if self.guard is not None:
-            self.guard()
-        for entry in self.root.glob(".tmp-step_*"):
-            shutil.rmtree(entry, ignore_errors=True)
-        for entry in leftover_tmp_files(self.root, "latest"):
-            entry.unlink(missing_ok=True)
 
     # -- loading ---------------------------------------------------------------------------------------------------
     def _complete_steps(self) -> list[int]:
@@ -385,7 +281,7 @@ class CheckpointStore:
         if self.comm.rank == 0:
             # Before the broadcast, so before any rank's next save: a run outside Slurm has the same token every
             # time, and its first save would otherwise write into an earlier attempt's half-written directory.
-            self._clear_leftovers()
+            self.retention.clear_leftovers()
         candidates: list[int] = self.comm.broadcast(self._complete_steps() if self.comm.rank == 0 else None)
         for step in candidates:
             path = self.root / f"step_{step:09d}"
@@ -404,7 +300,7 @@ class CheckpointStore:
                 # real progress after keep_last saves, so refuse on every rank.
                 raise CheckpointError(incompatible[0], step=step)
             problems_text = [message for _, message in problems]
-            self._damaged.add(step)  # it never counts as kept, and a sound save of its step replaces it
+            self.retention.damaged.add(step)  # it never counts as kept, and a sound save of its step replaces it
             if self.comm.rank == 0:
                 logger.warning("checkpoint %s is unusable, trying an older one: %s", path, "; ".join(problems_text))
         return None
@@ -477,27 +373,5 @@ def _torch_load(file: Path) -> Any:
         return torch.load(f, map_location="cpu", weights_only=False)
 
 
-class _Incompatible(Exception):
+class _Incompatible(CheckpointError):
     """The checkpoint is sound but cannot be loaded by this run (another world size)."""
-
-
-_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
-_DENIED = {errno.EACCES, errno.EPERM, errno.EROFS}
-
-
-def _fix(err: BaseException, root: Path) -> str:
-    """The fix for the errors whose fix is known (a full disk, a refused write); nothing for the others -- a bug in
-    a saver is not cured by freeing space. torch.save turns a full disk into "unexpected pos": that counts too."""
-    if isinstance(err, OSError) and err.errno in _FULL or "unexpected pos" in str(err):
-        return f"; fix: free space (or raise the quota) in {root}"
-    if isinstance(err, OSError) and err.errno in _DENIED:
-        return f"; fix: let the job write to {root} (permissions, a read-only mount)"
-    return ""
-
-
-def _free_space(path: Path) -> str:
-    try:
-        free = shutil.disk_usage(path).free
-    except OSError:
-        return "free space unknown"
-    return f"{free / 2**30:.2f} GiB free in {path}"

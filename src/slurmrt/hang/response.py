@@ -37,7 +37,7 @@ HURRIED_S = 3.0
 
 __all__ = ["HURRIED_S", "HangResponse", "all_stacks", "exit_now", "is_peer_failure", "requeue_and_exclude", "unhealthy"]
 
-logger = logging.getLogger("slurmrt.hang")
+logger = logging.getLogger(__name__)
 
 
 def all_stacks() -> str:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import enum
 import os
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypedDict
 
@@ -90,6 +90,12 @@ class Topology:
         if self.array_job_id and self.array_task_id:
             return f"{self.array_job_id}_{self.array_task_id}"
         return self.job_id
+
+    def apply(self, environ: MutableMapping[str, str]) -> None:
+        """Export :meth:`exports` into ``environ`` (``os.environ``): the one place slurmrt sets them. A launcher's
+        value is never overwritten (they agree: slurmrt derived its own from it)."""
+        for key, value in self.exports().items():
+            environ.setdefault(key, value)
 
     def exports(self) -> dict[str, str]:
         """The variables ``torch.distributed.init_process_group("env://")`` reads."""

@@ -12,7 +12,7 @@ import enum
 import json
 import logging
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -62,6 +62,16 @@ class EventLog:
         self._paths = [p for p in dict.fromkeys((path, copy)) if p is not None]
         self._made: set[Path] = set()  # directories known to exist: no mkdir per event
         self._unlocked: set[Path] = set()  # logs whose lock someone else held for LOCK_TIMEOUT_S
+
+    @classmethod
+    def for_job(cls, path: Path | None, directory: Path | None, *, job: str | None, restart: int, rank: int,
+                env: Mapping[str, str]) -> EventLog:
+        """The job's event log: ``path`` when given, else ``events-<job>.jsonl`` (``events-local.jsonl`` outside
+        Slurm) in the checkpoint directory; none without either. ``slurmrt sim`` asks for a copy (COPY_ENV)."""
+        if path is None and directory is not None:
+            path = directory / f"events-{job or 'local'}.jsonl"
+        return cls(path, job=job, restart=restart, rank=rank,
+                   copy=Path(env[COPY_ENV]) if env.get(COPY_ENV) else None)
 
     def emit(self, event: Event, *, durable: bool = True, **data: Any) -> None:
         """Append one event under the file's lock. ``durable``: fsync before returning (what the job's story rests

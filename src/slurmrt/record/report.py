@@ -15,7 +15,7 @@ from .events import Event, EventLog
 
 __all__ = ["Reporter"]
 
-logger = logging.getLogger("slurmrt.runtime")
+logger = logging.getLogger(__name__)
 
 
 class Reporter:

@@ -153,6 +153,24 @@ class Budget:
         return time_is_short(now=now, end=end, step_s=step_s, steps_ahead=steps_ahead, save_s=save_s,
                              margin_s=self.margin_s, worst_step_s=worst, saves=saves)
 
+    def phase_fits(self, *, now: float, end: float, phase_s: float) -> bool:
+        """A phase of ``phase_s`` and then a save (and the margin) still fit before ``end``: the one formula
+        (:func:`horizon`) with the phase in place of steps."""
+        save_s = self.saves.estimate() or 0.0
+        return now + phase_s + horizon(step_s=None, steps_ahead=0, save_s=save_s, margin_s=self.margin_s) < end
+
+    @classmethod
+    def from_options(cls, *, margin_s: float, save_time_s: float, kill_wait_s: float, measured_step_s: float | None,
+                     measured_save_s: float | None) -> Budget:
+        """A run's budget: what the earlier runs of the job measured stands in until this run measures its own (a
+        requeued run does not start from the default save time, and skip a save that takes 2 s, nor without a
+        step time)."""
+        if measured_step_s is not None or measured_save_s is not None:
+            logger.info("earlier runs of the job measured a step of %s s and a save of %s s", measured_step_s,
+                        measured_save_s)
+        return cls(margin_s=margin_s, save_time_s=measured_save_s or save_time_s, kill_wait_s=kill_wait_s,
+                   step_time_s=measured_step_s)
+
     def save_fits_after_term(self, *, now: float, term_time: float, steps_ahead: int) -> bool:
         """After SIGTERM at ``term_time``, a save still fits before SIGKILL (``kill_wait_s`` later, Slurm's
         KillWait) once the steps that may still run are done, with a second to spare."""

@@ -1,0 +1,79 @@
+"""Retention: which committed checkpoints a directory keeps, and the removal of what is not a checkpoint.
+
+The ``keep_last`` newest sound checkpoints are kept, and every milestone (a step that is a multiple of
+``keep_every``). A checkpoint found damaged never counts as kept, so damage cannot push the newest sound checkpoint
+out of the window. Deletion renames a checkpoint out of sight before it unlinks a file: a SIGKILL in the middle of
+an ``rmtree`` once left a committed-looking directory whose manifest outlived some of its files.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+from ._files import fsync_dir, leftover_tmp_files
+from .manifest import complete_steps
+
+__all__ = ["Retention"]
+
+logger = logging.getLogger(__name__)
+
+
+class Retention:
+    def __init__(self, root: Path, *, keep_last: int, keep_every: int | None,
+                 guard: Callable[[], None] | None = None) -> None:
+        if keep_last < 1:
+            raise ValueError(f"keep_last={keep_last}: keep at least the newest checkpoint (>= 1)")
+        if keep_every is not None and keep_every < 1:
+            raise ValueError(f"keep_every={keep_every}: a number of steps (>= 1), or None for no milestones")
+        self.root, self.keep_last, self.keep_every = root, keep_last, keep_every
+        #: Raises when this job no longer holds the directory (:mod:`slurmrt.checkpoint.lease`): called before
+        #: anything is deleted.
+        self.guard = guard
+        #: Steps found damaged (by a load): they never count as kept.
+        self.damaged: set[int] = set()
+
+    def prune(self, suffix: str) -> None:
+        """Delete what :meth:`prunable` names; ``suffix`` makes the names of this attempt's deletions unique.
+        Rank 0 only, right after a commit (none of this attempt's saves in flight)."""
+        self.clear_leftovers()
+        doomed = []
+        for step in self.prunable(complete_steps(self.root)):
+            target = self.root / f".tmp-step_{step:09d}-{suffix}-pruned"
+            try:
+                os.rename(self.root / f"step_{step:09d}", target)
+            except OSError as err:  # the new checkpoint is committed: a failed pruning must not say otherwise
+                logger.warning("checkpoint step_%09d could not be pruned, it is kept: %s", step, err)
+                continue
+            doomed.append(target)
+        if doomed:
+            fsync_dir(self.root)  # the renames are on disk before any file is unlinked
+        for entry in doomed:
+            shutil.rmtree(entry, ignore_errors=True)
+
+    def prunable(self, complete: list[int]) -> list[int]:
+        """The steps pruning deletes, of the committed ``complete`` (newest first)."""
+        kept = 0
+        doomed = []
+        for step in complete:
+            if kept < self.keep_last:
+                kept += step not in self.damaged
+                continue
+            if self.keep_every is not None and step % self.keep_every == 0:
+                continue
+            doomed.append(step)
+        return doomed
+
+    def clear_leftovers(self) -> None:
+        """Remove the partial saves and interrupted deletions of earlier attempts (killed by SIGKILL), and the
+        temporary files of an interrupted ``latest`` update; rank 0 only, when none of this attempt's saves is in
+        flight, and only while this job holds the directory (the guard)."""
+        if self.guard is not None:
+            self.guard()
+        for entry in self.root.glob(".tmp-step_*"):
+            shutil.rmtree(entry, ignore_errors=True)
+        for entry in leftover_tmp_files(self.root, "latest"):
+            entry.unlink(missing_ok=True)

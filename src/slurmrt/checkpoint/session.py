@@ -1,0 +1,109 @@
+"""The checkpoint session of one run: its saves and loads, between the training loop and the store.
+
+The store (:class:`~slurmrt.checkpoint.store.CheckpointStore`) knows the commit and load protocol; the session knows
+the run: the store is made on the first save or load (on slurmrt's work group, with a temporary-directory token no
+earlier attempt used, and the lease's guard), a stop's saves are blocking and skipped when SIGTERM left too little
+time, a background save's result is taken when it is ready, and every save's time goes into the deadline's budget.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from .._comm import Comm
+from .._errors import CheckpointError, ConfigError
+from ..options import Options
+from ..record.report import Reporter
+from ..stop.deadline import Budget
+from ..stop.decision import StopDecision
+from .background import PendingSave, SaveResult, Staged
+from .store import CheckpointStore, Loaded, SaveFn
+
+__all__ = ["CheckpointSession"]
+
+logger = logging.getLogger(__name__)
+
+
+class CheckpointSession:
+    def __init__(self, directory: Path | None, options: Options, report: Reporter, budget: Budget, *, token: str,
+                 work: Callable[[], Comm], guard: Callable[[], None] | None = None) -> None:
+        """``token`` names this attempt's temporary directories (job id and restart); ``work`` opens slurmrt's
+        work group on first use; ``guard`` raises when this job no longer holds the directory."""
+        self.directory, self.options, self._report, self._budget = directory, options, report, budget
+        self._token, self._work, self._guard = token, work, guard
+        self._store: CheckpointStore | None = None
+        self._background: PendingSave | None = None
+        #: The step of the checkpoint load_latest() resumed from; None before it, or on a fresh start.
+        self.resumed_step: int | None = None
+        #: This rank's ``local`` state of that checkpoint; None if none was saved, or if it could not be restored.
+        self.local_state: Any = None
+        self.loaded = False  #: True once load_latest() was called
+
+    def _get_store(self) -> CheckpointStore:
+        if self._store is None:
+            if self.directory is None:
+                raise ConfigError(
+                    "save() and load_latest() need a checkpoint directory: pass slurmrt.init(checkpoint_dir=...) or "
+                    "set SLURMRT_CHECKPOINT_DIR (a path every node sees)",
+                )
+            o = self.options
+            self._store = CheckpointStore(self.directory, self._work(), keep_last=o.keep_last,
+                                          keep_every=o.keep_every, token=self._token, threads=o.save_threads,
+                                          guard=self._guard)
+        self.settle()  # the store waits for a background save anyway; take its result first
+        return self._store
+
+    def save(self, state: dict[str, Any] | SaveFn | Staged, *, step: int, blocking: bool, local: Any,
+             decision: StopDecision | None) -> bool:
+        """See :meth:`slurmrt.Runtime.save`; ``decision``: the agreed stop, if any (its saves are blocking)."""
+        if decision is not None and not decision.save:
+            self._report.save_skipped(step, self._budget.saves.estimate())
+            return False
+        got = self._get_store().save(state, step, blocking=blocking or decision is not None, local=local)
+        if isinstance(got, PendingSave):
+            self._background = got
+        else:
+            self._saved(got, blocking=True, periodic=decision is None)
+        return True
+
+    def poll(self) -> None:
+        """Take a finished background save's result (the per-step path: one attribute test while none is done)."""
+        if self._background is not None and self._background.done():
+            self.settle()
+
+    def settle(self) -> None:
+        """Take the background save's result, waiting for it if needed. Its error stays with the store, which
+        raises it at its next call: the next save, load_latest() or finish()."""
+        pending, self._background = self._background, None
+        if pending is not None:
+            with contextlib.suppress(CheckpointError):
+                self._saved(pending.wait(), blocking=False, periodic=True)
+
+    def wait(self) -> bool:
+        """Wait for a background save, if any; False when it failed (logged here)."""
+        if self._store is None:
+            return True
+        try:
+            self._get_store().wait()
+        except CheckpointError as err:
+            logger.error("the last background checkpoint failed: %s", err)
+            return False
+        return True
+
+    def _saved(self, result: SaveResult, *, blocking: bool, periodic: bool) -> None:
+        self._budget.save_done(result.seconds, started=result.started, periodic=periodic)
+        self._report.saved(result, blocking=blocking)
+
+    def load_latest(self, *, into: dict[str, Any] | None, verify: bool, rank: int) -> Loaded | None:
+        got = self._get_store().load_latest(into=into, verify=verify)
+        self.resumed_step = got.step if got is not None else None
+        self.local_state = got.local if got is not None else None
+        if got is not None and got.local_lost is not None:
+            logger.warning("rank %d: %s", rank, got.local_lost)
+        self.loaded = True
+        self._report.loaded((got.step, got.state) if got is not None else None)
+        return got

@@ -1,0 +1,144 @@
+"""The hang monitor of one run: the watchdog, the census, the response and the start-up barrier, wired together.
+
+``init()`` builds one; the :class:`~slurmrt.Runtime` only hands it the first collective and the uncaught exception
+that ends the program. Detection (:class:`~slurmrt.hang.watchdog.Watchdog`, polled on the watcher thread) stays apart
+from the response (:class:`~slurmrt.hang.response.HangResponse`); this class gives both what they ask about the run:
+the last agreed step, whether the kill switch was seen, whether SIGTERM came, and the census in the rendezvous store.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import functools
+import logging
+import re
+import signal
+from collections.abc import Callable
+from typing import Any
+
+from .._comm import torch_distributed
+from ..launch.topology import Topology
+from ..options import Options
+from ..outcome.policy import ExitCode
+from ..record.events import EventLog
+from ..stop.agreement import Agreement
+from ..stop.deadline import Budget
+from ..stop.decision import Reason
+from ..stop.killswitch import KillSwitch, cancel_and_exit
+from ..stop.signals import SignalRecorder
+from .census import Census, CensusError
+from .response import HangResponse, exit_now, is_peer_failure, unhealthy
+from .watchdog import Activity, PhaseTimes, Watchdog
+
+__all__ = ["HangMonitor"]
+
+logger = logging.getLogger(__name__)
+
+#: Rank 0 learns which ranks missed the start-up barrier from torch's message ("Ranks 1, 3 failed to pass
+#: monitoredBarrier"); the others only that rank 0 gave up.
+_MISSED = re.compile(r"Ranks? ([\d, ]+) failed")
+
+
+class HangMonitor:
+    def __init__(self, topology: Topology, options: Options, events: EventLog, *, signals: SignalRecorder,
+                 kill_switch: KillSwitch | None, agreement: Callable[[], Agreement | None]) -> None:
+        self.topology, self.options, self.events = topology, options, events
+        self._signals = signals
+        self._switch = kill_switch
+        self._agreement = agreement
+        self._census: Census | None | bool = False  # False: not looked for yet
+        self._response: HangResponse | None = None
+
+    def watchdog(self, budget: Budget, phases: PhaseTimes, *, heartbeat: Callable[[], float],
+                 activity: Callable[[], Activity | None]) -> Watchdog:
+        """The watchdog to poll on the watcher thread, and the response it calls when the run is hung."""
+        o = self.options
+        self._response = HangResponse(
+            self.topology, o, self.events, kill_switch_seen=self.kill_switch_seen, last_step=self._last_step,
+            census=self.census, census_wait_s=max(10.0, 3 * o.kill_switch_poll_s),
+            terminating=lambda: signal.SIGTERM in self._signals.first_seen,
+            cancel=functools.partial(cancel_and_exit, o.kill_switch, self.topology.requeue_id)
+            if o.kill_switch else None)
+        return Watchdog(budget, phases, heartbeat=heartbeat, activity=activity, on_hang=self._response.hung,
+                        floor_s=o.hang_floor_s, startup_s=o.startup_timeout_s, fixed_s=o.hang_timeout_s,
+                        probe=self._probe)
+
+    def _last_step(self) -> int | None:
+        agreement = self._agreement()
+        return agreement.last_step if agreement is not None else None
+
+    def kill_switch_seen(self) -> bool:
+        """Seen by this rank's poller, or by any rank (through the agreed decision)."""
+        if self._switch is not None and self._switch.seen is not None:
+            return True
+        agreement = self._agreement()
+        decision = agreement.decision if agreement is not None else None
+        return decision is not None and Reason.KILL_SWITCH in decision.reasons
+
+    def census(self) -> Census | None:
+        """This run's census, in the store of torch.distributed's default group; None for one process."""
+        if self._census is False:
+            self._census = None
+            dist = torch_distributed()
+            if self.topology.world_size > 1 and dist is not None and dist.is_available() and dist.is_initialized():
+                try:
+                    # A private API, and the only way to the rendezvous store torch already opened: a census in a
+                    # collective would wait for the very rank that hangs.
+                    store = dist.distributed_c10d._get_default_store()
+                except Exception as err:  # noqa: BLE001 - without it, no census
+                    logger.warning("no rendezvous store for the hang census: %s", err)
+                    store = None
+                if store is not None:
+                    t = self.topology
+                    self._census = Census(store, prefix=f"slurmrt/{t.requeue_id or 'local'}/{t.restart_count}/",
+                                          rank=t.rank, world=t.world_size)
+        return self._census if isinstance(self._census, Census) else None
+
+    def _probe(self, idle_s: float) -> None:
+        """The training thread is stalled: did another rank find the job hung? Then answer its census, and exit."""
+        census = self.census()
+        try:
+            opened = census is not None and census.is_open()
+        except CensusError:
+            return  # this rank's own watchdog acts when its allowance runs out
+        if opened and self._response is not None:
+            self._response.joined(idle_s)
+
+    def uncaught(self, err: BaseException | None) -> None:
+        """The program ends on ``err``: when it says a peer is gone, name the peer and requeue without its node."""
+        if self._response is None or self.topology.world_size == 1 or err is None:
+            return
+        if is_peer_failure(err):
+            self._response.lost_peer(err)
+        self._response.crashed(err)
+
+    def first_collective(self, control: Any) -> None:
+        """slurmrt's groups were just opened (every rank at the same point): place this rank's node in the census,
+        and with the health check, pass a barrier over every rank within the floor."""
+        census = self.census()
+        if census is not None:
+            try:
+                census.register(self.topology.hostname)
+            except CensusError as err:
+                logger.warning("%s", err)
+        if self.options.health_check and control is not None:
+            self._barrier(control, census)
+
+    def _barrier(self, group: Any, census: Census | None) -> None:
+        import torch.distributed as dist
+
+        floor = self.options.hang_floor_s
+        try:
+            dist.monitored_barrier(group=group, timeout=datetime.timedelta(seconds=floor), wait_all_ranks=True)
+        except RuntimeError as err:
+            found = _MISSED.search(str(err))
+            ranks = [int(r) for r in re.findall(r"\d+", found.group(1))] if found else []
+            nodes: list[str] = []
+            if ranks and census is not None:
+                with contextlib.suppress(CensusError):
+                    nodes = sorted(set(census.nodes(ranks).values()))
+            failures = [f"the start-up barrier did not complete in {floor:.0f} s: {err}"]
+            if self.topology.rank == 0:
+                unhealthy(self.topology, self.options, self.events, failures, nodes=nodes)
+            exit_now(ExitCode.UNHEALTHY)

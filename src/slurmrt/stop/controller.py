@@ -1,0 +1,180 @@
+"""The stop controller: the step clock, the agreement on when to stop, phases, and what the training thread does.
+
+``should_stop(step)`` is the per-step path: a clock read and a comparison on most steps. It measures the step time
+(the deadline's input), records progress for the timeline, takes a finished background save's result, reports new
+signals, and asks the agreement (:mod:`slurmrt.stop.agreement`), whose thread runs the rounds. Phases
+(``rt.phase``) are timed here too, and left out of the step time. The activity and the heartbeat are this
+controller's state, read by the hang watchdog on the watcher thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterator
+
+from .. import _clock
+from .._comm import Groups
+from ..hang.watchdog import Activity, PhaseTimes
+from ..launch.topology import Topology
+from ..options import Options
+from ..record.report import Reporter
+from .agreement import Agreement, DistributedAgreement, LocalAgreement
+from .deadline import Budget, EndTime
+from .decision import Contribution, Reason, StopDecision, contribution
+from .killswitch import KillSwitch
+from .signals import SignalRecorder
+
+__all__ = ["StopController"]
+
+logger = logging.getLogger(__name__)
+
+
+class StopController:
+    def __init__(self, topology: Topology, options: Options, report: Reporter, *, budget: Budget, end_time: EndTime,
+                 signals: SignalRecorder, kill_switch: KillSwitch | None, phases: PhaseTimes | None = None,
+                 groups: Callable[[], Groups], watch: Callable[[Agreement], None] = lambda agreement: None,
+                 poll_saves: Callable[[], None] = lambda: None, settle_saves: Callable[[], None] = lambda: None
+                 ) -> None:
+        """``groups`` opens slurmrt's groups (collectively) on first use; ``watch`` is told the agreement (for the
+        exit hooks); ``poll_saves`` takes a finished background save's result (per step, cheap) and
+        ``settle_saves`` waits for it (before a collective on the work group, which is the save's until it ends)."""
+        self.topology, self.options, self._report = topology, options, report
+        self.budget, self._end, self._signals, self._switch = budget, end_time, signals, kill_switch
+        self.phases = phases or PhaseTimes()
+        self._groups, self._watch = groups, watch
+        self._poll_saves, self._settle_saves = poll_saves, settle_saves
+        self._last_tick: float | None = None
+        self.heartbeat = _clock.mono()  #: monotonic time of the last step boundary
+        #: What the training thread does (the watchdog's view); changed at saves, loads and phases, not per step.
+        #: None until the first should_stop: a program that never reports steps (Megatron-LM's own loop behind
+        #: the bridge) is not watched between them, only in its saves, loads and phases.
+        self.activity: Activity | None = None
+        rank0 = topology.rank == 0 and options.progress_s is not None
+        self._next_progress = 0.0 if rank0 else float("inf")  # rank 0 records its progress, from the first step
+        self.agreement: Agreement | None = None
+        self.decision: StopDecision | None = None
+
+    # -- the per-step path -----------------------------------------------------------------------------------------
+    def should_stop(self, step: int, *, before: str | None = None) -> bool:
+        now = _clock.mono()
+        if self._last_tick is not None:
+            self.budget.step_done(now - self._last_tick)
+        self.heartbeat = now
+        if now >= self._next_progress:
+            self._progress(step, now)
+        self._poll_saves()
+        if len(self._signals.first_seen) != self._report.signals_reported:  # no call on the per-step path
+            self._report.new_signals(self._signals)
+        agreement = self.agreement or self._start_agreement()
+        stop = agreement.should_stop(step)
+        if stop and self.decision is None:
+            assert agreement.decision is not None
+            self._decided(agreement.decision)
+        if before is not None and not stop:
+            stop = self._phase_unfit(before, step)
+        # The step clock restarts when this call returns: a wait for the agreement is not step time. Counting it
+        # made slow rounds look like slow steps, which shrank the window and made training wait again.
+        self._last_tick = _clock.mono()
+        return stop
+
+    def _progress(self, step: int, now: float) -> None:
+        assert self.options.progress_s is not None
+        self._next_progress = now + self.options.progress_s
+        self._report.progress(step, self.budget.steps.estimate())
+
+    def _start_agreement(self) -> Agreement:
+        self.activity = Activity("step", _clock.mono())  # the first step boundary: the start is over
+        groups = self._groups()
+        if groups.control is None:
+            self.agreement = LocalAgreement(self._contribute)
+        else:
+            self.agreement = DistributedAgreement(self._contribute, groups.control,
+                                                  step_estimate=self.budget.steps.estimate)
+            self._watch(self.agreement)
+        return self.agreement
+
+    def _contribute(self, step: int, steps_ahead: int, agreed_end: float | None) -> Contribution:
+        """This rank's view, read by the agreement (its thread, or the training thread for one process)."""
+        return contribution(now=_clock.wall(), step=step, steps_ahead=steps_ahead,
+                            signals=dict(self._signals.first_seen), kill_switch_seen=self._switch_seen(),
+                            own_end=self._end.value, agreed_end=agreed_end, budget=self.budget,
+                            deadline=self.options.deadline)
+
+    def _switch_seen(self) -> bool:
+        return self._switch is not None and self._switch.seen is not None
+
+    def _decided(self, decision: StopDecision) -> None:
+        self.decision = decision
+        self._report.decision(decision, steps_measured=len(self.budget.steps), step_s=self.budget.steps.estimate(),
+                              save_s=self.budget.saves.estimate(), margin_s=self.options.deadline_margin_s)
+
+    # -- phases ----------------------------------------------------------------------------------------------------
+    def _phase_unfit(self, name: str, step: int) -> bool:
+        """Agree whether phase ``name`` still fits before the end; True: stop at ``step``, before it."""
+        phase_s, end = self.phases.get(name), self.end_time
+        unfit = phase_s is not None and end is not None and self.options.deadline and \
+            not self.budget.phase_fits(now=_clock.wall(), end=end, phase_s=phase_s)
+        self._settle_saves()
+        if self._groups().work.all_ok(not unfit):
+            return False
+        if self.decision is None:
+            logger.warning("phase %r (%.0f s measured) no longer fits before the end: stopping before it", name,
+                           phase_s or 0.0)
+            self._decided(StopDecision(step, frozenset({Reason.DEADLINE}), True, end, None))
+        return True
+
+    @contextlib.contextmanager
+    def phase(self, name: str, *, timeout_s: float | None = None) -> Iterator[None]:
+        outer = self.activity
+        start = _clock.mono()
+        self.activity = Activity("phase", start, name, timeout_s)
+        ok = False
+        try:
+            yield
+            ok = True
+        finally:
+            seconds = _clock.mono() - start
+            if ok:
+                self.phases.add(name, seconds)
+                self._report.phase(name, seconds)
+            self.activity = outer.resumed(_clock.mono()) if outer else None
+            self.restart_step_clock()
+
+    @contextlib.contextmanager
+    def doing(self, kind: str) -> Iterator[None]:
+        """The training thread is in a save or a load: the watchdog gives it a save's allowance."""
+        outer = self.activity
+        self.activity = Activity(kind, _clock.mono())
+        try:
+            yield
+        finally:
+            self.activity = outer.resumed(_clock.mono()) if outer else None
+
+    def restart_step_clock(self) -> None:
+        self._last_tick = None
+        self.heartbeat = _clock.mono()
+
+    # -- the framework layer ---------------------------------------------------------------------------------------
+    def local_reasons(self) -> frozenset[Reason]:
+        c = contribution(now=_clock.wall(), step=0, steps_ahead=0, signals=dict(self._signals.first_seen),
+                         kill_switch_seen=self._switch_seen(), own_end=self._end.value, agreed_end=None,
+                         budget=self.budget, deadline=False)
+        return c.reasons
+
+    def stopped(self, reasons: frozenset[Reason], *, step: int, term_time: float | None = None) -> StopDecision:
+        gathered = self._groups().work.all_gather((sorted(r.value for r in reasons), term_time))
+        union = frozenset(Reason(v) for values, _ in gathered for v in values)
+        terms = [t for _, t in gathered if t is not None]
+        decision = StopDecision(step, union, True, self.end_time, min(terms) if terms else None)
+        if union:
+            self._decided(decision)
+        return decision
+
+    @property
+    def end_time(self) -> float | None:
+        return self._end.value or (self.agreement.end_time if self.agreement is not None else None)
+
+    def end_rounds(self) -> None:
+        if self.agreement is not None:
+            self.agreement.end_rounds()
