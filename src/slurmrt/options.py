@@ -9,7 +9,7 @@ import logging
 import math
 import os
 import signal
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -151,39 +151,60 @@ def _parse(name: str, value: Any) -> Any:
     text = value.strip().lower() if isinstance(value, str) else None
     if name in _OPTIONAL and text in _NONE:
         return None
-    if name in _PATHS:
-        if not isinstance(value, (str, os.PathLike)) or not str(value).strip():
-            raise ValueError("an empty path would be the current directory; give a path, or leave the option unset")
-        return Path(os.path.expanduser(str(value)))
-    if name in _INTS:
-        if isinstance(value, (bool, float)) or (text is not None and not text.lstrip("-").isdigit()):
-            raise ValueError("not a whole number")
-        number = int(value)
-        if number < _INTS[name]:
-            raise ValueError(f"must be at least {_INTS[name]}")
-        return number
-    if name in _FLOATS:
-        if isinstance(value, bool):
-            raise ValueError("not a number of seconds")
-        seconds = float(value)
-        if not math.isfinite(seconds) or seconds < _FLOATS[name]:
-            raise ValueError(f"seconds, at least {_FLOATS[name]:g} and finite"
-                             + (" (or 'none')" if name in _OPTIONAL else ""))
-        return seconds
-    if name in _BOOLS:
-        if isinstance(value, bool):
-            return value
-        if text in _TRUE or text in _FALSE:
-            return text in _TRUE
-        raise ValueError("use 1/true/yes/on or 0/false/no/off (an unknown word must not turn a protection off)")
-    if name == "signals":
-        items = value.replace(",", " ").split() if isinstance(value, str) else list(value)
-        signals = tuple(parse_signal(s) for s in items)
-        caught = sorted(s.name for s in signals if s in _UNCATCHABLE)
-        if caught:
-            raise ValueError(f"{', '.join(caught)} cannot be caught by any process; use USR1, USR2, TERM or INT")
-        return signals
-    if name == "megatron_args":
-        return tuple(str(a) for a in value) if isinstance(value, Sequence) and not isinstance(value, str) else \
-            tuple(str(value).split())
+    for names, parse in _PARSERS:
+        if name in names:
+            return parse(name, value, text)
     return value
+
+
+def _path(name: str, value: Any, text: str | None) -> Path:
+    if not isinstance(value, (str, os.PathLike)) or not str(value).strip():
+        raise ValueError("an empty path would be the current directory; give a path, or leave the option unset")
+    return Path(os.path.expanduser(str(value)))
+
+
+def _int(name: str, value: Any, text: str | None) -> int:
+    if isinstance(value, (bool, float)) or (text is not None and not text.lstrip("-").isdigit()):
+        raise ValueError("not a whole number")
+    number = int(value)
+    if number < _INTS[name]:
+        raise ValueError(f"must be at least {_INTS[name]}")
+    return number
+
+
+def _seconds(name: str, value: Any, text: str | None) -> float:
+    if isinstance(value, bool):
+        raise ValueError("not a number of seconds")
+    seconds = float(value)
+    if not math.isfinite(seconds) or seconds < _FLOATS[name]:
+        raise ValueError(f"seconds, at least {_FLOATS[name]:g} and finite" + (" (or 'none')" if name in _OPTIONAL
+                                                                                else ""))
+    return seconds
+
+
+def _bool(name: str, value: Any, text: str | None) -> bool:
+    if isinstance(value, bool):
+        return value
+    if text in _TRUE or text in _FALSE:
+        return text in _TRUE
+    raise ValueError("use 1/true/yes/on or 0/false/no/off (an unknown word must not turn a protection off)")
+
+
+def _signals(name: str, value: Any, text: str | None) -> tuple[signal.Signals, ...]:
+    items = value.replace(",", " ").split() if isinstance(value, str) else list(value)
+    signals = tuple(parse_signal(s) for s in items)
+    caught = sorted(s.name for s in signals if s in _UNCATCHABLE)
+    if caught:
+        raise ValueError(f"{', '.join(caught)} cannot be caught by any process; use USR1, USR2, TERM or INT")
+    return signals
+
+
+def _argv(name: str, value: Any, text: str | None) -> tuple[str, ...]:
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        return tuple(str(a) for a in value)
+    return tuple(str(value).split())
+
+
+_PARSERS: tuple[tuple[Any, Callable[[str, Any, str | None], Any]], ...] = (
+    (_PATHS, _path), (_INTS, _int), (_FLOATS, _seconds), (_BOOLS, _bool), ({"signals"}, _signals),
+    ({"megatron_args"}, _argv))

@@ -22,7 +22,7 @@ from .. import _slurm
 from .._errors import ConfigError
 from ..launch import cuda, health, preflight
 from ..launch.parallel import ParallelConfig
-from ..launch.topology import from_environ
+from ..launch.topology import Topology, from_environ
 from ..options import Options, unknown_variables
 from ..record.events import Event, read_events
 from ..stop.deadline import end_time_from_env, query_end_time
@@ -66,6 +66,22 @@ def doctor(env: Mapping[str, str], config: ParallelConfig, *, events_dirs: Itera
     for warning in topo.warnings:
         r.warn("launch", warning)
     gpus = cuda.node_gpu_count(env)
+    _launch_checks(r, env, topo, config, gpus)
+    if topo.job_id:
+        _time_check(r, env, topo.job_id)
+        _requeue_check(r, topo.job_id)
+    else:
+        r.warn("slurm", "not inside a Slurm job: time limit and requeue not checked")
+    _signal_check(r, events_dirs)
+    _gpu_check(r, env, config, gpus)
+    _shm_check(r)
+    if health_check:
+        _health_check(r, env, topo, gpus)
+    return r
+
+
+def _launch_checks(r: Report, env: Mapping[str, str], topo: Topology, config: ParallelConfig, gpus: int | None
+                   ) -> None:
     try:
         preflight.check(topo, config, node_gpus=gpus)
         r.ok("preflight", "node count, GPUs and parallel sizes agree")
@@ -83,11 +99,9 @@ def doctor(env: Mapping[str, str], config: ParallelConfig, *, events_dirs: Itera
         r.fail("options", f"{err}: init() refuses it")
     for name in unknown_variables(env):
         r.warn("options", f"{name} is set, but slurmrt reads no such variable (misspelt?)")
-    if topo.job_id:
-        _time_check(r, env, topo.job_id)
-        _requeue_check(r, topo.job_id)
-    else:
-        r.warn("slurm", "not inside a Slurm job: time limit and requeue not checked")
+
+
+def _signal_check(r: Report, events_dirs: Iterable[Path]) -> None:
     save_s = _max_save_seconds(events_dirs)
     if save_s is None:
         r.ok("signal", "no save measured yet (no event log): use --signal=USR1@120 or more")
@@ -95,36 +109,43 @@ def doctor(env: Mapping[str, str], config: ParallelConfig, *, events_dirs: Itera
         lead = max(60, math.ceil(2 * save_s + 60))
         r.ok("signal", f"the slowest save took {save_s:.1f} s: use --signal=USR1@{lead} (or more) so a save fits "
                        "even when Slurm's warning comes late")
+
+
+def _gpu_check(r: Report, env: Mapping[str, str], config: ParallelConfig, gpus: int | None) -> None:
     arch = cuda.gpu_arch_major() if gpus else None
     if arch is None:
         r.ok("gpu", "no GPU visible: CUDA_DEVICE_MAX_CONNECTIONS not relevant")
-    else:
-        r.ok("gpu", f"{gpus} GPU(s), compute capability {arch}.x")
-        try:
-            value = cuda.decide(env, arch, config)
-            shown = env.get(cuda.VARIABLE, "unset")
-            if value is None:
-                r.ok("cuda", f"{cuda.VARIABLE}={shown} agrees with the rules")
-            else:
-                r.warn("cuda", f"{cuda.VARIABLE}={shown}; slurmrt.init() will set {value} (or export it yourself)")
-        except ConfigError as err:
-            r.fail("cuda", str(err))
+        return
+    r.ok("gpu", f"{gpus} GPU(s), compute capability {arch}.x")
+    try:
+        value = cuda.decide(env, arch, config)
+        shown = env.get(cuda.VARIABLE, "unset")
+        if value is None:
+            r.ok("cuda", f"{cuda.VARIABLE}={shown} agrees with the rules")
+        else:
+            r.warn("cuda", f"{cuda.VARIABLE}={shown}; slurmrt.init() will set {value} (or export it yourself)")
+    except ConfigError as err:
+        r.fail("cuda", str(err))
+
+
+def _shm_check(r: Report) -> None:
     try:
         shm = shutil.disk_usage("/dev/shm").total
         (r.ok if shm >= 2**30 else r.warn)("/dev/shm", f"{shm / 2**30:.1f} GiB (NCCL and data loaders use it; "
                                                        "below 1 GiB they fail in odd ways)")
     except OSError:
         r.warn("/dev/shm", "missing: NCCL falls back or fails; mount a tmpfs there")
-    if health_check:
-        ckpt = env.get("SLURMRT_CHECKPOINT_DIR")
-        failures = health.check_node(env, checkpoint_dir=Path(ckpt) if ckpt else None, gpus=gpus or 0,
-                                     local_rank=topo.local_rank)
-        for failure in failures:
-            r.fail("health", f"{topo.hostname}: {failure}; exclude it: sbatch --exclude={topo.hostname}")
-        if not failures:
-            r.ok("health", f"{topo.hostname}: /dev/shm{', the checkpoint directory' if ckpt else ''}"
-                           f"{' and the GPU' if gpus else ''} pass slurmrt's health check")
-    return r
+
+
+def _health_check(r: Report, env: Mapping[str, str], topo: Topology, gpus: int | None) -> None:
+    ckpt = env.get("SLURMRT_CHECKPOINT_DIR")
+    failures = health.check_node(env, checkpoint_dir=Path(ckpt) if ckpt else None, gpus=gpus or 0,
+                                 local_rank=topo.local_rank)
+    for failure in failures:
+        r.fail("health", f"{topo.hostname}: {failure}; exclude it: sbatch --exclude={topo.hostname}")
+    if not failures:
+        r.ok("health", f"{topo.hostname}: /dev/shm{', the checkpoint directory' if ckpt else ''}"
+                       f"{' and the GPU' if gpus else ''} pass slurmrt's health check")
 
 
 def _time_check(r: Report, env: Mapping[str, str], job_id: str) -> None:

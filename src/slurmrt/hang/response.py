@@ -142,18 +142,7 @@ class HangResponse:
                          **detail)
         switch = self.kill_switch_seen()
         state = RankState(t.rank, t.hostname, step, waiting, where, round(idle, 1), kill_switch=switch)
-        census = self.census()
-        states: dict[int, RankState] = {t.rank: state}
-        store_lost = False
-        if census is not None:
-            try:
-                if not census.is_open():
-                    census.open()
-                census.answer(state)
-                states = census.collect(lambda: self._wait(self.census_wait_s))
-            except CensusError as err:
-                logger.error("%s: naming rank 0's node, whose process hosts the store", err)
-                store_lost = True
+        census, states, store_lost = self._gather(state)
         if switch or any(s.kill_switch for s in states.values()):
             if self.cancel is not None and t.local_rank == 0:
                 self.cancel(idle)
@@ -162,19 +151,7 @@ class HangResponse:
         if crash is not None:
             logger.error("%s: a software error, not a bad node; no exclusion, no requeue", crash)
             self._exit(ExitCode.FAILED)
-        nodes: dict[int, str] = {}
-        if census is None:  # no store to meet in (or one process): this rank knows only itself
-            suspects, why, lead = [], "no census (no rendezvous store): nobody can be named", True
-        elif store_lost:
-            suspects, why = [0], "the rendezvous store no longer answers: rank 0, which hosts it, is gone"
-            nodes = {0: t.nodelist[0]} if t.nodelist else {}
-            lead = t.local_rank == 0  # nobody can coordinate: one process per node requeues (the rest fail)
-        else:
-            suspects, why = name_suspects(states, t.world_size)
-            nodes = {r: states[r].node for r in suspects if r in states}
-            with contextlib.suppress(CensusError):
-                nodes.update(census.nodes(r for r in suspects if r not in nodes))
-            lead = min(states) == t.rank
+        suspects, why, nodes, lead = self._suspects(census, states, store_lost)
         if not lead:
             if census is not None and not store_lost:
                 with contextlib.suppress(CensusError):
@@ -192,6 +169,36 @@ class HangResponse:
                 census.finish(verdict)
                 census.wait_acknowledged(states, self._wait(10.0))  # this process may host the store
         self._exit(ExitCode.HUNG)
+
+    def _gather(self, state: RankState) -> tuple[Census | None, dict[int, RankState], bool]:
+        """Every rank's state through the census (only this rank's without one), and whether the store is lost."""
+        census = self.census()
+        if census is None:
+            return None, {state.rank: state}, False
+        try:
+            if not census.is_open():
+                census.open()
+            census.answer(state)
+            return census, census.collect(lambda: self._wait(self.census_wait_s)), False
+        except CensusError as err:
+            logger.error("%s: naming rank 0's node, whose process hosts the store", err)
+            return census, {state.rank: state}, True
+
+    def _suspects(self, census: Census | None, states: dict[int, RankState], store_lost: bool
+                  ) -> tuple[list[int], str, dict[int, str], bool]:
+        """(suspects, why, their nodes, whether this rank leads the response)."""
+        t = self.topology
+        if census is None:  # no store to meet in (or one process): this rank knows only itself
+            return [], "no census (no rendezvous store): nobody can be named", {}, True
+        if store_lost:  # nobody can coordinate: one process per node requeues (the rest fail)
+            nodes = {0: t.nodelist[0]} if t.nodelist else {}
+            return [0], "the rendezvous store no longer answers: rank 0, which hosts it, is gone", nodes, \
+                t.local_rank == 0
+        suspects, why = name_suspects(states, t.world_size)
+        nodes = {r: states[r].node for r in suspects if r in states}
+        with contextlib.suppress(CensusError):
+            nodes.update(census.nodes(r for r in suspects if r not in nodes))
+        return suspects, why, nodes, min(states) == t.rank
 
     def _wait(self, seconds: float) -> float:
         return min(seconds, HURRIED_S) if self.terminating() else seconds

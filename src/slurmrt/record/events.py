@@ -124,9 +124,17 @@ def read_events(path: Path) -> Iterator[dict[str, Any]]:
             yield event
 
 
-_INTS = ("restart", "step", "code", "count")
-_NUMBERS = ("seconds", "step_s", "save_s", "idle_s", "allowed_s", "end_time", "bytes")
-_STRINGS = ("job", "outcome", "name", "experiment", "why", "signal")
+def _reasons(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(r, str) for r in value)
+
+
+#: Each field's type, when present and not null: (fields, test, what it must be).
+_FIELDS: tuple[tuple[tuple[str, ...], Any, str], ...] = (
+    (("rank", "restart", "step", "code", "count"), lambda v: _integer(v), "an integer"),
+    (("seconds", "step_s", "save_s", "idle_s", "allowed_s", "end_time", "bytes"), lambda v: _number(v), "a number"),
+    (("job", "outcome", "name", "experiment", "why", "signal"), lambda v: isinstance(v, str), "a string"),
+    (("reasons",), _reasons, "a list of names"),
+)
 
 
 def malformed(event: Any) -> str | None:
@@ -140,21 +148,10 @@ def malformed(event: Any) -> str | None:
             datetime.fromisoformat(event["time"])
         except (TypeError, ValueError):
             return f"time {event['time']!r} is not ISO 8601"
-    rank = event.get("rank")
-    if rank is not None and not _integer(rank):
-        return f"rank {rank!r}"
-    for name in _INTS:
-        if event.get(name) is not None and not _integer(event[name]):
-            return f"{name} {event[name]!r} is not an integer"
-    for name in _NUMBERS:
-        if event.get(name) is not None and not _number(event[name]):
-            return f"{name} {event[name]!r} is not a number"
-    for name in _STRINGS:
-        if event.get(name) is not None and not isinstance(event[name], str):
-            return f"{name} {event[name]!r} is not a string"
-    reasons = event.get("reasons")
-    if reasons is not None and not (isinstance(reasons, list) and all(isinstance(r, str) for r in reasons)):
-        return f"reasons {reasons!r} is not a list of names"
+    for names, test, what in _FIELDS:
+        for name in names:
+            if event.get(name) is not None and not test(event[name]):
+                return f"{name} {event[name]!r} is not {what}"
     return None
 
 
@@ -183,9 +180,11 @@ class EventFollower:
         out = []
         for line in lines:
             try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
+                event = json.loads(line)
+            except (json.JSONDecodeError, RecursionError):
                 continue  # an empty line, or one cut short by a killed writer
+            if malformed(event) is None:
+                out.append(event)
         return out
 
 

@@ -178,6 +178,56 @@ def totals(life: JobLife) -> str:
             f"{duration(life.save_s)} ({life.checkpoints} checkpoint(s))")
 
 
+class _Canvas:
+    """A grid of characters, wall time across (``t0``..``t1``) and steps up (``s0``..``s1``)."""
+
+    def __init__(self, t0: float, t1: float, s0: int, s1: int, width: int, height: int) -> None:
+        self.t0, self.t1, self.s0, self.s1, self.width, self.height = t0, t1, s0, s1, width, height
+        self.grid = [[" "] * width for _ in range(height)]
+
+    def col(self, t: float) -> int:
+        return min(self.width - 1, int((t - self.t0) / max(self.t1 - self.t0, 1e-9) * (self.width - 1) + 0.5))
+
+    def row(self, step: int) -> int:
+        return self.height - 1 - min(self.height - 1,
+                                     int((step - self.s0) / max(self.s1 - self.s0, 1) * (self.height - 1) + 0.5))
+
+    def put(self, t: float, step: int, mark: str) -> None:
+        self.grid[self.row(step)][self.col(t)] = mark
+
+    def run(self, run: RunLife, following: RunLife | None) -> None:
+        mark = str(run.restart % 10)
+        if run.points:  # start-up: from the run's start to its first step
+            for c in range(self.col(run.start), self.col(run.points[0][0])):
+                self.grid[self.row(run.points[0][1])][c] = "-"
+        for (ta, sa), (tb, sb) in zip(run.points, run.points[1:] + run.points[-1:], strict=True):
+            a, b = self.col(ta), self.col(tb)
+            for c in range(a, b + 1):
+                step = round(sa + (0.0 if b == a else (c - a) / (b - a)) * (sb - sa))
+                lost = run.lost_after is not None and step > run.lost_after
+                self.grid[self.row(step)][c] = "!" if lost else mark
+        for t, step, _ in run.checkpoints:
+            self.put(t, step, "*")
+        if run.stop_time is not None and run.stop_step is not None:
+            self.put(run.stop_time, run.stop_step, "x")
+        if following is not None and run.points:
+            level = self.row(following.resumed_from if following.resumed_from is not None else self.s0)
+            for c in range(self.col(run.end) + 1, self.col(following.start)):
+                if self.grid[level][c] == " ":
+                    self.grid[level][c] = "."
+
+    def lines(self) -> list[str]:
+        label = len(str(self.s1))
+        out = []
+        for i, cells in enumerate(self.grid):
+            step_here = self.s1 if i == 0 else self.s0 if i == self.height - 1 else None
+            out.append(f"{'' if step_here is None else step_here:>{label}} |{''.join(cells).rstrip()}")
+        out.append(f"{'':>{label}} +{'-' * self.width}")
+        start, end = "0 s", duration(self.t1 - self.t0)
+        out.append(f"{'':>{label}}  {start}{end:>{self.width - len(start)}}")
+        return out
+
+
 def render(life: JobLife, *, width: int = 64, height: int = 12) -> list[str]:
     """The timeline as text: wall time across, steps up. A run is drawn with its number (its last digit), then
     ``-`` its start-up, ``*`` a checkpoint, ``x`` the stop, ``!`` steps that were lost, ``.`` the wait before the
@@ -185,45 +235,11 @@ def render(life: JobLife, *, width: int = 64, height: int = 12) -> list[str]:
     points = [(t, s) for r in life.runs for t, s in r.points]
     if not points:
         return ["(no steps recorded: nothing to draw)"]
-    t0, t1 = life.runs[0].start, max(life.runs[-1].end, max(t for t, _ in points))
-    s0, s1 = min(0, min(s for _, s in points)), max(s for _, s in points)
-    grid = [[" "] * width for _ in range(height)]
-
-    def col(t: float) -> int:
-        return min(width - 1, int((t - t0) / max(t1 - t0, 1e-9) * (width - 1) + 0.5))
-
-    def row(step: int) -> int:
-        return height - 1 - min(height - 1, int((step - s0) / max(s1 - s0, 1) * (height - 1) + 0.5))
-
+    canvas = _Canvas(life.runs[0].start, max(life.runs[-1].end, max(t for t, _ in points)),
+                     min(0, min(s for _, s in points)), max(s for _, s in points), width, height)
     for run, following in _with_next(life.runs):
-        mark = str(run.restart % 10)
-        if run.points:  # start-up: from the run's start to its first step
-            for c in range(col(run.start), col(run.points[0][0])):
-                grid[row(run.points[0][1])][c] = "-"
-        lost_after = run.lost_after
-        for (ta, sa), (tb, sb) in zip(run.points, run.points[1:] + run.points[-1:], strict=True):
-            for c in range(col(ta), col(tb) + 1):
-                frac = 0.0 if col(tb) == col(ta) else (c - col(ta)) / (col(tb) - col(ta))
-                step = round(sa + frac * (sb - sa))
-                grid[row(step)][c] = "!" if lost_after is not None and step > lost_after else mark
-        for t, step, _ in run.checkpoints:
-            grid[row(step)][col(t)] = "*"
-        if run.stop_time is not None and run.stop_step is not None:
-            grid[row(run.stop_step)][col(run.stop_time)] = "x"
-        if following is not None and run.points:
-            level = row(following.resumed_from if following.resumed_from is not None else s0)
-            for c in range(col(run.end) + 1, col(following.start)):
-                if grid[level][c] == " ":
-                    grid[level][c] = "."
-    label = len(str(s1))
-    lines = []
-    for i, cells in enumerate(grid):
-        step_here = s1 if i == 0 else s0 if i == height - 1 else None
-        lines.append(f"{'' if step_here is None else step_here:>{label}} |{''.join(cells).rstrip()}")
-    lines.append(f"{'':>{label}} +{'-' * width}")
-    start, end = "0 s", duration(t1 - t0)
-    lines.append(f"{'':>{label}}  {start}{end:>{width - len(start)}}")
-    return lines
+        canvas.run(run, following)
+    return canvas.lines()
 
 
 def duration(seconds: float) -> str:

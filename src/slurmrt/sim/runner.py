@@ -12,7 +12,6 @@ Nothing outlives a run: the simulator is the child subreaper of everything it st
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import shlex
 import signal
@@ -28,7 +27,7 @@ import psutil
 
 from ..launch import hostlist
 from ..record.events import COPY_ENV, Event, EventFollower, read_events, runs
-from . import jobids
+from . import jobids, processes
 from .environ import batch_env, default_node_names
 from .shims import install
 from .spec import JobSpec
@@ -36,7 +35,6 @@ from .state import ENV, SimState
 
 __all__ = ["RunRecord", "SimInterrupted", "simulate"]
 
-_PR_SET_CHILD_SUBREAPER = 36
 
 
 @dataclass
@@ -54,13 +52,6 @@ class RunRecord:
     chosen_code: int | None = None
     #: Exit status of each task of the run's largest step, by rank (negative: ended by that signal).
     task_codes: dict[int, int] = field(default_factory=dict)
-
-
-def _become_subreaper() -> None:
-    # Orphans (a task whose wrapper died, a daemonised helper) come back to us instead of init, so they are found
-    # and killed at the end of a run.
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
 class _Run:
@@ -90,7 +81,7 @@ class _Run:
             kill = "--kill-on-bad-exit=1" if spec.kill_on_bad_exit else "--kill-on-bad-exit=0"
             script.write_text(f"#!/bin/bash\nsrun {kill} {shlex.join(spec.command)}\n")
         self.batch = psutil.Popen(["bash", str(script)], env=env, start_new_session=True)
-        _KEEP.add(self.batch.pid)
+        processes.keep(self.batch.pid)
 
     def say(self, text: str) -> None:
         print(f"slurmrt sim: {text}", file=self.out, flush=True)
@@ -119,83 +110,95 @@ class _Run:
             self.signal_tasks(sig)
             self.signal_batch(sig, group=True)
         deadline = time.time() + self.spec.kill_wait_s
-        while time.time() < deadline and _descendants():
-            _reap()
+        while time.time() < deadline and processes.descendants():
+            processes.reap()
             time.sleep(0.05)
         self.kill_all()
 
     def kill_all(self) -> None:
         killed = set()
-        for proc in _descendants():
+        for proc in processes.descendants():
             with contextlib.suppress(psutil.Error):
                 proc.kill()
                 killed.add(proc.pid)
         self.state.record_killed(killed)  # srun died with its tasks: it cannot say how they ended
         with contextlib.suppress(psutil.TimeoutExpired):
             self.batch.wait(5)
-        _reap()
+        processes.reap()
 
-    def run(self) -> RunRecord:
+    def _schedule(self) -> tuple[list[tuple[float, str]], list[tuple[float, str]]]:
+        """(what happens at a time since the run started: the --signal warning, the time limit; the faults a user
+        rehearses, counted from the start, or from the run's first checkpoint with --after-checkpoint: then they
+        certainly hit a job that is running, however fast or slow the machine)."""
         spec = self.spec
-        first = self.restart == 0
-        timeline: list[tuple[float, str]] = []  # seconds since the run started
+        timeline: list[tuple[float, str]] = []
         if spec.time_s is not None:
             timeline.append((spec.time_s, "time"))
             if spec.signal is not None:
                 timeline.append((max(0.0, spec.time_s - spec.signal_lead_s), "signal"))
-        # The faults a user rehearses, in seconds since the start, or since the run's first checkpoint with
-        # --after-checkpoint: then they certainly hit a job that is running, however fast or slow the machine.
         faults: list[tuple[float, str]] = []
-        if first and spec.preempt_at_s is not None:
-            faults += [(spec.preempt_at_s, "preempt"), (spec.preempt_at_s + spec.grace_s, "preempt_term")]
-        if first and spec.cancel_at_s is not None:
-            faults.append((spec.cancel_at_s, "cancel"))
-        if first and spec.fail_node is not None and spec.fail_at_s is not None:
-            faults.append((spec.fail_at_s, "fail"))
-        if first and spec.hang_task is not None and spec.fail_at_s is not None:
-            faults.append((spec.fail_at_s, "hang"))
-        anchored = not spec.after_checkpoint
-        if anchored:
-            timeline += faults
-        timeline.sort()
+        if self.restart == 0:
+            if spec.preempt_at_s is not None:
+                faults += [(spec.preempt_at_s, "preempt"), (spec.preempt_at_s + spec.grace_s, "preempt_term")]
+            if spec.cancel_at_s is not None:
+                faults.append((spec.cancel_at_s, "cancel"))
+            if spec.fail_at_s is not None:
+                faults += [(spec.fail_at_s, what) for what, given in (("fail", spec.fail_node),
+                                                                       ("hang", spec.hang_task)) if given is not None]
+        return timeline, faults
+
+    def _requests(self) -> bool:
+        """Act on what came from outside the job's schedule (the simulator's own signal, the job's `scontrol
+        requeue`, its `scancel`); True when the run ends."""
+        spec = self.spec
+        signum = self.stop_signal()
+        if signum is not None:
+            self.say(f"slurmrt sim got {signal.Signals(signum).name}: ending job {spec.job_id} as scancel would")
+            self.terminate(f"sim ended by {signal.Signals(signum).name}")
+            return True
+        if self.state.requested("requeue"):
+            self.say(f"job {spec.job_id} asked to be requeued: ending this run")
+            self.record.requeued = True
+            # Slurm answers `scontrol requeue` before it kills the job; give the caller that moment too.
+            deadline = time.time() + 1.0
+            while time.time() < deadline and self.batch.poll() is None:
+                time.sleep(0.02)
+            if self.batch.poll() is None:
+                self.terminate("requeued by the job")
+            self.record.ended_by = self.record.ended_by or "requeued by the job"
+            return True
+        if self.state.requested("cancel"):
+            self.say(f"scancel {spec.job_id}")
+            self.terminate("scancel")
+            return True
+        return False
+
+    def run(self) -> RunRecord:
+        timeline, faults = self._schedule()
+        anchored = not self.spec.after_checkpoint
+        timeline = sorted(timeline + faults) if anchored else sorted(timeline)
         while self.batch.poll() is None:
             self.events.poll()
             if not anchored and self.events.saved(self.restart):
                 anchored = True
                 self.say(f"first checkpoint of run {self.restart} committed: the rehearsed faults count from now")
                 timeline = sorted(timeline + [(self.elapsed() + t, what) for t, what in faults])
-            signum = self.stop_signal()
-            if signum is not None:
-                self.say(f"slurmrt sim got {signal.Signals(signum).name}: ending job {spec.job_id} as scancel would")
-                self.terminate(f"sim ended by {signal.Signals(signum).name}")
-                break
-            if self.state.requested("requeue"):
-                self.say(f"job {spec.job_id} asked to be requeued: ending this run")
-                self.record.requeued = True
-                # Slurm answers `scontrol requeue` before it kills the job; give the caller that moment too.
-                deadline = time.time() + 1.0
-                while time.time() < deadline and self.batch.poll() is None:
-                    time.sleep(0.02)
-                if self.batch.poll() is None:
-                    self.terminate("requeued by the job")
-                self.record.ended_by = self.record.ended_by or "requeued by the job"
-                break
-            if self.state.requested("cancel"):
-                self.say(f"scancel {spec.job_id}")
-                self.terminate("scancel")
+            if self._requests():
                 break
             while timeline and self.elapsed() >= timeline[0][0]:
-                _, what = timeline.pop(0)
-                self.act(what)
+                self.act(timeline.pop(0)[1])
             if self.record.ended_by and self.batch.poll() is not None:
                 break
-            _reap()
+            processes.reap()
             time.sleep(0.02)
+        return self._ended()
+
+    def _ended(self) -> RunRecord:
         self.record.exit_code = self.batch.poll()
         self.events.poll(final=True)  # what the run wrote since the last poll
         self.kill_all()
         self.record.task_codes = self.state.task_exits()
-        _KEEP.discard(self.batch.pid)
+        processes.release(self.batch.pid)
         # The batch script may ask for the requeue and exit between two polls above (after a node failure, say):
         # the request counts all the same.
         requeue_asked = self.state.requested("requeue")
@@ -238,33 +241,6 @@ class _Run:
             self.say(f"node {spec.node_names[node]} fails: SIGKILL to its tasks")
             self.signal_tasks(signal.SIGKILL, node)
             self.record.ended_by = self.record.ended_by or f"node {spec.node_names[node]} failed"
-
-
-def _descendants() -> list[psutil.Process]:
-    try:
-        return [p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
-    except psutil.Error:
-        return []
-
-
-_KEEP: set[int] = set()  # children whose exit status a Popen object still has to collect
-
-
-def _reap() -> None:
-    """Collect orphans that died after being re-parented to us; never a child a Popen still waits for (waitpid(-1)
-    would steal its exit status, and Popen would then report 0)."""
-    try:
-        children = psutil.Process().children()
-    except psutil.Error:
-        return
-    for child in children:
-        if child.pid in _KEEP:
-            continue
-        try:
-            if child.status() == psutil.STATUS_ZOMBIE:
-                os.waitpid(child.pid, os.WNOHANG)
-        except (psutil.Error, ChildProcessError):
-            pass
 
 
 class _Follow:
@@ -334,7 +310,7 @@ def simulate(spec: JobSpec, *, out: IO[str] = sys.stdout, state_dir: Path | None
 
 
 def _simulate(spec: JobSpec, out: IO[str], state_dir: Path | None) -> list[RunRecord]:
-    _become_subreaper()
+    processes.become_subreaper()
     directory = state_dir or Path(tempfile.mkdtemp(prefix=f"slurmrt-sim-{spec.job_id}-"))
     state = SimState(directory)
     bin_dir = install(directory / "bin")
@@ -375,9 +351,9 @@ def _simulate(spec: JobSpec, out: IO[str], state_dir: Path | None) -> list[RunRe
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        for proc in _descendants():
+        for proc in processes.descendants():
             proc.kill()
-        _reap()
+        processes.reap()
     _annotate(records, list(read_events(events)) if events.exists() else [])
     print(summary(records), file=out, flush=True)
     if received:

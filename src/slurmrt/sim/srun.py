@@ -16,10 +16,11 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from typing import IO
+from typing import IO, Any
 
 from ..launch.health import SIM_UNHEALTHY_ENV
 from .environ import task_env
+from .spec import JobSpec
 from .state import SimState
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCONT, signal.SIGQUIT)
@@ -44,6 +45,9 @@ def parse(argv: Sequence[str]) -> tuple[bool | None, list[str]]:
     return kill, args[i:]
 
 
+_Task = tuple[subprocess.Popen[bytes], int, int]  # (process, node, rank)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     state = SimState.from_env()
     spec, job = state.read_job()
@@ -51,9 +55,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not command:
         print("srun: fatal: no command to run", file=sys.stderr)
         return 2
-    kill_on_bad_exit = spec.kill_on_bad_exit if kill_flag is None else kill_flag
     step = state.next_step()
-    procs: list[tuple[subprocess.Popen[bytes], int, int]] = []
+    procs, forwarders = _start(spec, job, step, command)
+    state.add_tasks(step, [(p.pid, node, rank) for p, node, rank in procs])
+
+    def forward(signum: int, frame: object) -> None:
+        _signal(procs, signum)
+
+    for sig in FORWARDED:
+        signal.signal(sig, forward)
+    codes = _wait(state, spec, step, procs, spec.kill_on_bad_exit if kill_flag is None else kill_flag)
+    for thread in forwarders:
+        # A task's own children may keep its pipe open after it ended (a daemon): their output is not the step's.
+        thread.join(1.0)
+    return max(codes.values())
+
+
+def _start(spec: JobSpec, job: dict[str, Any], step: int, command: list[str]
+           ) -> tuple[list[_Task], list[threading.Thread]]:
+    """Every task of the step, each with the threads that pass its output on."""
+    procs: list[_Task] = []
     forwarders: list[threading.Thread] = []
     for rank in range(spec.ntasks):
         env = {**os.environ, **task_env(spec, job["restart"], step, rank, job["submit_dir"])}
@@ -67,17 +88,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         for pipe, target in ((p.stdout, sys.stdout.buffer), (p.stderr, sys.stderr.buffer)):
             forwarders.append(threading.Thread(target=_forward_lines, args=(pipe, target), daemon=True))
             forwarders[-1].start()
-    state.add_tasks(step, [(p.pid, node, rank) for p, node, rank in procs])
+    return procs, forwarders
 
-    def forward(signum: int, frame: object) -> None:
-        for p, _, _ in procs:
-            if p.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(p.pid, signum)
 
-    for sig in FORWARDED:
-        signal.signal(sig, forward)
+def _signal(procs: list[_Task], signum: int) -> None:
+    for p, _, _ in procs:
+        if p.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signum)
 
+
+def _wait(state: SimState, spec: JobSpec, step: int, procs: list[_Task], kill_on_bad_exit: bool) -> dict[int, int]:
+    """Every task's exit code, as srun reports them; with --kill-on-bad-exit, the first failure kills the step."""
     codes: dict[int, int] = {}
     killed = False
     while len(codes) < len(procs):
@@ -87,21 +109,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             code = p.returncode
             codes[rank] = code if code >= 0 else 128 - code
             state.add_task_exit(step, rank, code)  # at once: srun itself may be killed before the step ends
-            if code != 0:
-                what = f"Exited with exit code {code}" if code > 0 else (signal.strsignal(-code) or f"signal {-code}")
-                print(f"srun: error: {spec.node_names[node]}: task {rank}: {what}", file=sys.stderr, flush=True)
-                if kill_on_bad_exit and not killed:
-                    killed = True
-                    print(f"srun: Terminating StepId={spec.job_id}.{step}", file=sys.stderr, flush=True)
-                    for q, _, _ in procs:
-                        if q.poll() is None:
-                            with contextlib.suppress(ProcessLookupError):
-                                os.killpg(q.pid, signal.SIGKILL)
+            if code == 0:
+                continue
+            what = f"Exited with exit code {code}" if code > 0 else (signal.strsignal(-code) or f"signal {-code}")
+            print(f"srun: error: {spec.node_names[node]}: task {rank}: {what}", file=sys.stderr, flush=True)
+            if kill_on_bad_exit and not killed:
+                killed = True
+                print(f"srun: Terminating StepId={spec.job_id}.{step}", file=sys.stderr, flush=True)
+                _signal(procs, signal.SIGKILL)
         time.sleep(0.02)
-    for thread in forwarders:
-        # A task's own children may keep its pipe open after it ended (a daemon): their output is not the step's.
-        thread.join(1.0)
-    return max(codes.values())
+    return codes
 
 
 _OUTPUT_LOCK = threading.Lock()
