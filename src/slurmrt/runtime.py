@@ -24,7 +24,8 @@ from .hang.monitor import HangMonitor
 from .hang.response import unhealthy
 from .hang.watchdog import PhaseTimes
 from .launch import cuda, health, preflight
-from .launch.topology import Topology, from_environ, launcher_argv
+from .launch.launcher import launcher_argv
+from .launch.topology import Topology, from_environ
 from .options import Options, warn_unknown
 from .outcome.conclude import conclude, exit_at_init
 from .outcome.policy import ExitCode, Outcome
@@ -80,7 +81,7 @@ def init(options: Options | None = None, **overrides: Any) -> Runtime:
 
 
 class Runtime:
-    """Returned by :func:`slurmrt.init`: the topology, then the training-loop calls (see the README's API table)."""
+    """Returned by :func:`slurmrt.init`: the topology, then the training-loop calls (the README's API table)."""
 
     def __init__(self, topology: Topology, options: Options, events: EventLog, *, connections: str | None = None,
                  lease: leases.Lease | None = None, experiment_id: str | None = None) -> None:
@@ -128,7 +129,6 @@ class Runtime:
         self._report.started(kill_switch=str(switch.resolve()) if switch else None,
                              connections=self.cuda_device_max_connections, experiment=self._experiment_id)
 
-    # -- topology --------------------------------------------------------------------------------------------------
     rank = property(lambda self: self.topology.rank)
     local_rank = property(lambda self: self.topology.local_rank)
     node_rank = property(lambda self: self.topology.node_rank)

@@ -10,9 +10,9 @@ ROOT = Path(__file__).resolve().parents[2] / "src" / "slurmrt"  # read, not impo
 #: Bottom first. A module not listed here fails the test: a new module must say where it belongs.
 FLOORS = [
     ["_errors", "_clock", "_env", "_slurm", "_safefs"],
-    ["_comm", "log", "launch.hostlist", "stop.signals", "stop.pidfiles", "checkpoint._files",
-     "checkpoint.sharded"],
-    ["launch.parallel", "launch.topology", "launch.launcher", "stop.deadline", "stop.watcher", "stop.killswitch",
+    ["_comm", "log", "launch.hostlist", "launch.launcher", "launch.ports", "stop.signals", "stop.pidfiles",
+     "checkpoint._files", "checkpoint.sharded"],
+    ["launch.parallel", "launch.topology", "stop.deadline", "stop.watcher", "stop.killswitch",
      "hang.census", "record.events", "record.experiment", "checkpoint.lease", "checkpoint.manifest",
      "checkpoint.background", "checkpoint.retention"],
     ["launch.preflight", "launch.cuda", "launch.health", "stop.decision", "hang.watchdog", "checkpoint.store",

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from slurmrt.launch.topology import master_port_for
+from slurmrt.launch.ports import master_port_for
 from slurmrt.sim import jobids
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from slurmrt import EnvironmentVariableError, LauncherConflictError, LaunchMode, NodeRankError
-from slurmrt.launch.topology import PORT_BASE, PORT_SPAN, from_environ, master_port_for
+from slurmrt.launch.ports import PORT_BASE, PORT_SPAN, master_port_for
+from slurmrt.launch.topology import from_environ
 
 
 def srun_env(procid: int, *, ntasks: int = 4, nodes: str = "n[1-2]", nnodes: int = 2, tpn: str = "2(x2)",
@@ -166,7 +167,7 @@ STATIC = ["python", "-m", "torch.distributed.run", "--nproc_per_node", "4", "--n
 ])
 def test_rendezvous_backend_is_read_off_the_launchers_command_line(argv: list[str] | None,
                                                                    backend: str | None) -> None:
-    from slurmrt.launch.topology import rendezvous_backend
+    from slurmrt.launch.launcher import rendezvous_backend
 
     assert rendezvous_backend(argv) == backend
 

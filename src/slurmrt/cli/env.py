@@ -15,7 +15,8 @@ from .._env import get_int
 from .._errors import ConfigError
 from ..launch import cuda, hostlist
 from ..launch.parallel import ParallelConfig
-from ..launch.topology import from_environ, master_port_for
+from ..launch.ports import master_port_for
+from ..launch.topology import from_environ
 from ._common import add_command, add_parallel, parallel
 
 

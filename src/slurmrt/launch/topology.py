@@ -21,7 +21,6 @@ Launch shapes (see docs/slurm.md for the variables measured in real steps):
 from __future__ import annotations
 
 import enum
-import os
 import socket
 from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
@@ -35,16 +34,10 @@ from .._errors import (
     NodeRankError,
 )
 from . import hostlist
+from .launcher import rendezvous_backend
+from .ports import master_port_for
 
-__all__ = ["LaunchMode", "Topology", "from_environ", "launcher_argv", "master_port_for", "rendezvous_backend"]
-
-#: Ports are drawn below Linux's default ephemeral range (32768-60999), where an outgoing connection of any other
-#: program may already hold the port we would pick.
-PORT_BASE = 10000
-PORT_SPAN = 22768
-#: Concurrent steps of one job that get distinct ports; job ids that differ by less than PORT_SPAN // STEP_SLOTS
-#: (5692 jobs) never collide, and jobs sharing a node at the same time have close ids.
-STEP_SLOTS = 4
+__all__ = ["LaunchMode", "Topology", "from_environ"]
 
 #: Set to 1 when torchrun uses an elastic (c10d/etcd) rendezvous, which assigns node ranks in join order.
 ALLOW_NODE_RANK_REORDER = "SLURMRT_ALLOW_NODE_RANK_REORDER"
@@ -110,24 +103,6 @@ class Topology:
         }
 
 
-def master_port_for(job_id: str | None, step_id: str | None) -> int:
-    """A port for this job step: distinct for close job ids and for a job's concurrent steps.
-
-    Not a hash: a hash collides for a random pair with probability 1/PORT_SPAN, neighbours included, while this
-    mapping keeps every job within 5692 ids of another apart. ``MASTER_PORT`` in the environment always wins.
-    """
-    job = _numeric(job_id)
-    step = _numeric(step_id)
-    return PORT_BASE + (job * STEP_SLOTS + step % STEP_SLOTS) % PORT_SPAN
-
-
-def _numeric(value: str | None) -> int:
-    if value is None:
-        return 0
-    digits = "".join(c for c in value if c.isdigit())
-    return int(digits) if digits else 0
-
-
 def from_environ(env: Mapping[str, str], *, hostname: str | None = None,
                  launcher_argv: Sequence[str] | None = None) -> Topology:
     """Derive the topology of this process from ``env`` (``os.environ`` or a test's dict).
@@ -146,19 +121,8 @@ def from_environ(env: Mapping[str, str], *, hostname: str | None = None,
         if launcher and not _srun_is_the_launcher(env, slurm):
             return _launcher_under_srun(env, slurm, common, launcher_argv)
         rank, local_rank, node_rank, world, tasks, hosts = slurm
-        return Topology(
-            mode=LaunchMode.SRUN,
-            rank=rank,
-            local_rank=local_rank,
-            node_rank=node_rank,
-            world_size=world,
-            local_world_size=tasks[node_rank],
-            nnodes=len(hosts),
-            master_addr=env.get("MASTER_ADDR") or hosts[0],
-            master_port=_port(env, job_id, common["step_id"]),
-            nodelist=tuple(hosts),
-            **common,
-        )
+        return _build(LaunchMode.SRUN, env, common, rank=rank, local_rank=local_rank, node_rank=node_rank,
+                      world=world, local_world=tasks[node_rank], nnodes=len(hosts), nodelist=tuple(hosts))
     if launcher:
         return _launcher(env, LaunchMode.LAUNCHER, common, nodelist=())
     if job_id is not None:
@@ -309,20 +273,17 @@ def _launcher(env: Mapping[str, str], mode: LaunchMode, common: _Common, nodelis
     if node_rank is None:
         node_rank = rank // local_world
     nnodes = get_int(env, "GROUP_WORLD_SIZE", minimum=1) or world // local_world
-    master = env.get("MASTER_ADDR") or (nodelist[0] if nodelist else "127.0.0.1")
-    return Topology(
-        mode=mode,
-        rank=rank,
-        local_rank=local_rank,
-        node_rank=node_rank,
-        world_size=world,
-        local_world_size=local_world,
-        nnodes=nnodes,
-        master_addr=master,
-        master_port=_port(env, common["job_id"], common["step_id"]),
-        nodelist=nodelist,
-        **common,
-    )
+    return _build(mode, env, common, rank=rank, local_rank=local_rank, node_rank=node_rank, world=world,
+                  local_world=local_world, nnodes=nnodes, nodelist=nodelist)
+
+
+def _build(mode: LaunchMode, env: Mapping[str, str], common: _Common, *, rank: int, local_rank: int, node_rank: int,
+           world: int, local_world: int, nnodes: int, nodelist: tuple[str, ...]) -> Topology:
+    """The one construction of a multi-process Topology: the master is ``MASTER_ADDR``, else the first node."""
+    return Topology(mode=mode, rank=rank, local_rank=local_rank, node_rank=node_rank, world_size=world,
+                    local_world_size=local_world, nnodes=nnodes,
+                    master_addr=env.get("MASTER_ADDR") or (nodelist[0] if nodelist else "127.0.0.1"),
+                    master_port=_port(env, common["job_id"], common["step_id"]), nodelist=nodelist, **common)
 
 
 #: Variables that only an elastic agent (torchrun, and ``accelerate launch``, which runs torchrun's agent) sets in
@@ -357,43 +318,6 @@ def _srun_is_the_launcher(env: Mapping[str, str], slurm: _SlurmStep) -> bool:
             slurm_procid=s_rank,
         )
     return True
-
-
-def rendezvous_backend(argv: Sequence[str] | None) -> str | None:
-    """The rendezvous backend on a torchrun or ``accelerate launch`` command line: the value of ``--rdzv-backend``
-    (``--rdzv_backend``), ``"static"`` when the option is absent (both launchers' default), ``"c10d"`` for
-    torchrun's ``--standalone``; None when ``argv`` is unknown."""
-    if argv is None:
-        return None
-    args = list(argv)
-    for i, arg in enumerate(args):
-        name, eq, value = arg.partition("=")
-        if name in ("--rdzv-backend", "--rdzv_backend"):
-            if eq:
-                return value
-            return args[i + 1] if i + 1 < len(args) else None
-        if arg == "--standalone":
-            return "c10d"
-    return "static"
-
-
-def launcher_argv(pid: int | None = None, *, depth: int = 3) -> list[str] | None:
-    """The command line of the nearest ancestor of ``pid`` (default: this process) that is torchrun or
-    ``accelerate launch``, read from /proc; None when there is none or /proc cannot tell."""
-    current = os.getpid() if pid is None else pid
-    for _ in range(depth):
-        try:
-            with open(f"/proc/{current}/stat", "rb") as f:
-                current = int(f.read().rsplit(b")", 1)[1].split()[1])
-            with open(f"/proc/{current}/cmdline", "rb") as f:
-                argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
-        except (OSError, ValueError, IndexError):
-            return None
-        text = " ".join(argv[:3])
-        if "torchrun" in text or "torch.distributed.run" in text or "torch.distributed.launch" in text \
-                or "accelerate" in text:
-            return argv
-    return None
 
 
 def _launcher_under_srun(env: Mapping[str, str], slurm: _SlurmStep, common: _Common,

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from .._errors import SlurmrtError
 from .._safefs import open_new, process_start_time
-from ..launch.topology import PORT_SPAN, STEP_SLOTS
+from ..launch.ports import PORT_SPAN, STEP_SLOTS
 
 __all__ = ["release", "reserve"]
 
