@@ -21,14 +21,14 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from ._comm import Groups, open_groups
 from .stop.agreement import Agreement
 from .stop.pidfiles import register_process, unregister_process
 from .stop.signals import ChildShield, SignalRecorder
 
-__all__ = ["ProcessHooks"]
+__all__ = ["ProcessHooks", "exit_now"]
 
 logger = logging.getLogger(__name__)
 
@@ -106,8 +106,14 @@ class ProcessHooks:
             return
         agreement.abandon(collectively=not uncaught)
         if uncaught:
-            for stream in (sys.stdout, sys.stderr):
-                with contextlib.suppress(OSError, ValueError):
-                    stream.flush()
-            logging.shutdown()
-            os._exit(1)
+            exit_now(1)
+
+
+def exit_now(code: int) -> NoReturn:
+    """Flush what the logs hold and end the process at once: a stuck thread cannot be joined, and gloo's teardown
+    under failed collectives would abort the process instead of letting it exit with ``code``."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    logging.shutdown()
+    os._exit(int(code))

@@ -15,14 +15,13 @@ from __future__ import annotations
 import contextlib
 import faulthandler
 import logging
-import os
-import sys
 import tempfile
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
+from .._hooks import exit_now
 from ..launch.topology import Topology
 from ..options import Options
 from ..outcome import exclusion
@@ -208,15 +207,6 @@ class HangResponse:
 
     def _exit(self, code: ExitCode) -> NoReturn:
         exit_now(code)
-
-
-def exit_now(code: ExitCode) -> NoReturn:
-    """Flush what the logs hold and end the process at once (a stuck thread cannot be joined)."""
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError):
-            stream.flush()
-    logging.shutdown()
-    os._exit(int(code))
 
 
 def requeue_and_exclude(t: Topology, o: Options, events: EventLog, bad: list[str], code: ExitCode) -> str:

@@ -26,11 +26,12 @@ What changes against Lightning's own SLURM support:
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Any
 
 from lightning.fabric.plugins.environments import ClusterEnvironment
 from lightning.pytorch.callbacks import Callback
+
+from ._latest import latest_directory
 
 __all__ = ["CHECKPOINT_FILE", "SlurmrtCallback", "SlurmrtEnvironment", "resume_from"]
 
@@ -53,14 +54,9 @@ def resume_from(rt: Any) -> str | None:
 
         if not dist.is_initialized():
             dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")  # env://, from slurmrt.init()
-    got = rt.load_latest()
-    if got is None:
+    directory = latest_directory(rt, framework="SlurmrtCallback (Lightning)", holds=CHECKPOINT_FILE)
+    if directory is None:
         return None
-    step, directory = got
-    if not isinstance(directory, Path) or not (directory / CHECKPOINT_FILE).is_file():
-        raise FileNotFoundError(f"the checkpoint of step {step} in {rt.options.checkpoint_dir} holds no "
-                                f"{CHECKPOINT_FILE}: it was not written by SlurmrtCallback; use a checkpoint "
-                                "directory of its own for Lightning")
     return str(directory / CHECKPOINT_FILE)
 
 

@@ -30,6 +30,8 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from ._latest import latest_directory
+
 __all__ = ["SlurmrtCallback", "resume_from"]
 
 logger = logging.getLogger(__name__)
@@ -40,13 +42,9 @@ PREFIX = "checkpoint"  # the Trainer's checkpoint folders: checkpoint-<global st
 def resume_from(rt: Any) -> str | None:
     """``trainer.train(resume_from_checkpoint=...)``: the newest complete checkpoint, the same on every rank; None
     on a fresh start. Collective: every rank calls it."""
-    got = rt.load_latest()
-    if got is None:
+    directory = latest_directory(rt, framework="the Trainer")
+    if directory is None:
         return None
-    step, directory = got
-    if not isinstance(directory, Path):
-        raise TypeError(f"the checkpoint of step {step} in {rt.options.checkpoint_dir} was not written by the Trainer "
-                        "(it holds a state dict): use a checkpoint directory of its own for the Trainer")
     return str(directory)
 
 
