@@ -33,7 +33,7 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (mypy kno
 if TYPE_CHECKING:
     from typing import Any
 
-    from . import trackers
+    from . import log, trackers
     from .checkpoint.background import Staged
     from .launch import cuda, hostlist
     from .launch.parallel import ParallelConfig
@@ -53,6 +53,7 @@ _LAZY = {
     "LaunchMode": ".launch.topology",
     "Topology": ".launch.topology",
     "FlockHandler": ".log",
+    "log": ".log",
     "printflock": ".log",
     "Options": ".options",
     "ExitCode": ".outcome.policy",
@@ -114,6 +115,7 @@ __all__ = [
     "cuda",
     "hostlist",
     "init",
+    "log",
     "printflock",
     "trackers",
 ]

@@ -46,3 +46,21 @@ def test_bad_option_value_from_the_environment_is_a_config_error(monkeypatch: py
     monkeypatch.setenv("SLURMRT_KEEP_LAST", "many")
     with pytest.raises(ConfigError, match="option keep_last='many' is invalid"):
         slurmrt.init()
+
+
+def test_init_takes_an_options_object_and_overrides_and_they_win_over_the_environment(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: object) -> None:
+    for key in [k for k in __import__("os").environ if k.startswith(("SLURM", "RANK", "WORLD_SIZE", "MASTER_"))]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("SLURMRT_KEEP_LAST", "7")
+    monkeypatch.setenv("SLURMRT_SAVE_THREADS", "2")
+    rt = slurmrt.init(slurmrt.Options(keep_last=5, deadline=False), keep_every=10)
+    try:
+        assert (rt.options.keep_last, rt.options.keep_every, rt.options.save_threads) == (5, 10, 2)
+        assert rt.options.deadline is False
+    finally:
+        rt.close()
+
+
+def test_log_is_exported_with_the_handler_the_readme_installs() -> None:
+    assert slurmrt.log.install is not None and slurmrt.log.FlockHandler is slurmrt.FlockHandler

@@ -23,6 +23,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from .._errors import SlurmrtError
+
 __all__ = ["Census", "CensusError", "RankState", "main_thread_state", "name_suspects"]
 
 logger = logging.getLogger(__name__)
@@ -32,7 +34,7 @@ logger = logging.getLogger(__name__)
 _WAITING_IN = ("torch/distributed/", "slurmrt/_comm.py", "slurmrt/stop/agreement.py")
 
 
-class CensusError(RuntimeError):
+class CensusError(SlurmrtError, RuntimeError):
     """The store does not answer (its host, rank 0's node by default, is gone)."""
 
 

@@ -25,6 +25,7 @@ from typing import IO, Any
 
 import psutil
 
+from .._errors import SlurmrtError
 from ..launch import hostlist
 from ..record.events import COPY_ENV, Event, EventFollower, read_events, runs
 from . import jobids, processes
@@ -361,12 +362,15 @@ def _simulate(spec: JobSpec, out: IO[str], state_dir: Path | None) -> list[RunRe
     return records
 
 
-class SimInterrupted(Exception):
+class SimInterrupted(SlurmrtError):
     """The simulator itself got SIGINT, SIGTERM or SIGHUP; the job was ended and nothing is left running."""
 
     def __init__(self, signum: int) -> None:
-        super().__init__(signum)
+        super().__init__(f"slurmrt sim got signal {signum}", signum=signum)
         self.signum = signum
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (SimInterrupted, (self.signum,))
 
 
 def _status(code: int) -> str:
