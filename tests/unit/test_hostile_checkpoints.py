@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -223,6 +224,19 @@ def test_a_second_job_on_a_live_jobs_directory_is_refused_with_its_id_place_and_
     with pytest.raises(LeaseError, match="7001"):
         second.check()  # every rank of the second job, not only its rank 0
     assert json.loads((tmp_path / LEASE_FILE).read_text())["owner"] == "7001"
+
+
+def test_a_rank_that_found_the_lease_live_follows_its_rank_0_taking_it_over(tmp_path: Path) -> None:
+    _lease(tmp_path, "7001").acquire()
+    rank1 = _lease(tmp_path, "7002")  # judges 7001 live: waits for rank 0's decision before refusing
+    taker = threading.Timer(0.3, lambda: _lease(tmp_path, "7002", alive=False).acquire())  # rank 0: 7001 ended
+    taker.start()
+    try:
+        assert rank1.check(leader_wait_s=60) is None
+    finally:
+        taker.join()
+    with pytest.raises(LeaseError, match="in use by job 7002"):
+        _lease(tmp_path, "7003").check(leader_wait_s=0.6)  # rank 0 refused (never took it): the others refuse too
 
 
 def test_a_requeued_run_of_the_same_job_continues_with_the_directory(tmp_path: Path) -> None:

@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import socket
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -39,7 +40,7 @@ from .._safefs import lock, process_start_time
 from ..launch.topology import Topology
 from ._files import replace_text
 
-__all__ = ["LEASE_FILE", "REFRESH_S", "STALE_S", "Holder", "Lease", "slurm_job_alive", "take"]
+__all__ = ["LEADER_WAIT_S", "LEASE_FILE", "REFRESH_S", "STALE_S", "Holder", "Lease", "slurm_job_alive", "take"]
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +51,8 @@ REFRESH_S = 30.0
 #: A heartbeat older than this makes a lease stale, whatever Slurm says (a cluster without squeue, a lost node).
 STALE_S = 600.0
 _LOCK_WAIT_S = 10.0
+#: How long the other ranks wait for rank 0 to take over a lease they found live, before they refuse too.
+LEADER_WAIT_S = 30.0
 
 #: squeue states of a job that still has, or will again have, processes.
 _LIVE_STATES = {"PENDING", "RUNNING", "SUSPENDED", "CONFIGURING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD",
@@ -150,10 +153,19 @@ class Lease:
                 return f"Slurm says job {holder.job} has ended"
         return None
 
-    def check(self) -> Holder | None:
+    def check(self, *, leader_wait_s: float = 0.0) -> Holder | None:
         """Refuse (:class:`~slurmrt.LeaseError`) when another live job holds the directory; the stale holder this
-        job may take over, if any. Reads only: every rank calls it at init(), rank 0 then :meth:`acquire`."""
+        job may take over, if any. Reads only: every rank calls it at init(), rank 0 then :meth:`acquire`.
+
+        ``leader_wait_s`` (the other ranks): before refusing, wait that long for this job's rank 0 to take the
+        lease over. Rank 0 decides; a rank that judged the holder live a moment before rank 0 judged it stale (its
+        job just ended) must not leave rank 0 alone at the rendezvous."""
+        deadline = time.monotonic() + leader_wait_s  # real time: a real wait for another process
         holder = self.holder()
+        while holder is not None and holder.owner != self.owner and self.stale(holder) is None \
+                and time.monotonic() < deadline:
+            time.sleep(0.5)
+            holder = self.holder()
         if holder is None or holder.owner == self.owner:
             return None
         why = self.stale(holder)
@@ -254,5 +266,5 @@ def take(directory: Path, topology: Topology) -> Lease:
     if t.rank == 0:
         lease.acquire()
     else:
-        lease.check()
+        lease.check(leader_wait_s=LEADER_WAIT_S)
     return lease
