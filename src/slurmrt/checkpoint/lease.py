@@ -160,15 +160,18 @@ class Lease:
         ``leader_wait_s`` (the other ranks): before refusing, wait that long for this job's rank 0 to take the
         lease over. Rank 0 decides; a rank that judged the holder live a moment before rank 0 judged it stale (its
         job just ended) must not leave rank 0 alone at the rendezvous."""
-        deadline = time.monotonic() + leader_wait_s  # real time: a real wait for another process
         holder = self.holder()
-        while holder is not None and holder.owner != self.owner and self.stale(holder) is None \
-                and time.monotonic() < deadline:
-            time.sleep(0.5)
-            holder = self.holder()
         if holder is None or holder.owner == self.owner:
             return None
-        why = self.stale(holder)
+        why = self.stale(holder)  # once: the wait below reads the file only, it asks Slurm nothing
+        deadline = time.monotonic() + leader_wait_s  # real time: a real wait for another process
+        while why is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+            now = self.holder()
+            if now is None or now.owner == self.owner:
+                return None
+            if now.owner != holder.owner:
+                holder, why = now, self.stale(now)
         if why is None:
             raise LeaseError(
                 f"checkpoint directory {self.directory} is in use by {holder.describe(_clock.wall())}; this is "
