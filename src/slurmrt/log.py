@@ -30,6 +30,7 @@ from ._safefs import lock, runtime_base
 __all__ = ["FlockHandler", "default_lock_path", "install", "printflock"]
 
 _lock_fds: dict[str, int | None] = {}
+_private_lock: dict[tuple[str | None, str | None], Path] = {}
 #: The longest wait for the lock before a line is written without it.
 LOCK_TIMEOUT_S = 10.0
 _lock_guard = threading.Lock()  # flock is per open file description: threads of one process share it
@@ -43,8 +44,11 @@ def default_lock_path(env: Mapping[str, str] | None = None) -> Path:
     if job and env.get("SLURM_SUBMIT_DIR"):
         return Path(env["SLURM_SUBMIT_DIR"]) / f".slurmrt-{job}.lock"
     # This user's private directory, not a fixed name in /tmp: another user who created that file first and held a
-    # lock on it blocked every job's log line forever.
-    return runtime_base(env) / "log.lock"
+    # lock on it blocked every job's log line forever. Checked once per process (a mkdir and an lstat), not per line.
+    key = (env.get("XDG_RUNTIME_DIR"), env.get("TMPDIR"))
+    if key not in _private_lock:
+        _private_lock[key] = runtime_base(env) / "log.lock"
+    return _private_lock[key]
 
 
 def _prefix(env: Mapping[str, str] | None = None) -> str:
