@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -105,3 +106,52 @@ def test_close_with_a_background_save_in_flight_commits_it_and_exits_cleanly(tmp
     logs = "".join((tmp_path / f"rank{r}.log").read_text() for r in range(2))
     assert "terminate called" not in logs
     assert (tmp_path / "ckpt" / "latest").read_text().strip() == "step_000000003"
+
+
+# -- the launcher seen from a training process, through a real process tree --------------------------------------------
+
+SEE_LAUNCHER = """\
+import json, os
+from slurmrt.launch.launcher import find_launcher, rendezvous_backend
+os.chdir("/")  # the launcher's working directory is not this one
+found = find_launcher()
+if os.environ.get("RANK", "0") == "0":
+    print("LAUNCHER", json.dumps([found[0], rendezvous_backend(found[1])] if found else None), flush=True)
+"""
+TORCHRUN = "--standalone --nproc-per-node 2"
+ACCELERATE = "--cpu --num_processes 2 --num_machines 1 --mixed_precision no --dynamo_backend no"
+
+
+@pytest.mark.parametrize(("line", "expected"), [
+    (f"python -u -m torch.distributed.run {TORCHRUN} see.py", ["torch.distributed.run", "c10d"]),
+    (f"python3 -X faulthandler -u -m torch.distributed.run {TORCHRUN} see.py", ["torch.distributed.run", "c10d"]),
+    ("python -m torch.distributed.launch --use-env --nproc-per-node 2 see.py", ["torch.distributed.launch", "static"]),
+    (f"python -u -m accelerate.commands.launch {ACCELERATE} see.py", ["accelerate", "static"]),
+    (f"accelerate launch {ACCELERATE} see.py", ["accelerate", "static"]),
+    (f"uv run --offline --no-project --python \"$(command -v python)\" torchrun {TORCHRUN} see.py",
+     ["torch.distributed.run", "c10d"]),
+    (f"uv run --offline --no-project --python \"$(command -v python)\" python -m torch.distributed.run {TORCHRUN} "
+     "see.py", ["torch.distributed.run", "c10d"]),
+    (f"env A=B torchrun {TORCHRUN} see.py", ["torch.distributed.run", "c10d"]),
+    (f"bash -c 'sleep 0; torchrun {TORCHRUN} see.py; exit $?'", ["torch.distributed.run", "c10d"]),
+    (f"cd elsewhere && bin/start-training {TORCHRUN} ../see.py", ["torch.distributed.run", "c10d"]),
+    ("python see.py", None),
+])
+def test_the_training_process_finds_its_launcher_however_the_line_was_written(tmp_path: Path, line: str,
+                                                                              expected: list[str] | None) -> None:
+    (tmp_path / "see.py").write_text(SEE_LAUNCHER)
+    venv_bin = Path(sys.executable).parent
+    # A console script installed under another name and path: torchrun's, copied.
+    other = tmp_path / "elsewhere" / "bin" / "start-training"
+    other.parent.mkdir(parents=True)
+    other.write_text((venv_bin / "torchrun").read_text())
+    other.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "RANK", "WORLD_SIZE", "MASTER"))}
+    env.update({"PYTHONPATH": str(ROOT / "src"), "PATH": f"{venv_bin}:{env.get('PATH', '/usr/bin:/bin')}",
+                "UV_NO_CONFIG": "1", "UV_CACHE_DIR": str(tmp_path / "uv-cache")})
+    if line.startswith("python3 ") and not (venv_bin / "python3").exists():
+        pytest.fail(f"{venv_bin}/python3 is missing")
+    out = subprocess.run(["bash", "-c", line], env=env, capture_output=True, text=True, timeout=150, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    (said,) = [json.loads(x.split(" ", 1)[1]) for x in out.stdout.splitlines() if x.startswith("LAUNCHER ")]
+    assert said == expected

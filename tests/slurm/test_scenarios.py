@@ -356,18 +356,22 @@ def test_9_pyxis_exports_and_hand_written_exports_keep_slurms_node_layout(cluste
         assert ranks[0]["w"] == pytest.approx(expected_weights(5, 4), abs=1e-5)
 
 
-# The SLURM guide's torchrun line (escaped so that $SLURM_PROCID expands inside the step). On this one-host cluster
-# the agent on n1 does not recognise n1 as itself, so it is told to host the c10d store (is_host=1); elsewhere a
-# real cluster needs nothing of the kind.
+# The Slurm guide's torchrun line as it is written there: `python -u -m torch.distributed.run`, a c10d rendezvous and
+# `--node_rank \$SLURM_PROCID` escaped so that it expands inside the step. Two additions for this one-host cluster,
+# in srun's line: the agent on n1 does not recognise n1 as itself, so it is told to host the c10d store (is_host=1),
+# which a real cluster never needs; and a random pause before each node's agent joins, so that the join order
+# varies from job to job.
 C10D_BODY = "\n".join([
-    "export NNODES=$SLURM_NNODES MASTER_ADDR=$(scontrol show hostnames $SLURM_JOB_NODELIST | head -n 1)",
-    "export MASTER_PORT=$((20000 + SLURM_JOB_ID % 10000))",
-    'LAUNCHER="$PY -m torch.distributed.run --nproc_per_node 2 --nnodes $NNODES '
-    '--rdzv_endpoint $MASTER_ADDR:$MASTER_PORT --rdzv_backend c10d --max_restarts 0"',
-    # A random pause before each node's agent joins, so that the join order varies from job to job.
+    'export PATH="$(dirname "$PY"):$PATH"',  # `python` is the test's interpreter
+    "GPUS_PER_NODE=2",
+    "NNODES=$SLURM_NNODES",
+    "MASTER_ADDR=$(scontrol show hostnames $SLURM_JOB_NODELIST | head -n 1)",
+    "MASTER_PORT=$((20000 + SLURM_JOB_ID % 10000))",
+    'LAUNCHER="python -u -m torch.distributed.run \\',
+    '    --nproc_per_node $GPUS_PER_NODE --nnodes $NNODES --node_rank \\$SLURM_PROCID \\',
+    '    --rdzv_endpoint $MASTER_ADDR:$MASTER_PORT --rdzv_backend c10d --max_restarts 0 "',
     'srun --kill-on-bad-exit=1 bash -c "sleep \\$((RANDOM % 3)); $LAUNCHER '
-    '--rdzv_conf is_host=\\$(( SLURM_NODEID == 0 ? 1 : 0 )) --node_rank \\$SLURM_PROCID '
-    '$WORKER --out $OUT --steps 5 --step-time 0"',
+    '--rdzv_conf is_host=\\$(( SLURM_NODEID == 0 ? 1 : 0 )) $WORKER --out $OUT --steps 5 --step-time 0"',
 ])
 
 
@@ -430,7 +434,10 @@ def test_9_the_guides_accelerate_launch_runs_across_two_nodes(cluster: Path, tmp
         f"cd {ROOT}",
         "export MASTER_ADDR=$(scontrol show hostnames $SLURM_JOB_NODELIST | head -n 1)",
         "export MASTER_PORT=$((20000 + SLURM_JOB_ID % 10000))",
-        f'srun --kill-on-bad-exit=1 bash -c "{accelerate} launch --cpu --mixed_precision no --dynamo_backend no '
+        # The guide's form of the launcher: the module run by `python -u -m`.
+        'export PATH="$(dirname "$PY"):$PATH"',
+        'srun --kill-on-bad-exit=1 bash -c "python -u -m accelerate.commands.launch --cpu --mixed_precision no '
+        '--dynamo_backend no '
         '--num_machines 2 --num_processes 4 --machine_rank \\$SLURM_PROCID --main_process_ip $MASTER_ADDR '
         '--main_process_port $MASTER_PORT --rdzv_conf rdzv_backend=c10d,rdzv_endpoint=$MASTER_ADDR:$MASTER_PORT '
         f'examples/accelerate/train.py --checkpoint-dir {ckpt} --steps 20 --step-time 0 --save-every 10"',

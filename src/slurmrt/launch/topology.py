@@ -346,14 +346,20 @@ def _launcher_under_srun(env: Mapping[str, str], slurm: _SlurmStep, common: _Com
     # early-expanded `--node_rank $SLURM_PROCID` (0 on every node) makes the rendezvous hang.
     elastic = backend is not None and backend != "static"
     if topo.node_rank != s_node and not elastic and not truthy(env.get(ALLOW_NODE_RANK_REORDER)):
+        if argv is None:
+            seen = ("slurmrt found no torchrun or accelerate launch among the parents of this process, so it "
+                    "cannot tell whether the rendezvous orders the nodes itself (an elastic one, c10d, does; then "
+                    f"set {ALLOW_NODE_RANK_REORDER}=1)")
+        else:
+            seen = (f"the launcher's rendezvous is {backend}, which takes the node rank as given (an elastic "
+                    f"rendezvous, --rdzv_backend c10d, orders the nodes itself and is accepted; to accept this "
+                    f"launch anyway, set {ALLOW_NODE_RANK_REORDER}=1)")
         raise NodeRankError(
             f"the launcher says node rank {topo.node_rank} but this is node {s_node} of the step "
             f"(SLURM_NODEID={s_node}, host {common['hostname']}). Usually `--node_rank=$SLURM_PROCID` or "
             "`--machine_rank=$SLURM_NODEID` was expanded by the batch shell, where it is 0, so every node claims "
             "rank 0 and the rendezvous hangs. Fix: wrap the launcher so the variable is expanded inside the step: "
-            "srun bash -c 'torchrun --node_rank=$SLURM_NODEID ...'. (An elastic rendezvous, --rdzv_backend c10d, "
-            f"orders the nodes itself and is accepted; if slurmrt could not see the launcher's command line, set "
-            f"{ALLOW_NODE_RANK_REORDER}=1)",
+            f"srun bash -c 'torchrun --node_rank=$SLURM_NODEID ...'. Here {seen}",
             launcher_node_rank=topo.node_rank,
             slurm_nodeid=s_node,
         )
