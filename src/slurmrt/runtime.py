@@ -230,7 +230,7 @@ class Runtime:
             self.stop.end_rounds()
             self.outcome = conclude(self.stop.decision, topology=self.topology, options=self.options,
                                     comm=self._hooks.groups().work, report=self._report, events=self.events.path,
-                                    failed_save=failed_save)
+                                    failed_save=failed_save, step=self.stop.last_step)
         self.close()
         return self.outcome.code
 

@@ -112,8 +112,8 @@ def test_status_tells_the_jobs_life_with_the_figures_of_its_event_log(job: Path,
     # Task 1 is killed; task 0, the survivor, names it and records the end of the run (exit 5, HUNG).
     assert f"run 0: fresh start; no stop; last checkpoint step {SAVE_EVERY - 1}; exit HUNG" in text
     assert f"(at least {lost} step(s))" in text
-    assert f"run 1: resumed after step {SAVE_EVERY - 1}; no stop; last checkpoint step {STEPS - 1}; exit FINISHED" \
-        in text
+    assert f"run 1: resumed after step {SAVE_EVERY - 1}; no stop; last checkpoint step {STEPS - 1}; exit FINISHED; " \
+        f"reached step {STEPS - 1}" in text
     assert (f"reached step {STEPS - 1} in {duration(run1.end - run0.start)}; work lost {lost} step(s)" in text)
     assert f"waiting between runs {duration(gap)}; saving {duration(saving)} (5 checkpoint(s))" in text
     assert "!" in text.split("timeline")[1], "the lost steps are drawn"
@@ -154,3 +154,32 @@ def test_sim_shows_the_runs_progress_on_a_terminal(tmp_path: Path) -> None:
     piped = sim(tmp_path, "-N", "1", "--", sys.executable, str(ROOT / "examples" / "quickstart" / "train.py"),
                 "--steps", "5", "--checkpoint-dir", str(tmp_path / "ckpt2"), env={"SLURMRT_PROGRESS_S": "0"})
     assert piped.returncode == 0 and "run 0: step" not in piped.stdout
+
+
+NO_FINAL_SAVE = """\
+import sys, slurmrt
+rt = slurmrt.init(checkpoint_dir=sys.argv[1])
+for step in range(40):
+    if rt.should_stop(step):
+        break
+    if step % 12 == 11:
+        rt.save({"step": step}, step=step)
+rt.exit()
+"""
+
+
+def test_status_reports_the_step_a_run_reached_after_its_last_checkpoint(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text(NO_FINAL_SAVE)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "RANK", "WORLD_SIZE", "MASTER"))}
+    env["PYTHONPATH"] = str(ROOT / "src")
+    ckpt = tmp_path / "ckpt"
+    done = subprocess.run([sys.executable, str(tmp_path / "train.py"), str(ckpt)], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (exit_event,) = [e for e in _events(tmp_path) if e["event"] == "exit"]
+    assert exit_event["step"] == 39
+    status = subprocess.run([sys.executable, "-m", "slurmrt", "status", str(ckpt), "--no-chart"], env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert status.returncode == 0, status.stderr
+    assert "last checkpoint step 35; exit FINISHED; reached step 39" in status.stdout, status.stdout
+    assert "totals: 1 run(s), reached step 39" in status.stdout

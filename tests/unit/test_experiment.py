@@ -206,3 +206,25 @@ def test_an_mlflow_run_that_cannot_be_resumed_gives_a_new_run_not_a_crash(tmp_pa
     mlflow.end_run()
     assert second != first and trackers.mlflow_run_id(_rt(ckpt, None)) == second
     assert "cannot be resumed" in caplog.text
+
+
+def test_a_run_that_trained_past_its_last_checkpoint_is_recorded_where_it_really_ended() -> None:
+    """The quickstart's pattern: periodic saves, none at the end. Run 0 saves step 35, trains on to 39 and is
+    stopped for a requeue without a save (SIGTERM left no time); run 1 resumes from 35 and finishes at 49, its last
+    checkpoint at 45. Only the exit events know 39 and 49 (progress was last sampled at 30 and 40)."""
+    def ev(t: float, restart: int, event: str, **kw: Any) -> dict[str, Any]:
+        return {"time": f"2026-11-21T10:00:{t:06.3f}+00:00", "event": event, "job": "12", "restart": restart,
+                "rank": 0, **kw}
+
+    events = [ev(0, 0, "init"), ev(1, 0, "fresh_start"), ev(2, 0, "progress", step=0), ev(5, 0, "progress", step=30),
+              ev(6, 0, "save", step=35, seconds=0.1), ev(7, 0, "exit", outcome="REQUEUED", code=3, step=39),
+              ev(20, 1, "init"), ev(21, 1, "resume", step=35), ev(22, 1, "progress", step=40),
+              ev(23, 1, "save", step=45, seconds=0.1), ev(24, 1, "exit", outcome="FINISHED", code=0, step=49)]
+    life = build(events)
+    run0, run1 = life.runs
+    assert (run0.last_step, run0.lost_steps, run0.lost_after) == (39, 4, 35)
+    assert (run1.last_step, run1.lost_steps) == (49, 0), "a finished run's last steps are its result, not lost"
+    assert run1.points[-1] == (pytest.approx(run1.end), 49), "the line ends where the run ended"
+    assert totals(life).startswith("totals: 2 run(s), reached step 49 in 24.0 s; work lost 4 step(s)")
+    unknown = [e for e in events if e["event"] != "exit"] + [ev(24, 1, "exit", outcome="FINISHED", step=None)]
+    assert build(unknown).runs[1].last_step == 45, "an exit without a step leaves the steps the others name"

@@ -72,6 +72,8 @@ def _describe(run_: RunLife, gap: float | None) -> list[str]:
         f"last checkpoint step {run_.last_checkpoint}" if run_.checkpoints else "last checkpoint none",
         f"exit {run_.outcome}" if run_.outcome else "no exit recorded (killed?)",
     ]
+    if run_.last_step is not None:  # from the exit event when the run recorded it: where training really got to
+        parts.append(f"{'reached' if run_.outcome else 'last seen at'} step {run_.last_step}")
     lost = []
     if gap is not None:
         lost.append(f"{duration(gap)} down between runs")

@@ -35,14 +35,15 @@ def _futile(decision: StopDecision | None, events: Path | None, rank: int) -> in
 
 
 def conclude(decision: StopDecision | None, *, topology: Topology, options: Options, comm: Comm, report: Reporter,
-             events: Path | None, failed_save: bool) -> Outcome:
-    """How the run ends, the same on every rank; requeues the job when the verdict says so. Collective."""
+             events: Path | None, failed_save: bool, step: int | None = None) -> Outcome:
+    """How the run ends, the same on every rank; requeues the job when the verdict says so. Collective. ``step`` is
+    the last step the run reached, for the record."""
     verdict = choose(decision, requeue_enabled=options.requeue, is_slurm=topology.is_slurm,
                      restart_count=topology.restart_count, max_restarts=options.max_restarts,
                      kill_switch=options.kill_switch, futile=_futile(decision, events, comm.rank),
                      max_futile=options.max_futile_runs)
     chosen = after_failed_save(verdict.outcome) if failed_save else verdict.outcome
-    report.exit(chosen, verdict, decision)
+    report.exit(chosen, verdict, decision, step=step)
     comm.all_ok(True)  # every rank is here: rank 0 may requeue
     if comm.rank == 0 and verdict.requeue and topology.requeue_id:
         done, message = requeue(topology.requeue_id)

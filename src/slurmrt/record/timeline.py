@@ -1,7 +1,9 @@
 """The life of a job, from its event log: each run's steps over wall time, its checkpoints, why it stopped, the work
 it lost, and the waits between runs. ``slurmrt status`` prints it, and draws it with matplotlib when asked.
 
-Steps come from rank 0's events: ``resume``, ``progress`` (every ``progress_s``), ``save`` and ``decision``. Work
+Steps come from rank 0's events: ``resume``, ``progress`` (every ``progress_s``), ``save``, ``decision`` and
+``exit``, which carries the last step the run reached (after its last checkpoint, when the loop ran on without a
+save at its end). Work
 lost by a run is the steps it trained after the checkpoint that the next run resumed from (for the last run: its
 own last checkpoint). A run that ended without a clean exit (SIGKILL, a node failure) may have trained a few steps
 after its last ``progress`` event; its lost work is a lower bound.
@@ -129,7 +131,7 @@ def _run_life(run: Run) -> RunLife:
         if not isinstance(step, int):
             continue
         t = timestamp(e)
-        if kind in (Event.RESUME.value, Event.PROGRESS.value, Event.DECISION.value):
+        if kind in (Event.RESUME.value, Event.PROGRESS.value, Event.DECISION.value, Event.EXIT.value):
             steps.append((t, step))
         if kind == Event.SAVE.value:
             life.checkpoints.append((t, step, float(e.get("seconds") or 0.0)))
@@ -151,6 +153,8 @@ def _account_lost(life: RunLife, following: RunLife | None) -> None:
     """The steps ``life`` trained beyond what survived it, and the wall time they took."""
     if following is not None:
         kept = following.resumed_from if following.resumed_from is not None else -1
+    elif life.outcome == "FINISHED":
+        return  # the last run did all its steps: what it trained after its last checkpoint is its result
     else:
         kept = max(life.last_checkpoint if life.last_checkpoint is not None else -1,
                    life.resumed_from if life.resumed_from is not None else -1)

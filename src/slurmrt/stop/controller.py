@@ -54,6 +54,9 @@ class StopController:
         self._next_progress = 0.0 if rank0 else float("inf")  # rank 0 records its progress, from the first step
         self.agreement: Agreement | None = None
         self.decision: StopDecision | None = None
+        #: The last step the training loop reported (should_stop, or a framework's stop): where the run really got
+        #: to, recorded in its exit event (its last checkpoint may be older).
+        self.last_step: int | None = None
 
     # -- the per-step path -----------------------------------------------------------------------------------------
     def should_stop(self, step: int, *, before: str | None = None) -> bool:
@@ -61,6 +64,7 @@ class StopController:
         if self._last_tick is not None:
             self.budget.step_done(now - self._last_tick)
         self.heartbeat = now
+        self.last_step = step
         if now >= self._next_progress:
             self._progress(step, now)
         self._poll_saves()
@@ -163,6 +167,7 @@ class StopController:
         return c.reasons
 
     def stopped(self, reasons: frozenset[Reason], *, step: int, term_time: float | None = None) -> StopDecision:
+        self.last_step = step
         gathered = self._groups().work.all_gather((sorted(r.value for r in reasons), term_time))
         union = frozenset(Reason(v) for values, _ in gathered for v in values)
         terms = [t for _, t in gathered if t is not None]
