@@ -137,3 +137,77 @@ def test_a_checkpoint_cut_by_sigkill_is_never_resumed_and_a_stop_during_evaluati
     assert 16 <= stopped < STEPS
     assert last["resumed from"] == f"step {stopped}" and last["exit"] == "0"
     assert _equal(_weights(tmp_path / "w.pt"), weights)
+
+
+# -- the Trainer's own SIGTERM checkpoint (enable_jit_checkpoint) next to slurmrt's stop ------------------------------
+
+JIT_SCRIPT = """\
+import os, signal, sys
+import torch
+import slurmrt
+from transformers import Trainer, TrainerCallback, TrainingArguments
+from slurmrt.integrations.transformers import SlurmrtCallback, resume_from
+
+rt = slurmrt.init(checkpoint_dir=sys.argv[1])
+ours = signal.getsignal(signal.SIGTERM)
+
+class Tiny(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Linear(4, 1)
+    def forward(self, x, y):
+        return {"loss": ((self.w(x) - y) ** 2).mean()}
+
+data = [{"x": torch.full((4,), float(i)), "y": torch.tensor([float(i)])} for i in range(64)]
+
+def arguments(jit):
+    return TrainingArguments(output_dir=sys.argv[2], max_steps=30, per_device_train_batch_size=2, save_strategy="no",
+                             report_to="none", disable_tqdm=True, use_cpu=True, enable_jit_checkpoint=jit)
+
+for how in ("built", "added"):
+    try:
+        if how == "built":
+            Trainer(model=Tiny(), args=arguments(True), train_dataset=data, callbacks=[SlurmrtCallback(rt)])
+        else:
+            trainer = Trainer(model=Tiny(), args=arguments(True), train_dataset=data)
+            trainer.add_callback(SlurmrtCallback(rt))
+            trainer.train()
+        print(how, "ACCEPTED")
+    except slurmrt.ConfigError as err:
+        print(how, "REFUSED", err)
+    print(how, "HANDLER", "slurmrt" if signal.getsignal(signal.SIGTERM) == ours else "other")
+
+class Preempt(TrainerCallback):  # SIGTERM after step 7, tied to progress
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == 7:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+trainer = Trainer(model=Tiny(), args=arguments(False), train_dataset=data, callbacks=[Preempt(), SlurmrtCallback(rt)])
+trainer.train(resume_from_checkpoint=resume_from(rt))
+print("STOPPED", trainer.state.global_step, rt.stop_reason.value if rt.stop_reason else None)
+sys.exit(int(rt.finish()))
+"""
+
+
+def test_the_trainers_jit_checkpoint_is_refused_next_to_slurmrt_which_keeps_sigterm_and_saves(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    import os
+    import subprocess
+
+    script = tmp_path / "jit.py"
+    script.write_text(JIT_SCRIPT)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "RANK", "WORLD_SIZE", "MASTER"))}
+    env["PYTHONPATH"] = str(ROOT / "src")
+    env["SLURMRT_SAVE_TIME_S"] = "1"  # a save fits in the SIGTERM's grace time (no first save has measured one)
+    out = subprocess.run([sys.executable, str(script), str(tmp_path / "ckpt"), str(tmp_path / "out")], env=env,
+                         capture_output=True, text=True, timeout=300)
+    lines = out.stdout.splitlines()
+    for how in ("built", "added"):
+        (said,) = [x for x in lines if x.startswith(f"{how} REFUSED") or x.startswith(f"{how} ACCEPTED")]
+        assert "enable_jit_checkpoint=True" in said and "set enable_jit_checkpoint=False" in said, out.stdout
+        assert f"{how} HANDLER slurmrt" in lines, "slurmrt's SIGTERM handler is back"
+    # Without the JIT checkpoint, SIGTERM is slurmrt's: the stop at the step after it, saved and committed.
+    assert "STOPPED 7 sigterm" in lines, out.stdout[-2000:] + out.stderr[-3000:]
+    assert (tmp_path / "ckpt" / "latest").read_text().strip() == "step_000000007"
+    assert not list((tmp_path / "out").glob("checkpoint-*")), "the Trainer's folder moved into slurmrt's checkpoint"
+    assert out.returncode == 4, out.stderr[-3000:]  # ExitCode.STOPPED: SIGTERM outside Slurm is not requeued

@@ -43,17 +43,8 @@ CHECKPOINT_FILE = "last.ckpt"
 
 def resume_from(rt: Any) -> str | None:
     """``trainer.fit(..., ckpt_path=...)``: the newest complete checkpoint, the same on every rank; None on a fresh
-    start. Collective: every rank calls it.
-
-    Finding the checkpoint every rank can read is a collective, and Lightning initializes ``torch.distributed`` only
-    inside ``fit``: so this initializes it first, with the backend Lightning's DDP would choose (NCCL with GPUs, else
-    gloo); Lightning then finds it initialized and uses it."""
-    if rt.world_size > 1:
-        import torch
-        import torch.distributed as dist
-
-        if not dist.is_initialized():
-            dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")  # env://, from slurmrt.init()
+    start. Collective: every rank calls it. It initializes ``torch.distributed`` when Lightning has not yet (it does
+    only inside ``fit``), with the backend Lightning's DDP would choose: NCCL with GPUs, else gloo."""
     directory = latest_directory(rt, framework="SlurmrtCallback (Lightning)", holds=CHECKPOINT_FILE)
     if directory is None:
         return None

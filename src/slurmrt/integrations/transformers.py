@@ -18,6 +18,8 @@ What the callback does:
 - Retention is slurmrt's ``keep_last``: the Trainer's ``save_total_limit`` finds no checkpoints of its own to rotate.
 - The time the Trainer spends in evaluation is left out of the measured step time. A stop that comes during an
   evaluation is acted on at the first optimizer step after it.
+- The Trainer's own SIGTERM checkpoint, ``TrainingArguments(enable_jit_checkpoint=True)``, is refused next to the
+  callback (see :data:`JIT_CHECKPOINT_REFUSED`): slurmrt already saves on SIGTERM, at a step every rank agreed on.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from .._errors import ConfigError
 from ._latest import latest_directory
 
 __all__ = ["SlurmrtCallback", "resume_from"]
@@ -38,10 +41,22 @@ logger = logging.getLogger(__name__)
 
 PREFIX = "checkpoint"  # the Trainer's checkpoint folders: checkpoint-<global step>
 
+#: Why ``enable_jit_checkpoint=True`` and SlurmrtCallback do not go together. The Trainer's JIT checkpoint installs a
+#: SIGTERM handler of its own when the Trainer is built, in place of slurmrt's; each rank then saves when it got the
+#: signal, 3 s later, at whatever step it is at, without asking the others (a rank that did not get it goes on into
+#: the next collective and waits there); and it writes ``checkpoint-N`` in place, where a SIGKILL leaves half of it.
+JIT_CHECKPOINT_REFUSED = (
+    "TrainingArguments(enable_jit_checkpoint=True) and SlurmrtCallback both save on SIGTERM: two handlers, two "
+    "saves racing, and the Trainer's replaces slurmrt's and decides per rank. Keep SlurmrtCallback and set "
+    "enable_jit_checkpoint=False: slurmrt saves on SIGTERM and on the --signal warning, at a step every rank agreed "
+    "on, and commits the checkpoint atomically. (Without slurmrt, the JIT checkpoint is the Trainer's way.)")
+
 
 def resume_from(rt: Any) -> str | None:
     """``trainer.train(resume_from_checkpoint=...)``: the newest complete checkpoint, the same on every rank; None
-    on a fresh start. Collective: every rank calls it."""
+    on a fresh start. Collective: every rank calls it. Like Lightning's helper, it initializes ``torch.distributed``
+    when nothing has yet (the Trainer does once its ``TrainingArguments`` pick a device), with NCCL when there are
+    GPUs, else gloo: call it after the Trainer is built to keep the backend of ``ddp_backend``."""
     directory = latest_directory(rt, framework="the Trainer")
     if directory is None:
         return None
@@ -54,7 +69,16 @@ class SlurmrtCallback(TrainerCallback):  # type: ignore[misc]
     def __init__(self, rt: Any) -> None:
         self.rt = rt
 
+    def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._refuse_jit_checkpoint(args)
+
+    def _refuse_jit_checkpoint(self, args: Any) -> None:
+        if getattr(args, "enable_jit_checkpoint", False):
+            self.rt.reclaim_signals()  # the Trainer took SIGTERM when it was built: give it back to slurmrt
+            raise ConfigError(JIT_CHECKPOINT_REFUSED, enable_jit_checkpoint=True)
+
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._refuse_jit_checkpoint(args)  # a callback added after the Trainer was built misses on_init_end
         if args.world_size != self.rt.world_size:
             raise RuntimeError(f"the Trainer runs {args.world_size} process(es), slurmrt counts {self.rt.world_size}: "
                                "call slurmrt.init() before TrainingArguments, in every process of the job")
