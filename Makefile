@@ -4,13 +4,13 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test test-repeat bench lint clean
+.PHONY: demo test test-repeat bench lint docs clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[test,dev,gpu]'
+	$(PY) -m pip install -q -e '.[test,dev,gpu,docs]'
 	touch $@
 
 # A 2-node x 2-task job under `slurmrt sim`: preempted 1 s after its first checkpoint (USR1 at once, SIGTERM after a
@@ -38,6 +38,11 @@ test-repeat: $(VENV)/.installed
 bench: $(VENV)/.installed
 	$(PY) -m pip install -q -e '.[bench]'
 	$(PY) -m benchmarks.run
+
+# The docs site (mkdocs, Material, mkdocstrings) into build/site; --strict: a broken link or reference fails it.
+# The runnable code blocks of the docs run in `make test` (tests/integration/test_docs.py).
+docs: $(VENV)/.installed
+	$(VENV)/bin/mkdocs build --strict
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check src tests examples benchmarks

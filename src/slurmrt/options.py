@@ -1,4 +1,4 @@
-"""init() options: keyword arguments, each with a ``SLURMRT_*`` environment variable (documented in the README).
+"""init() options: keyword arguments, each with a ``SLURMRT_*`` environment variable (docs/reference/environment.md).
 
 An explicit argument wins over the environment, which wins over the default.
 """
@@ -101,7 +101,7 @@ class Options:
         return cls(parallel=ParallelConfig.declared(env, **declared), **values)
 
 
-#: ``SLURMRT_*`` variables that are not init() options, each read where it acts (the README's table).
+#: ``SLURMRT_*`` variables that are not init() options, each read where it acts (docs/reference/environment.md).
 OTHER_VARIABLES = frozenset({"SLURMRT_LOCK_FILE", "SLURMRT_ALLOW_NODE_RANK_REORDER", "SLURMRT_EVENT_COPY",
                              "SLURMRT_SIM_DIR", "SLURMRT_SIM_UNHEALTHY", "SLURMRT_CLUSTER_DIR",
                              "SLURMRT_BENCH_DIR"})

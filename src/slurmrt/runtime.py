@@ -81,7 +81,7 @@ def init(options: Options | None = None, **overrides: Any) -> Runtime:
 
 
 class Runtime:
-    """Returned by :func:`slurmrt.init`: the topology, then the training-loop calls (the README's API table)."""
+    """Returned by :func:`slurmrt.init`: the topology, then the training-loop calls (docs/reference/api.md)."""
 
     def __init__(self, topology: Topology, options: Options, events: EventLog, *, connections: str | None = None,
                  lease: leases.Lease | None = None, experiment_id: str | None = None) -> None:

@@ -211,3 +211,20 @@ def test_the_trainers_jit_checkpoint_is_refused_next_to_slurmrt_which_keeps_sigt
     assert (tmp_path / "ckpt" / "latest").read_text().strip() == "step_000000007"
     assert not list((tmp_path / "out").glob("checkpoint-*")), "the Trainer's folder moved into slurmrt's checkpoint"
     assert out.returncode == 4, out.stderr[-3000:]  # ExitCode.STOPPED: SIGTERM outside Slurm is not requeued
+
+
+def test_a_trainer_that_runs_alone_in_each_process_on_cpu_is_told_the_settings_it_needs(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("transformers")
+    from types import SimpleNamespace
+
+    from slurmrt.integrations import transformers
+    from slurmrt.integrations.transformers import SlurmrtCallback
+
+    monkeypatch.setattr(transformers, "_has_cuda", lambda: False)  # a machine without GPUs, even on one with
+
+    callback = SlurmrtCallback(SimpleNamespace(world_size=2))
+    alone = SimpleNamespace(world_size=1, use_cpu=False, load_best_model_at_end=False, enable_jit_checkpoint=False)
+    with pytest.raises(RuntimeError, match=r"runs 1 process\(es\), slurmrt counts 2.*use_cpu=True, "
+                                           r"ddp_backend='gloo'"):
+        callback.on_train_begin(alone, None, None)

@@ -73,7 +73,7 @@ def long_jobs(cluster: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[s
         "-N2", "--ntasks-per-node=1", "--time=2", "--signal=USR1@30", "--requeue", name="signal_steps",
         exports={"SLURMRT_DEADLINE": "0"}), d, steps)
     d = tmp_path_factory.mktemp("signal_batch")
-    # The forwarding pattern from the README, for --signal=B:USR1: the batch shell passes it to srun.
+    # The forwarding pattern of docs/quickstart.md, for --signal=B:USR1: the batch shell passes it to srun.
     body = "\n".join([
         "trap 'echo forwarding USR1; kill -USR1 \"$SRUN_PID\"' USR1",
         f"srun $PY $WORKER --out $OUT --steps {steps} --step-time 0.5 &",
@@ -199,7 +199,7 @@ def test_8_a_killed_task_ends_the_job_which_requeues_and_resumes_from_the_last_c
         "--pid-dir $OUT.pids",
         "rc=$?",
         'echo "srun exited $rc"',
-        # The README's pattern: a task died (node failure, OOM, SIGKILL) -> requeue, resume from the checkpoint.
+        # The pattern of docs/reference/exit-codes.md: a task died (node failure, OOM, SIGKILL) -> requeue, resume.
         'case $rc in 0|3|4) ;; *) [ "${SLURM_RESTART_COUNT:-0}" -lt 3 ] && scontrol requeue "$SLURM_JOB_ID" ;; esac',
     ])
     job = submit(tmp_path, body, "-N2", "--ntasks-per-node=1", "--requeue", name="nodefail")

@@ -80,8 +80,11 @@ class SlurmrtCallback(TrainerCallback):  # type: ignore[misc]
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._refuse_jit_checkpoint(args)  # a callback added after the Trainer was built misses on_init_end
         if args.world_size != self.rt.world_size:
+            cpu = "" if getattr(args, "use_cpu", False) or _has_cuda() else (
+                " On CPU, the Trainer runs distributed only with TrainingArguments(use_cpu=True, ddp_backend='gloo');"
+                " without them it trains alone in each process.")
             raise RuntimeError(f"the Trainer runs {args.world_size} process(es), slurmrt counts {self.rt.world_size}: "
-                               "call slurmrt.init() before TrainingArguments, in every process of the job")
+                               f"call slurmrt.init() before TrainingArguments, in every process of the job.{cpu}")
         if args.load_best_model_at_end:
             raise ValueError("load_best_model_at_end=True does not work with SlurmrtCallback: the checkpoints move "
                              "from output_dir into slurmrt's checkpoint directory, where the Trainer does not look "
@@ -130,6 +133,12 @@ class SlurmrtCallback(TrainerCallback):  # type: ignore[misc]
         phase, self._phase = self._phase, None
         if phase is not None:
             phase.__exit__(None, None, None)
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
 
 
 def _barrier() -> None:
