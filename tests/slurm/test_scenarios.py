@@ -395,15 +395,18 @@ def test_9_the_guides_c10d_torchrun_launch_is_accepted_in_every_job(cluster: Pat
 # (the second node-0 agent fails to bind the store port, see test_7 above); this stand-in starts the workers with
 # the variables torchrun's static agent gives them, trusting --node_rank, and its command line is torchrun's.
 STATIC_TORCHRUN = """\
-import os, subprocess, sys
+import ctypes, os, signal, subprocess, sys
 a = sys.argv[1:]
+# The workers die with this stand-in, as torchrun's do: the test cluster's proctrack/linuxproc loses track of a
+# killed task's orphans, which would wait in their rendezvous for 30 minutes.
+die_with_parent = lambda: ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 opt = lambda name: a[a.index(name) + 1]
 n, nodes, node = int(opt("--nproc_per_node")), int(opt("--nnodes")), int(opt("--node_rank"))
 cmd = a[a.index("--master_port") + 2:]
 procs = [subprocess.Popen([sys.executable, *cmd], env={**os.environ, "RANK": str(node * n + i), "LOCAL_RANK": str(i),
          "WORLD_SIZE": str(nodes * n), "LOCAL_WORLD_SIZE": str(n), "GROUP_RANK": str(node),
          "GROUP_WORLD_SIZE": str(nodes), "TORCHELASTIC_RUN_ID": "none", "MASTER_ADDR": opt("--master_addr"),
-         "MASTER_PORT": opt("--master_port")}) for i in range(n)]
+         "MASTER_PORT": opt("--master_port")}, preexec_fn=die_with_parent) for i in range(n)]
 sys.exit(max(p.wait() for p in procs))
 """
 
