@@ -23,9 +23,9 @@ def main() -> None:
     pids = [None] * world
     dist.all_gather_object(pids, os.getpid())
     current = {"step": -1}
-    arrived: list[int] = []
+    arrived: list[tuple[int, float]] = []  # (the step in progress, the time) when the signal landed
     # Our own handler, installed first: slurmrt chains it, so it sees the step in progress when the signal lands.
-    signal.signal(signal.SIGUSR1, lambda *a: arrived.append(current["step"]))
+    signal.signal(signal.SIGUSR1, lambda *a: arrived.append((current["step"], time.time())))
     rng = random.Random(1234)
     out = []
     for _ in range(trials):
@@ -42,14 +42,18 @@ def main() -> None:
             if rt.should_stop(step):
                 break
             step += 1
-        got = torch.tensor([step, arrived[0] if arrived else -1], dtype=torch.int64)
-        every = [torch.zeros(2, dtype=torch.int64) for _ in range(world)]
+        stopped_at = time.time()
+        landed = arrived[0] if arrived else (-1, -1.0)
+        got = torch.tensor([step, landed[0], landed[1], stopped_at], dtype=torch.float64)
+        every = [torch.zeros(4, dtype=torch.float64) for _ in range(world)]
         dist.all_gather(every, got)
         stops = {int(t[0]) for t in every}
         signal_step = max(int(t[1]) for t in every)
-        out.append({"victim": victim, "stops": sorted(stops), "signal_step": signal_step})
+        signal_time = max(float(t[2]) for t in every)
+        out.append({"victim": victim, "stops": sorted(stops), "signal_step": signal_step,
+                    "seconds": max(float(t[3]) for t in every) - signal_time})
         rt.finish()
-        signal.signal(signal.SIGUSR1, lambda *a: arrived.append(current["step"]))
+        signal.signal(signal.SIGUSR1, lambda *a: arrived.append((current["step"], time.time())))
     print(json.dumps(out))
 
 

@@ -8,12 +8,23 @@ Protocol (one control thread per rank, a private gloo group, a MAX all-reduce pe
   waiting. ``should_stop(step)`` is then one comparison; a rank waits only when it reaches C before the next round.
 - A round with reasons decides ``stop at step C_prev`` -- the clearance of the round before, identical on every rank
   because it comes from reduced values. No rank can be past it: nobody passes C_prev without a newer round.
-- ``W`` adapts so that training rarely waits (W >= 2, and larger when steps are faster than rounds); the ranks agree on
-  it through the same reduction. Stop latency is about W + 1 steps: 2-3 for steps longer than a round.
+- ``W`` adapts so that training rarely waits (W >= 2, and enough steps to cover one and a half round periods); the
+  ranks agree on it through the same reduction.
+
+Rounds are paced by the stop latency a job needs, not by its step time. A round every quarter of a step, but never
+more often than every ``min_interval_s`` (0.5 s) nor less often than every ``max_interval_s`` (1 s): the warning a
+stop answers comes minutes before the end, SIGTERM 30 s before SIGKILL, and a stop within a second or two of either
+is as good as one within a step. So the thread costs under one percent of a core whatever the step time (a round
+is one to a few milliseconds of CPU, gloo's threads included), and its rounds hardly ever take the GIL from the
+training thread. Stop latency is about W + 1 steps: 2-3 steps for steps longer than two seconds, and for faster ones
+about one and a half round periods in time (under 2 s).
+
+A round comes early when it is needed: a training thread that reaches its clearance wakes its control thread, which
+enters the round at once (the other ranks, in step, reach the same clearance and do the same). That is what happens
+before the step time is known (W = 2), and when steps turn faster than the window planned for.
 
 The training thread never runs a collective for this, so a GPU job's step never synchronises with the GPU stream
-or with the other ranks because of slurmrt. Rounds are paced to a fraction of the step time (a few ms at least), so
-the thread costs about one percent of a core.
+or with the other ranks because of slurmrt.
 """
 
 from __future__ import annotations
@@ -70,8 +81,8 @@ class LocalAgreement:
 class DistributedAgreement:
     """The clearance protocol above, over ``group`` (a gloo process group of all ranks)."""
 
-    def __init__(self, contribute: ContributeFn, group: Any, *, min_interval_s: float = 0.005,
-                 max_interval_s: float = 0.5, step_estimate: Callable[[], float | None] = lambda: None) -> None:
+    def __init__(self, contribute: ContributeFn, group: Any, *, min_interval_s: float = 0.5,
+                 max_interval_s: float = 1.0, step_estimate: Callable[[], float | None] = lambda: None) -> None:
         self._contribute = contribute
         self._group = group
         self._min_interval = min_interval_s
@@ -89,6 +100,8 @@ class DistributedAgreement:
         self._thread: threading.Thread | None = None
         self._round_period: float | None = None
         self._abandon = threading.Event()
+        #: Set to start the next round now: a training thread waits for clearance, the rounds end, or are abandoned.
+        self._wake = threading.Event()
 
     @property
     def started(self) -> bool:
@@ -121,6 +134,7 @@ class DistributedAgreement:
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="slurmrt-agreement", daemon=True)
             self._thread.start()
+        self._wake.set()  # the clearance is used up: the next round now, not at the end of the pause
         with self._cond:
             while True:
                 if self._error is not None:
@@ -137,6 +151,7 @@ class DistributedAgreement:
     def end_rounds(self, timeout_s: float = 60.0) -> None:
         """This rank left the training loop: end the rounds (collectively) and join the thread."""
         self._leaving = True
+        self._wake.set()
         thread = self._thread
         if thread is not None:
             thread.join(timeout_s)
@@ -152,8 +167,10 @@ class DistributedAgreement:
         """
         if collectively and self._thread is not None:
             self._leaving = True
+            self._wake.set()
             self._thread.join(10.0)
         self._abandon.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(2.0)
 
@@ -178,10 +195,10 @@ class DistributedAgreement:
                 last = now
                 if self._apply(verdict):
                     return
-                step_s = self._step_estimate()
-                interval = self._min_interval if step_s is None else step_s / 4
-                # Sleep outside the lock; the round itself is the only blocking call.
-                if self._abandon.wait(min(max(interval, self._min_interval), self._max_interval)):
+                # Pause outside the lock; the round itself is the only blocking call.
+                self._wake.wait(self._pause())
+                self._wake.clear()
+                if self._abandon.is_set():
                     return
         except BaseException as err:  # noqa: BLE001 - reported to the training thread, which raises
             with self._cond:
@@ -199,7 +216,7 @@ class DistributedAgreement:
                 _abandoned.append(tensor)  # the worker still holds it: never let the worker own the last reference
                 return False
             time.sleep(pause)
-            pause = min(pause * 2, 0.002)
+            pause = min(pause * 2, 0.005)
         work.wait()  # completed: returns at once, or raises the round's error
         del work
         wait_released(tensor)
@@ -224,13 +241,20 @@ class DistributedAgreement:
             self._cond.notify_all()
             return self._over or self.decision is not None
 
+    def _pause(self) -> float:
+        """Seconds until the next round, unless woken: a quarter of a step, within [min_interval, max_interval]."""
+        step_s = self._step_estimate()
+        interval = self._min_interval if step_s is None else step_s / 4
+        return min(max(interval, self._min_interval), self._max_interval)
+
     def _proposed_window(self) -> int:
         step_s = self._step_estimate()
-        period = self._round_period
-        if not step_s or not period:
+        if not step_s or self._round_period is None:
             return 2
-        # Enough steps to cover one and a half round periods, so the training thread rarely waits.
-        return max(2, min(10_000, math.ceil(1.5 * period / step_s) + 1))
+        # Enough steps to cover one and a half round periods, so the training thread rarely waits; the period is at
+        # least the planned pause (a round that came early, woken by a waiting rank, says nothing about the next).
+        period = max(self._round_period, self._pause())
+        return max(2, min(1_000_000, math.ceil(1.5 * period / step_s) + 1))
 
 
 
