@@ -251,8 +251,9 @@ class Runtime:
         self.stop.end_rounds()
         self._watcher.stop()
         # A background save still in flight is the user's checkpoint, and its thread is inside a collective: the
-        # interpreter must not end under it (gloo aborts the process). Let it commit.
-        self.checkpoints.wait()
+        # interpreter must not end under it (gloo aborts the process). Let it commit; and let the pruned checkpoints'
+        # files go.
+        self.checkpoints.close()
         agreement = self.stop.agreement
         # After a failed round a peer is probably gone: destroying the groups could wait for it.
         self._hooks.undo(destroy_groups=agreement is None or not agreement.failed)

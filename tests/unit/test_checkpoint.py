@@ -280,10 +280,40 @@ def test_a_pruned_checkpoint_leaves_the_committed_set_before_any_of_its_files_is
 
     monkeypatch.setattr(os, "unlink", watched)
     store.save({"w": torch.ones(10)}, 2, local={"rng": 2})
+    store.close()  # the files are unlinked in the background
     monkeypatch.undo()
     assert seen, "the pruning deleted nothing"
     assert all(steps == [2] for steps in seen), seen
     assert complete_steps(tmp_path) == [2] and not list(tmp_path.glob(".tmp-step_*"))
+
+
+def test_pruning_is_off_the_saves_critical_path_and_done_by_close(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The save returns with the pruned checkpoint out of sight while its files are still being deleted; close()
+    waits for the deletion."""
+    import threading
+
+    from slurmrt.checkpoint import retention
+    from slurmrt.checkpoint.store import complete_steps
+
+    store = _store(tmp_path, keep_last=1)
+    store.save({"w": torch.zeros(10)}, 1)
+    release, started = threading.Event(), threading.Event()
+    rmtree = retention.shutil.rmtree
+
+    def slow(path: Any, *args: Any, **kwargs: Any) -> None:
+        started.set()
+        release.wait(30)
+        rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(retention.shutil, "rmtree", slow)
+    store.save({"w": torch.ones(10)}, 2)  # returns although the deletion of step 1 is held
+    assert started.wait(30), "the deletion never started"
+    assert complete_steps(tmp_path) == [2], "the pruned checkpoint is out of sight at once"
+    assert list(tmp_path.glob(".tmp-step_000000001-*-pruned")), "its files are still there, being deleted"
+    release.set()
+    store.close()
+    assert not list(tmp_path.glob(".tmp-step_*"))
 
 
 def test_a_resumed_run_never_writes_into_an_earlier_attempts_half_written_directory(tmp_path: Path) -> None:
@@ -320,3 +350,21 @@ def test_a_checkpoint_that_cannot_be_pruned_is_kept_and_the_new_one_is_still_com
     assert result.step == 2 and _loaded(store) == (2, {"w": 2})
     assert sorted(p.name for p in tmp_path.glob("step_*")) == ["step_000000001", "step_000000002"]
     assert "step_000000001 could not be pruned, it is kept" in caplog.text
+
+
+def test_a_state_file_is_written_without_torchs_zip_crc_and_the_option_is_put_back(tmp_path: Path) -> None:
+    """slurmrt's XXH3 already covers the bytes: torch's CRC-32 is skipped while slurmrt writes, then restored."""
+    import zipfile
+
+    from torch import serialization
+
+    store = _store(tmp_path)
+    before = serialization.get_crc32_options()
+    store.save({"w": torch.arange(1000.0)}, 1)
+    assert serialization.get_crc32_options() == before
+    (part,) = (tmp_path / "step_000000001").glob("rank_*.pt")
+    with zipfile.ZipFile(part) as z:
+        data = [i for i in z.infolist() if "/data/" in i.filename]
+        assert data and all(i.CRC == 0 for i in data), [(i.filename, i.CRC) for i in data]
+    got = store.load_latest()
+    assert got is not None and torch.equal(got.state["w"], torch.arange(1000.0))

@@ -10,7 +10,8 @@ import errno
 import os
 import secrets
 import shutil
-from collections.abc import Iterable
+import threading
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -67,10 +68,39 @@ def write_state(path: Path, state: dict[str, Any]) -> FileInfo:
 
     with open(path, "wb") as f:
         out = Hashing(f)
-        torch.save(state, out)  # type: ignore[arg-type]  # any object with write()
+        with _no_zip_crc():
+            torch.save(state, out)  # type: ignore[arg-type]  # any object with write()
         f.flush()
         os.fsync(f.fileno())
         return out.info()
+
+
+_crc_lock = threading.Lock()
+_crc_users = 0  # slurmrt writes running now
+_crc_saved = True  # torch's option as the first of them found it
+
+
+@contextlib.contextmanager
+def _no_zip_crc() -> Iterator[None]:
+    """torch.save without its zip CRC-32 of every record (a quarter of its time): slurmrt's XXH3 of the same bytes,
+    in the manifest, already tells a damaged file. torch.load reads such a file as any other. The option is
+    torch's global: it is turned off while any slurmrt write runs and put back after the last one, so a torch.save
+    of the program's own running meanwhile may write a file without CRCs, which it loads all the same."""
+    global _crc_users, _crc_saved
+    from torch import serialization
+
+    with _crc_lock:
+        if _crc_users == 0:
+            _crc_saved = serialization.get_crc32_options()
+            serialization.set_crc32_options(False)
+        _crc_users += 1
+    try:
+        yield
+    finally:
+        with _crc_lock:
+            _crc_users -= 1
+            if _crc_users == 0:
+                serialization.set_crc32_options(_crc_saved)
 
 
 def hash_file(path: Path) -> FileInfo:

@@ -4,6 +4,10 @@ The ``keep_last`` newest sound checkpoints are kept, and every milestone (a step
 ``keep_every``). A checkpoint found damaged never counts as kept, so damage cannot push the newest sound checkpoint
 out of the window. Deletion renames a checkpoint out of sight before it unlinks a file: a SIGKILL in the middle of
 an ``rmtree`` once left a committed-looking directory whose manifest outlived some of its files.
+
+The renames are made at once, right after the commit; the files are unlinked by a background thread, off the save's
+critical path (deleting a 1 GiB checkpoint took 0.2 s of every blocking save while the other ranks waited). What a
+killed process leaves half-deleted is out of sight, and the next pruning clears it.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -35,12 +40,15 @@ class Retention:
         self.guard = guard
         #: Steps found damaged (by a load): they never count as kept.
         self.damaged: set[int] = set()
+        self._deleter: threading.Thread | None = None
 
     def prune(self, suffix: str) -> None:
         """Delete what :meth:`prunable` names; ``suffix`` makes the names of this attempt's deletions unique.
-        Rank 0 only, right after a commit (none of this attempt's saves in flight)."""
-        self.clear_leftovers()
-        doomed = []
+        Rank 0 only, right after a commit (none of this attempt's saves in flight). The checkpoints are renamed out
+        of sight before this returns; their files are unlinked in the background."""
+        self.join_deletions()  # one deleter at a time: the leftovers below must not be another's work in progress
+        doomed = self._leftovers()
+        renamed = 0
         for step in self.prunable(complete_steps(self.root)):
             target = self.root / f".tmp-step_{step:09d}-{suffix}-pruned"
             try:
@@ -49,10 +57,20 @@ class Retention:
                 logger.warning("checkpoint step_%09d could not be pruned, it is kept: %s", step, err)
                 continue
             doomed.append(target)
-        if doomed:
+            renamed += 1
+        if renamed:
             fsync_dir(self.root)  # the renames are on disk before any file is unlinked
-        for entry in doomed:
-            shutil.rmtree(entry, ignore_errors=True)
+        if doomed:
+            self._deleter = threading.Thread(target=_remove, args=(doomed,), name="slurmrt-prune", daemon=True)
+            self._deleter.start()
+
+    def join_deletions(self, timeout_s: float | None = None) -> None:
+        """Wait for the background deletion, if one runs (at most ``timeout_s``)."""
+        deleter = self._deleter
+        if deleter is not None:
+            deleter.join(timeout_s)
+            if not deleter.is_alive():
+                self._deleter = None
 
     def prunable(self, complete: list[int]) -> list[int]:
         """The steps pruning deletes, of the committed ``complete`` (newest first)."""
@@ -67,13 +85,24 @@ class Retention:
             doomed.append(step)
         return doomed
 
-    def clear_leftovers(self) -> None:
-        """Remove the partial saves and interrupted deletions of earlier attempts (killed by SIGKILL), and the
-        temporary files of an interrupted ``latest`` update; rank 0 only, when none of this attempt's saves is in
-        flight, and only while this job holds the directory (the guard)."""
+    def _leftovers(self) -> list[Path]:
+        """The partial saves and interrupted deletions of earlier attempts, already out of sight, to delete with
+        the pruned checkpoints; the temporary files of an interrupted ``latest`` update are removed at once. Checks
+        that this job holds the directory first (the guard)."""
         if self.guard is not None:
             self.guard()
-        for entry in self.root.glob(".tmp-step_*"):
-            shutil.rmtree(entry, ignore_errors=True)
         for entry in leftover_tmp_files(self.root, "latest"):
             entry.unlink(missing_ok=True)
+        return list(self.root.glob(".tmp-step_*"))
+
+    def clear_leftovers(self) -> None:
+        """Remove the partial saves and interrupted deletions of earlier attempts (killed by SIGKILL), and the
+        temporary files of an interrupted ``latest`` update, now; rank 0 only, when none of this attempt's saves is
+        in flight, and only while this job holds the directory (the guard)."""
+        self.join_deletions()
+        _remove(self._leftovers())
+
+
+def _remove(entries: list[Path]) -> None:
+    for entry in entries:
+        shutil.rmtree(entry, ignore_errors=True)

@@ -94,6 +94,12 @@ class CheckpointSession:
             return False
         return True
 
+    def close(self) -> None:
+        """The run ends: wait for a background save (see :meth:`wait`), and for the deletion of pruned checkpoints."""
+        ok = self.wait()
+        if self._store is not None and ok:
+            self._store.close()
+
     def _saved(self, result: SaveResult, *, blocking: bool, periodic: bool) -> None:
         self._budget.save_done(result.seconds, started=result.started, periodic=periodic)
         self._report.saved(result, blocking=blocking)

@@ -129,6 +129,15 @@ class CheckpointStore:
         pending, self.pending = self.pending, None
         return pending.wait() if pending is not None else None
 
+    def close(self, timeout_s: float = 60.0) -> None:
+        """Wait for the background save, then (at most ``timeout_s``) for the deletion of pruned checkpoints: the
+        space they take is given back before the job ends. One that is not finished by then is out of sight, and
+        the next run's pruning clears it."""
+        try:
+            self.wait()
+        finally:
+            self.retention.join_deletions(timeout_s)
+
     def _write(self, state: dict[str, Any] | SaveFn, tmp: Path, local: Any) -> tuple[str, dict[str, FileInfo]]:
         """This rank's part of the checkpoint: (kind, the files this rank wrote, with their checksums)."""
         rank = self.comm.rank
@@ -180,8 +189,8 @@ class CheckpointStore:
                                   f"({sorted(kinds)}); every rank must pass the same kind", step=step)
         final = self.root / f"step_{step:09d}"
         outcome: tuple[str | None, int] = (None, 0)
+        committed = False
         if rank == 0:
-            committed = False
             try:
                 size = self._prepare(tmp, step, kind, [f for _, _, f in reports])
                 committed = self._commit(tmp, final, step)
@@ -190,9 +199,9 @@ class CheckpointStore:
                 logger.exception("checkpoint step %d: the commit failed", step)  # with the traceback
                 outcome = (repr(err), 0)
                 shutil.rmtree(tmp, ignore_errors=True)
-            if committed:
-                self._after_commit(final)
         commit_error, size = self.comm.broadcast(outcome)
+        if rank == 0 and committed:
+            self._after_commit(final)  # after the broadcast: the other ranks do not wait for `latest` and pruning
         if commit_error is not None:
             raise CheckpointError(
                 f"checkpoint of step {step} could not be committed ({commit_error}); the previous one is intact",
