@@ -52,10 +52,28 @@ def default_lock_path(env: Mapping[str, str] | None = None) -> Path:
 
 
 def _prefix(env: Mapping[str, str] | None = None) -> str:
-    env = os.environ if env is None else env
-    host = env.get("SLURMD_NODENAME") or socket.gethostname()
-    rank = env.get("RANK") or env.get("SLURM_PROCID") or "0"
-    return f"[{host}:{rank}]"
+    """``[host:rank]``. Of the process's own environment it is computed once (three lookups and a system call
+    cost more than the rest of a line) and again after :func:`forget_prefix`, which init() calls once it has
+    exported RANK."""
+    global _own_prefix
+    if env is None and _own_prefix is not None:
+        return _own_prefix
+    values = os.environ if env is None else env
+    host = values.get("SLURMD_NODENAME") or socket.gethostname()
+    rank = values.get("RANK") or values.get("SLURM_PROCID") or "0"
+    prefix = f"[{host}:{rank}]"
+    if env is None:
+        _own_prefix = prefix
+    return prefix
+
+
+_own_prefix: str | None = None
+
+
+def forget_prefix() -> None:
+    """The environment's host or rank changed (init() exported RANK): the next line computes its prefix again."""
+    global _own_prefix
+    _own_prefix = None
 
 
 def _fd_for(path: Path) -> int | None:

@@ -14,6 +14,7 @@ import logging
 import os
 from typing import Any, NoReturn
 
+from . import log
 from ._comm import destroy_default_group
 from ._hooks import ProcessHooks
 from .checkpoint import lease as leases
@@ -75,6 +76,7 @@ def init(options: Options | None = None, **overrides: Any) -> Runtime:
     experiment_id = experiment.establish(opts.checkpoint_dir, job=topo.requeue_id, override=opts.experiment_id) \
         if topo.rank == 0 else None
     topo.apply(env)
+    log.forget_prefix()  # log lines written before init() had no RANK yet
     rt = Runtime(topo, opts, events, connections=connections, lease=lease, experiment_id=experiment_id)
     rt._start()
     return rt

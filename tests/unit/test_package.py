@@ -64,3 +64,19 @@ def test_init_takes_an_options_object_and_overrides_and_they_win_over_the_enviro
 
 def test_log_is_exported_with_the_handler_the_readme_installs() -> None:
     assert slurmrt.log.install is not None and slurmrt.log.FlockHandler is slurmrt.FlockHandler
+
+
+def test_the_log_prefix_is_computed_once_and_again_after_init_exports_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    from slurmrt import log
+
+    monkeypatch.setattr(log, "_own_prefix", None)
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.setenv("SLURMD_NODENAME", "n7")
+    monkeypatch.setenv("SLURM_PROCID", "3")
+    assert log._prefix() == "[n7:3]"
+    monkeypatch.setenv("RANK", "5")
+    assert log._prefix() == "[n7:3]", "cached: no lookups per line"
+    log.forget_prefix()  # what init() does once it exported RANK
+    assert log._prefix() == "[n7:5]"
+    assert log._prefix({"SLURMD_NODENAME": "x", "RANK": "1"}) == "[x:1]", "another environment is never cached"
+    assert log._prefix() == "[n7:5]"
