@@ -38,9 +38,14 @@ class Reporter:
         :attr:`signals_reported` first, which costs nothing."""
         seen = dict(recorder.first_seen)
         self.signals_reported = len(seen)
+        # Every rank records its own signal, but only one per node waits for the disk (fsync): a signal reaches
+        # every rank of a job at once, and thousands of serialised fsyncs on one shared file would come inside the
+        # warning's lead time, on the training threads. Rank 0's decision event is the durable record of the stop.
+        durable = self.topology.local_rank == 0
         for sig, when in seen.items():
             logger.warning("rank %d received %s", self.topology.rank, sig.name)
-            self.events.emit(Event.SIGNAL, signal=sig.name, received=when, count=recorder.count.get(sig, 1))
+            self.events.emit(Event.SIGNAL, durable=durable, signal=sig.name, received=when,
+                             count=recorder.count.get(sig, 1))
 
     def decision(self, decision: StopDecision, *, steps_measured: int, step_s: float | None, save_s: float | None,
                  margin_s: float) -> None:
