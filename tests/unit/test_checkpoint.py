@@ -368,3 +368,21 @@ def test_a_state_file_is_written_without_torchs_zip_crc_and_the_option_is_put_ba
         assert data and all(i.CRC == 0 for i in data), [(i.filename, i.CRC) for i in data]
     got = store.load_latest()
     assert got is not None and torch.equal(got.state["w"], torch.arange(1000.0))
+
+
+def test_each_rank_looks_at_its_share_of_the_files_only(tmp_path: Path) -> None:
+    """At a resume each rank stats (and verifies) every world_size-th file, not all of them: the ranks' problems are
+    gathered, so every rank still hears of a damaged file in another's share."""
+    from slurmrt.checkpoint.manifest import check_files, read_manifest
+
+    store = _store(tmp_path)
+    store.save(lambda d: [(d / f"f{i}").write_bytes(bytes([i]) * 10) for i in range(4)], 1)
+    path = tmp_path / "step_000000001"
+    (path / "f3").write_bytes(b"short")
+    manifest = read_manifest(path)
+    names = sorted(manifest["files"])
+    shares = [names[r::2] for r in range(2)]
+    seen = [check_files(path, manifest, checksums=share, only=share) for share in shares]
+    owner = next(r for r in range(2) if "f3" in shares[r])
+    assert seen[owner] and "f3" in seen[owner][0] and not seen[1 - owner]
+    assert check_files(path, manifest) == seen[owner], "a check of everything finds the same"

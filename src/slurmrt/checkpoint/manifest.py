@@ -108,14 +108,18 @@ def complete_steps(root: Path) -> list[int]:
     return [s for s in step_dirs(root) if (root / f"step_{s:09d}" / MANIFEST).is_file()]
 
 
-def check_files(path: Path, manifest: dict[str, Any], *, checksums: list[str] | None = None) -> list[str]:
+def check_files(path: Path, manifest: dict[str, Any], *, checksums: list[str] | None = None,
+                only: list[str] | None = None) -> list[str]:
     """What is wrong with the files of the checkpoint at ``path`` (its manifest well formed): a file missing, not a
     file, of another size, or (for the names in ``checksums``; None: all) of another checksum than the manifest
-    says. Manifests of version 1 carry sizes only."""
+    says. ``only``: look at these files alone (None: every file). Manifests of version 1 carry sizes only."""
     problems = []
     entries: dict[str, Any] = manifest["files"]
     present = []
+    looked_at = None if only is None else set(only)
     for name, entry in entries.items():
+        if looked_at is not None and name not in looked_at:
+            continue
         size = entry if isinstance(entry, int) else int(entry["size"])
         file = path / name
         try:

@@ -332,13 +332,14 @@ class CheckpointStore:
         return Loaded(int(manifest["step"]), state, local, lost)
 
     def _check(self, path: Path, *, verify: bool, into: dict[str, Any] | None) -> dict[str, Any]:
-        """The manifest, once this rank's share of the files matches it (every size; with ``verify``, the checksums
-        of every ``world_size``-th file, so that the ranks together read each file once), and this run can load it
-        (raises :class:`_Incompatible` if not)."""
+        """The manifest, once this rank's share of the files matches it (every ``world_size``-th file: its size, and
+        with ``verify`` its checksum; the ranks together look at each file once, and every rank hears of every
+        problem through :meth:`_agreed`), and this run can load it (raises :class:`_Incompatible` if not). A rank
+        that looked at every file made a resume O(N²) metadata operations on the shared filesystem."""
         manifest = read_manifest(path)
         names = sorted(manifest["files"])
-        share = names[self.comm.rank::self.comm.world_size] if verify else []
-        problems = check_files(path, manifest, checksums=share)
+        share = names[self.comm.rank::self.comm.world_size]
+        problems = check_files(path, manifest, checksums=share if verify else [], only=share)
         if problems:
             raise CheckpointError("; ".join(problems))
         if manifest["kind"] == "dcp" and into is None:
