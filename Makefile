@@ -42,7 +42,7 @@ bench: $(VENV)/.installed
 # The docs site (mkdocs, Material, mkdocstrings) into build/site; --strict: a broken link or reference fails it.
 # The runnable code blocks of the docs run in `make test` (tests/integration/test_docs.py).
 docs: $(VENV)/.installed
-	$(VENV)/bin/mkdocs build --strict
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check src tests examples benchmarks
