@@ -116,3 +116,12 @@ def test_a_console_script_started_by_a_relative_path_is_read_from_the_launchers_
     script.write_text("#!/usr/bin/python3\nfrom accelerate.commands.launch import main\n")
     assert identify(["/usr/bin/python3", "tools/go", "x.py"], cwd=str(tmp_path)) == ("accelerate", ["x.py"])
     assert identify(["/usr/bin/python3", "tools/go", "x.py"], cwd=str(tmp_path / "tools")) is None
+
+
+def test_a_script_that_is_a_fifo_or_a_directory_is_no_launcher_and_never_blocks(tmp_path: Path) -> None:
+    import os
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)  # opening it for reading would wait for a writer
+    assert identify([sys.executable, str(fifo), "x.py"]) is None
+    assert identify([sys.executable, str(tmp_path), "x.py"]) is None

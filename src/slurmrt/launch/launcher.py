@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from collections.abc import Sequence
 
 __all__ = ["find_launcher", "identify", "launcher_argv", "python_target", "rendezvous_backend"]
@@ -144,8 +145,15 @@ def _after_runner(argv: Sequence[str], cwd: str) -> tuple[str, list[str]] | None
 def _console_script_module(path: str) -> str | None:
     """The module a console script runs (``from torch.distributed.run import main``), read off its first lines."""
     try:
-        with open(path, "rb") as f:
-            head = f.read(4096)
+        # A regular file only, opened without blocking: an ancestor's "script" may be a FIFO (`python /dev/stdin`),
+        # whose open would wait for a writer forever.
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return None
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            head = os.read(fd, 4096)
+        finally:
+            os.close(fd)
     except OSError:
         return None
     if not head.startswith(b"#!"):
