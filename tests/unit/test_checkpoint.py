@@ -386,3 +386,23 @@ def test_each_rank_looks_at_its_share_of_the_files_only(tmp_path: Path) -> None:
     owner = next(r for r in range(2) if "f3" in shares[r])
     assert seen[owner] and "f3" in seen[owner][0] and not seen[1 - owner]
     assert check_files(path, manifest) == seen[owner], "a check of everything finds the same"
+
+
+def test_pruning_after_the_broadcast_never_deletes_the_next_save_another_rank_is_writing(tmp_path: Path) -> None:
+    """Rank 0 prunes after the commit's broadcast: by then another rank may be writing the next save (a stop right
+    after a periodic save) into this attempt's next temporary directory. Only earlier attempts' leftovers go."""
+    from slurmrt.checkpoint.store import complete_steps
+
+    store = CheckpointStore(tmp_path, SoloComm(), keep_last=1, token="77-r1")
+    store.save({"w": torch.zeros(3)}, 1)
+    next_save = tmp_path / ".tmp-step_000000003-77-r1-3"  # the save after the next, as rank 1 starts it
+    next_save.mkdir()
+    (next_save / "rank_00001.pt").write_bytes(b"rank 1's part")
+    earlier = tmp_path / ".tmp-step_000000009-77-r0-4"  # what a SIGKILLed earlier run of the job left
+    earlier.mkdir()
+    (earlier / "rank_00000.pt").write_bytes(b"half")
+    store.save({"w": torch.ones(3)}, 2)  # commits, then prunes step 1
+    store.close()
+    assert complete_steps(tmp_path) == [2]
+    assert (next_save / "rank_00001.pt").read_bytes() == b"rank 1's part"
+    assert not earlier.exists()

@@ -42,12 +42,16 @@ class Retention:
         self.damaged: set[int] = set()
         self._deleter: threading.Thread | None = None
 
-    def prune(self, suffix: str) -> None:
+    def prune(self, suffix: str, *, own: str) -> None:
         """Delete what :meth:`prunable` names; ``suffix`` makes the names of this attempt's deletions unique.
-        Rank 0 only, right after a commit (none of this attempt's saves in flight). The checkpoints are renamed out
-        of sight before this returns; their files are unlinked in the background."""
+        Rank 0 only, right after a commit. The checkpoints are renamed out of sight before this returns; their files
+        are unlinked in the background.
+
+        ``own`` is this attempt's token: its temporary directories are never leftovers. Rank 0 prunes after the
+        commit's broadcast, when the other ranks may already be writing the next save (a stop right after a
+        periodic save) into a ``.tmp-step_*-<own>-*`` directory."""
         self.join_deletions()  # one deleter at a time: the leftovers below must not be another's work in progress
-        doomed = self._leftovers()
+        doomed = [entry for entry in self._leftovers() if f"-{own}-" not in entry.name]
         renamed = 0
         for step in self.prunable(complete_steps(self.root)):
             target = self.root / f".tmp-step_{step:09d}-{suffix}-pruned"

@@ -96,8 +96,8 @@ class CheckpointSession:
 
     def close(self) -> None:
         """The run ends: wait for a background save (see :meth:`wait`), and for the deletion of pruned checkpoints."""
-        ok = self.wait()
-        if self._store is not None and ok:
+        self.wait()
+        if self._store is not None:
             self._store.close()
 
     def _saved(self, result: SaveResult, *, blocking: bool, periodic: bool) -> None:

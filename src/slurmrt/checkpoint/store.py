@@ -269,7 +269,7 @@ class CheckpointStore:
             logger.warning("checkpoint %s is committed, but `latest` could not be updated (%s); it is only a hint "
                            "for people and tools: load_latest() finds the checkpoint without it", final.name, err)
         try:
-            self.retention.prune(f"{self._token}-{self._seq}")
+            self.retention.prune(f"{self._token}-{self._seq}", own=self._token)
         except Exception:  # noqa: BLE001 - the save succeeded; pruning is retried at the next one
             logger.exception("pruning after %s failed; old checkpoints are kept until the next save", final.name)
 
