@@ -95,18 +95,9 @@ def open_append(path: Path, mode: int = 0o644) -> int:
 def lock(fd: int, *, timeout_s: float, shared: bool = False) -> bool:
     """``flock`` ``fd`` within ``timeout_s``; False when someone else held it all that time (anyone who can open a
     file can lock it, so no wait may be unbounded)."""
-    operation = (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB
-    # The locks slurmrt takes are held for microseconds (a log line, an event): yield the CPU to the holder a few
-    # hundred times first, then sleep, 0.1 ms doubling to 50 ms. Sleeping from the first miss (1 ms at least) cut
-    # the log handler's rate to a third of a raw blocking flock with 8 writers.
-    for _ in range(_YIELDS):
-        try:
-            fcntl.flock(fd, operation)
-            return True
-        except BlockingIOError:
-            os.sched_yield()
     deadline = time.monotonic() + timeout_s
-    delay = 0.0001
+    delay = 0.001
+    operation = (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB
     while True:
         try:
             fcntl.flock(fd, operation)
@@ -116,9 +107,6 @@ def lock(fd: int, *, timeout_s: float, shared: bool = False) -> bool:
                 return False
         time.sleep(delay)
         delay = min(delay * 2, 0.05)
-
-
-_YIELDS = 200
 
 
 def process_start_time(pid: int) -> int | None:
