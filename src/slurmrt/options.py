@@ -104,7 +104,8 @@ class Options:
 #: ``SLURMRT_*`` variables that are not init() options, each read where it acts (docs/reference/environment.md).
 OTHER_VARIABLES = frozenset({"SLURMRT_LOCK_FILE", "SLURMRT_ALLOW_NODE_RANK_REORDER", "SLURMRT_EVENT_COPY",
                              "SLURMRT_SIM_DIR", "SLURMRT_SIM_UNHEALTHY", "SLURMRT_CLUSTER_DIR",
-                             "SLURMRT_BENCH_DIR"})
+                             "SLURMRT_BENCH_DIR", "SLURMRT_RUN_DIR", "SLURMRT_RUN_ATTEMPT", "SLURMRT_RUN_SPARES",
+                             "SLURMRT_RUN_MAX_RESTARTS"})
 
 
 def warn_unknown(env: Mapping[str, str]) -> None:

@@ -65,7 +65,7 @@ def init(options: Options | None = None, **overrides: Any) -> Runtime:
     connections = cuda.apply(env, cuda.gpu_arch_major() if node_gpus else None, opts.parallel)
     lease = leases.take(opts.checkpoint_dir, topo) if opts.checkpoint_dir is not None else None
     events = EventLog.for_job(opts.event_log, opts.checkpoint_dir, job=topo.requeue_id, restart=topo.restart_count,
-                              rank=topo.rank, env=env)
+                              rank=topo.rank, env=env, attempt=topo.attempt)
     if opts.health_check:
         failures = health.check_node(env, checkpoint_dir=opts.checkpoint_dir, gpus=node_gpus or 0,
                                      local_rank=topo.local_rank)
@@ -101,7 +101,9 @@ class Runtime:
                                      measured_save_s=earlier.save_s)
         signals = SignalRecorder(options.signals)
         self._hooks = ProcessHooks(signals, job_id=topology.job_id, world_size=topology.world_size)
-        token = f"{topology.requeue_id or 'local'}-r{topology.restart_count}".replace("/", "_")
+        token = f"{topology.requeue_id or 'local'}-r{topology.restart_count}" + \
+            (f"-a{topology.attempt}" if topology.attempt else "")
+        token = token.replace("/", "_")
         self.checkpoints = CheckpointSession(options.checkpoint_dir, options, self._report, budget, token=token,
                                              work=lambda: self._hooks.groups().work,
                                              guard=lease.guard if lease is not None else None)
@@ -141,6 +143,8 @@ class Runtime:
     master_port = property(lambda self: self.topology.master_port)
     job_id = property(lambda self: self.topology.job_id)
     restart_count = property(lambda self: self.topology.restart_count)
+    #: In-job restarts before this step in this run of the job (``slurmrt run``): 0 for the run's first step.
+    in_job_restarts = property(lambda self: self.topology.attempt)
 
     @property
     def experiment_id(self) -> str:

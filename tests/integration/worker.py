@@ -33,10 +33,11 @@ def main() -> None:
     p.add_argument("--fault-at", type=int, default=30)
     p.add_argument("--fault-rank", type=int, default=1)
     args = p.parse_args()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-
     rt = slurmrt.init()
+    out = Path(args.out)
+    if rt.in_job_restarts:  # a step `slurmrt run` started in the same run of the job, after an in-job restart
+        out = out.with_name(f"{out.name}.{rt.in_job_restarts}")
+    out.mkdir(parents=True, exist_ok=True)
     import torch
     import torch.distributed as dist
 
@@ -70,7 +71,8 @@ def main() -> None:
         return rt.save(state, step=step, blocking=blocking)
 
     for step in range(start, args.steps):
-        if args.fault and step == args.fault_at and rt.rank == args.fault_rank and rt.restart_count == 0:
+        if args.fault and step == args.fault_at and rt.rank == args.fault_rank and rt.restart_count == 0 \
+                and rt.in_job_restarts == 0:
             if args.fault == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
             threading.Event().wait()  # hangs: the other ranks block in the all_reduce below
@@ -110,6 +112,7 @@ def main() -> None:
         "env_master_addr": os.environ.get("MASTER_ADDR"),
         "hostname": rt.topology.hostname,
         "restart_count": rt.restart_count,
+        "in_job_restarts": rt.in_job_restarts,
         "env": {k: v for k, v in os.environ.items() if k.startswith(("SLURM_", "SLURMD_"))},
     }
     # Written before finish() too: a requeue ends every task of the job, and then nothing after finish() runs.

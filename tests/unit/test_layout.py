@@ -18,8 +18,8 @@ FLOORS = [
     ["launch.preflight", "launch.cuda", "launch.health", "stop.decision", "hang.watchdog", "checkpoint.store",
      "options", "trackers", "outcome.exclusion"],
     ["stop.agreement", "outcome.policy", "record.timeline"],
-    ["_hooks", "record.report", "hang.response"],
-    ["stop.controller", "hang.monitor", "checkpoint.session", "outcome.conclude"],
+    ["_hooks", "record.report", "outcome.injob", "hang.response"],
+    ["stop.controller", "hang.monitor", "checkpoint.session", "outcome.conclude", "launch.supervisor"],
     ["runtime"],
     ["__init__", "__main__", "cli", "sim", "integrations"],
 ]

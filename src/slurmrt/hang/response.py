@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import faulthandler
 import logging
+import os
 import tempfile
 import threading
 from collections.abc import Callable
@@ -24,7 +25,7 @@ from typing import Any, NoReturn
 from .._hooks import exit_now
 from ..launch.topology import Topology
 from ..options import Options
-from ..outcome import exclusion
+from ..outcome import exclusion, injob
 from ..outcome import policy as outcome
 from ..outcome.policy import ExitCode
 from ..record.events import Event, EventLog, read_events, runs
@@ -162,7 +163,7 @@ class HangResponse:
                                                     if r in states else None, "step": states[r].step
                                                     if r in states else None} for r in suspects],
                          nodes=bad, why=why)
-        verdict = self._requeue_and_exclude(bad)
+        verdict = self._requeue_and_exclude(bad, f"{what}; suspects {suspects or 'none'}: {why}")
         if census is not None and not store_lost:
             with contextlib.suppress(CensusError):
                 census.finish(verdict)
@@ -202,16 +203,23 @@ class HangResponse:
     def _wait(self, seconds: float) -> float:
         return min(seconds, HURRIED_S) if self.terminating() else seconds
 
-    def _requeue_and_exclude(self, bad: list[str]) -> str:
-        return requeue_and_exclude(self.topology, self.options, self.events, bad, ExitCode.HUNG)
+    def _requeue_and_exclude(self, bad: list[str], why: str) -> str:
+        return requeue_and_exclude(self.topology, self.options, self.events, bad, ExitCode.HUNG, why_failed=why)
 
     def _exit(self, code: ExitCode) -> NoReturn:
         exit_now(code)
 
 
-def requeue_and_exclude(t: Topology, o: Options, events: EventLog, bad: list[str], code: ExitCode) -> str:
+def requeue_and_exclude(t: Topology, o: Options, events: EventLog, bad: list[str], code: ExitCode, *,
+                        why_failed: str = "") -> str:
     """Requeue the job unless the options or the requeue-loop guard say no, then exclude ``bad`` nodes from it
-    (Slurm takes ExcNodeList only from a pending job); record all of it, and the exit, in the event log."""
+    (Slurm takes ExcNodeList only from a pending job); record all of it, and the exit, in the event log. Under
+    ``slurmrt run`` with a spare node left, a new step in the job replaces the requeue (:mod:`.outcome.injob`)."""
+    supervised = injob.from_environ(os.environ) if t.is_slurm else None
+    if supervised is not None:
+        asked = injob.request(supervised, events, bad, code, node=t.hostname, why=why_failed)
+        if asked is not None:
+            return asked
     job = t.requeue_id
     futile = outcome.futile_runs(runs(read_events(events.path))) \
         if events.path is not None and events.path.exists() else 0
@@ -240,6 +248,6 @@ def unhealthy(t: Topology, o: Options, events: EventLog, failures: list[str], *,
     """The health check failed on ``nodes``: requeue without them, and exit with ExitCode.UNHEALTHY."""
     logger.error("health check failed on %s: %s", ", ".join(nodes), "; ".join(failures))
     events.emit(Event.HEALTH, ok=False, failed=failures, nodes=nodes, node=t.hostname)
-    requeue_and_exclude(t, o, events, nodes, ExitCode.UNHEALTHY)
+    requeue_and_exclude(t, o, events, nodes, ExitCode.UNHEALTHY, why_failed="health check: " + "; ".join(failures))
     exit_now(ExitCode.UNHEALTHY)
 

@@ -68,6 +68,9 @@ class Topology:
     array_job_id: str | None = None
     array_task_id: str | None = None
     restart_count: int = 0
+    #: In-job restarts before this step within this run of the job (``slurmrt run`` sets SLURMRT_RUN_ATTEMPT): 0 for
+    #: the first step, 1 for the step that replaced it on a spare node, ...
+    attempt: int = 0
     #: The allocation's node count (SLURM_JOB_NUM_NODES), which may exceed the step's.
     job_nnodes: int | None = None
     #: Things that are not errors but that the user should hear about (logged by init()).
@@ -168,6 +171,7 @@ class _Common(TypedDict):
     array_job_id: str | None
     array_task_id: str | None
     restart_count: int
+    attempt: int
     job_nnodes: int | None
 
 
@@ -180,6 +184,7 @@ def _common(env: Mapping[str, str], job_id: str | None, host: str) -> _Common:
         "array_job_id": env.get("SLURM_ARRAY_JOB_ID") or None,
         "array_task_id": env.get("SLURM_ARRAY_TASK_ID") or None,
         "restart_count": get_int(env, "SLURM_RESTART_COUNT") or 0,
+        "attempt": (get_int(env, "SLURMRT_RUN_ATTEMPT") or 0) if job_id is not None else 0,
         "job_nnodes": job_nnodes[1] if job_nnodes else None,
     }
 

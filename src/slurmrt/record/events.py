@@ -52,26 +52,30 @@ class Event(str, enum.Enum):
     EXCLUDE = "exclude"  # nodes, added, refused, message
     CRASH = "crash"  # error (a rank whose program ended on an exception of its own: a software error, not a node)
     HEALTH = "health"  # ok, failed [what], node (a rank whose node failed the health check)
+    IN_JOB_RESTART = "in_job_restart"  # nodes, spares, why, next_attempt (`slurmrt run` starts a step without nodes)
+    IN_JOB_REFUSED = "in_job_refused"  # nodes, why (no in-job restart: the requeue takes over)
 
 
 class EventLog:
     def __init__(self, path: Path | None, *, job: str | None, restart: int, rank: int,
-                 copy: Path | None = None) -> None:
+                 copy: Path | None = None, attempt: int = 0) -> None:
         self.path = path
-        self._base = {"job": job, "restart": restart, "rank": rank}
+        self._base: dict[str, Any] = {"job": job, "restart": restart, "rank": rank}
+        if attempt:  # a step started in the same run by `slurmrt run` after an in-job restart
+            self._base["attempt"] = attempt
         self._paths = [p for p in dict.fromkeys((path, copy)) if p is not None]
         self._made: set[Path] = set()  # directories known to exist: no mkdir per event
         self._unlocked: set[Path] = set()  # logs whose lock someone else held for LOCK_TIMEOUT_S
 
     @classmethod
     def for_job(cls, path: Path | None, directory: Path | None, *, job: str | None, restart: int, rank: int,
-                env: Mapping[str, str]) -> EventLog:
+                env: Mapping[str, str], attempt: int = 0) -> EventLog:
         """The job's event log: ``path`` when given, else ``events-<job>.jsonl`` (``events-local.jsonl`` outside
         Slurm) in the checkpoint directory; none without either. ``slurmrt sim`` asks for a copy (COPY_ENV)."""
         if path is None and directory is not None:
             path = directory / f"events-{job or 'local'}.jsonl"
         return cls(path, job=job, restart=restart, rank=rank,
-                   copy=Path(env[COPY_ENV]) if env.get(COPY_ENV) else None)
+                   copy=Path(env[COPY_ENV]) if env.get(COPY_ENV) else None, attempt=attempt)
 
     def emit(self, event: Event, *, durable: bool = True, **data: Any) -> None:
         """Append one event under the file's lock. ``durable``: fsync before returning (what the job's story rests
@@ -130,7 +134,7 @@ def _reasons(value: Any) -> bool:
 
 #: Each field's type, when present and not null: (fields, test, what it must be).
 _FIELDS: tuple[tuple[tuple[str, ...], Any, str], ...] = (
-    (("rank", "restart", "step", "code", "count"), lambda v: _integer(v), "an integer"),
+    (("rank", "restart", "attempt", "step", "code", "count"), lambda v: _integer(v), "an integer"),
     (("seconds", "step_s", "save_s", "idle_s", "allowed_s", "end_time", "bytes"), lambda v: _number(v), "a number"),
     (("job", "outcome", "name", "experiment", "why", "signal"), lambda v: isinstance(v, str), "a string"),
     (("reasons",), _reasons, "a list of names"),
@@ -190,10 +194,18 @@ class EventFollower:
 
 @dataclass
 class Run:
-    """One run of a job (one value of ``restart``), as rank 0's events tell it."""
+    """One run of a job (one value of ``restart``, and of ``attempt`` after in-job restarts), as rank 0's events
+    tell it."""
 
     restart: int
     events: list[dict[str, Any]] = field(default_factory=list)
+    #: The step within the run: 0, then one more for each in-job restart (``slurmrt run``).
+    attempt: int = 0
+
+    @property
+    def label(self) -> str:
+        """``3`` for restart 3, ``3.1`` for its first in-job restart."""
+        return f"{self.restart}.{self.attempt}" if self.attempt else str(self.restart)
 
     def first(self, event: Event) -> dict[str, Any] | None:
         return next((e for e in self.events if e.get("event") == event.value), None)
@@ -226,13 +238,13 @@ class Run:
 
 
 def runs(events: Iterable[dict[str, Any]]) -> list[Run]:
-    """Rank 0's events (and rankless ones) grouped by restart, oldest run first."""
-    by_restart: dict[int, Run] = {}
+    """Rank 0's events (and rankless ones) grouped by run (restart, then in-job attempt), oldest run first."""
+    by_run: dict[tuple[int, int], Run] = {}
     for e in events:
         if e.get("rank") in (0, None) and "time" in e:
-            restart = int(e.get("restart", 0))
-            by_restart.setdefault(restart, Run(restart)).events.append(e)
-    return [by_restart[r] for r in sorted(by_restart)]
+            key = int(e.get("restart", 0)), int(e.get("attempt", 0))
+            by_run.setdefault(key, Run(*key[:1], attempt=key[1])).events.append(e)
+    return [by_run[k] for k in sorted(by_run)]
 
 
 def _tail(path: Path | None, tail_bytes: int) -> list[dict[str, Any]]:

@@ -1,0 +1,64 @@
+"""``slurmrt run``: run the training step of a batch script, and replace it on a spare node when it fails.
+
+Starts COMMAND with srun on all but --spare-nodes of the job's nodes, passes Slurm's warning signals
+(--signal=B:USR1@secs) to the training processes only, and, when slurmrt in the training names a bad node (a hung
+rank, a lost peer, a failed health check), starts a new step without it in the same job. With no spare left, at
+--max-in-job-restarts, or when the same failure comes twice, the training requeues the job as it does without
+`slurmrt run`. Exits with the last step's exit code. Allocate the spares with #SBATCH --nodes=N+S --no-kill.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from pathlib import Path
+from typing import Any
+
+from .._errors import ConfigError
+from ..launch.supervisor import Supervisor, default_directory
+from ..stop.signals import parse_signal
+from ._common import add_command
+
+
+def run(args: argparse.Namespace) -> int:
+    import os
+    import signal
+
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise ConfigError("slurmrt run needs the training command after --, e.g. slurmrt run --spare-nodes 1 -- "
+                          "python train.py")
+    if args.max_in_job_restarts < 0:
+        raise ConfigError(f"--max-in-job-restarts {args.max_in_job_restarts}: 0 or more")
+    try:
+        forward = tuple(signal.Signals(parse_signal(s)) for s in args.forward.split(",") if s)
+    except ValueError as err:
+        raise ConfigError(f"--forward {args.forward!r}: {err}") from None
+    env = dict(os.environ)
+    job = env.get("SLURM_JOB_ID") or ""
+    directory = Path(args.dir).resolve() / f".slurmrt-run-{job}" if args.dir else default_directory(env, job)
+    supervisor = Supervisor(command, spare_nodes=args.spare_nodes, max_restarts=args.max_in_job_restarts, env=env,
+                            directory=directory, srun_args=shlex.split(args.srun_args), forward=forward)
+    return supervisor.run()
+
+
+def add_parser(sub: Any) -> None:
+    p = add_command(sub, "run", run, doc=__doc__,
+                    help="run the training step; on a failure, a new step on a spare node of the same job",
+                    epilog="example (sbatch script):\n"
+                           "  #SBATCH --nodes=3 --ntasks-per-node=1 --no-kill --requeue --signal=B:USR1@120\n"
+                           "  slurmrt run --spare-nodes 1 -- python train.py")
+    p.add_argument("--spare-nodes", type=int, default=0, metavar="S",
+                   help="nodes of the job kept out of the step, to replace a bad one (default 0)")
+    p.add_argument("--max-in-job-restarts", type=int, default=3, metavar="K",
+                   help="new steps within one run of the job before the requeue takes over (default 3)")
+    p.add_argument("--forward", default="USR1,USR2", metavar="SIGS",
+                   help="signals passed to the training processes (default USR1,USR2)")
+    p.add_argument("--srun-args", default="", metavar="ARGS",
+                   help="more srun options for the training step, as one string (e.g. '--gpus-per-task=1')")
+    p.add_argument("--dir", metavar="PATH",
+                   help="where the step leaves its restart request; every node must see it (default: the submit "
+                        "directory)")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the training command")

@@ -1,0 +1,191 @@
+"""``slurmrt run``: the batch script's one line, which runs the training step and replaces it in the job when it fails.
+
+The job is allocated with spare nodes and ``--no-kill`` (``#SBATCH --nodes=3 --no-kill``), and the script says
+``slurmrt run --spare-nodes 1 -- python train.py``. The supervisor runs in the batch shell:
+
+1. It starts the training as an ``srun`` step on all but the spare nodes, ``--kill-on-bad-exit=1`` (a rank that
+   exits non-zero ends the step), and tells the step's processes how to ask for a restart (:mod:`..outcome.injob`).
+2. Slurm's warning signals (``--signal=B:USR1@120``) reach the batch shell only; the supervisor passes them to the
+   training processes only (``slurmrt signal`` on each node of the step), never to a launcher (torchrun dies of
+   SIGUSR1).
+3. When the step ends, a request left by its processes (slurmrt named bad nodes and chose an in-job restart) starts
+   a new step without those nodes, in the same job: same job id, same run of the experiment, the event log goes on
+   with the step's ``attempt``. Anything else ends the supervisor with the step's exit code: a requeue, a stop, the
+   end, and every failure that slurmrt answered with its requeue (spares used up, the limit, the loop guard).
+
+SIGTERM or SIGINT to the supervisor (scancel, the time limit: Slurm signals the steps itself) means no new step.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+
+from .._errors import ConfigError
+from .._safefs import private_dir
+from ..outcome import injob
+from ..outcome.policy import ExitCode
+from . import hostlist
+
+__all__ = ["Placement", "Supervisor", "place", "srun_command", "tasks_per_node"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Placement:
+    nodes: tuple[str, ...]
+    spares: tuple[str, ...]
+
+
+def place(allocation: Sequence[str], excluded: Sequence[str], wanted: int) -> Placement | None:
+    """The step's ``wanted`` nodes, in the allocation's order, and the spares left; None when too few remain."""
+    usable = [n for n in allocation if n not in set(excluded)]
+    if len(usable) < wanted:
+        return None
+    return Placement(tuple(usable[:wanted]), tuple(usable[wanted:]))
+
+
+_TASKS = re.compile(r"(\d+)(?:\(x\d+\))?")
+
+
+def tasks_per_node(env: Mapping[str, str]) -> int:
+    """Tasks per node as the job asked (``--ntasks-per-node``, or the first count of ``SLURM_TASKS_PER_NODE``)."""
+    for name in ("SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE"):
+        raw = (env.get(name) or "").split(",")[0]
+        m = _TASKS.fullmatch(raw)
+        if m and int(m.group(1)) > 0:
+            return int(m.group(1))
+    return 1
+
+
+def srun_command(srun: str, placement: Placement, per_node: int, extra: Sequence[str],
+                 command: Sequence[str]) -> list[str]:
+    n = len(placement.nodes)
+    return [srun, "--kill-on-bad-exit=1", f"--nodes={n}", f"--nodelist={','.join(placement.nodes)}",
+            f"--ntasks={n * per_node}", f"--ntasks-per-node={per_node}", *extra, *command]
+
+
+def _code(returncode: int) -> int:
+    return 128 - returncode if returncode < 0 else returncode
+
+
+@dataclass
+class Supervisor:
+    command: list[str]
+    spare_nodes: int
+    max_restarts: int
+    env: dict[str, str]
+    #: Where the step's processes leave a request: created here, 0700, on a filesystem every node sees.
+    directory: Path
+    srun_args: list[str] = field(default_factory=list)
+    forward: tuple[signal.Signals, ...] = (signal.SIGUSR1, signal.SIGUSR2)
+    srun: str = "srun"
+    _terminating: bool = False
+    _step: Placement | None = None
+    _proc: subprocess.Popen[bytes] | None = None
+
+    def __post_init__(self) -> None:
+        job = self.env.get("SLURM_JOB_ID")
+        raw = self.env.get("SLURM_JOB_NODELIST") or self.env.get("SLURM_NODELIST")
+        if not job or not raw:
+            raise ConfigError("slurmrt run starts steps of a Slurm job: run it in an sbatch script (no SLURM_JOB_ID "
+                              "or SLURM_JOB_NODELIST here)")
+        self.job = job
+        self.allocation = hostlist.expand(raw)
+        self.wanted = len(self.allocation) - self.spare_nodes
+        if self.spare_nodes < 0 or self.wanted < 1:
+            raise ConfigError(f"--spare-nodes {self.spare_nodes} with {len(self.allocation)} node(s) in the job "
+                              f"({hostlist.compress(self.allocation)}): at least one node must train. Allocate "
+                              f"{max(self.spare_nodes, 0) + 1} or more (#SBATCH --nodes)")
+        self.per_node = tasks_per_node(self.env)
+
+    def run(self) -> int:
+        private_dir(self.directory)
+        for stale in self.directory.glob("request-*.json"):  # left by a supervisor that was killed: not this run's
+            stale.unlink()
+        previous = {s: signal.signal(s, self._on_signal) for s in (*self.forward, signal.SIGTERM, signal.SIGINT)}
+        try:
+            return self._loop()
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+    def _loop(self) -> int:
+        excluded: list[str] = []
+        attempt = 0
+        while True:
+            placement = place(self.allocation, excluded, self.wanted)
+            if placement is None:  # the ranks checked the spares before asking: not reached unless they lied
+                self._say(f"no {self.wanted} node(s) left without {', '.join(excluded)}")
+                return int(ExitCode.HUNG)
+            code = self._step_once(placement, attempt)
+            ask = injob.read_request(self.directory, attempt)
+            if ask is None or self._terminating:
+                self._say(f"step {attempt} ended with exit code {code}" +
+                          ("; stopping (SIGTERM/SIGINT)" if ask is not None else ""))
+                return code
+            bad = [n for n in ask["exclude"] if n in placement.nodes]
+            if not bad:
+                self._say(f"step {attempt} asked to leave out {ask['exclude']}, none of them in the step: stopping")
+                return code
+            excluded += bad
+            attempt += 1
+            self._say(f"step {attempt - 1} failed (exit code {code}) on {', '.join(bad)}: in-job restart {attempt}")
+
+    def _step_once(self, placement: Placement, attempt: int) -> int:
+        env = dict(self.env)
+        env.update({injob.DIR_ENV: str(self.directory), injob.ATTEMPT_ENV: str(attempt),
+                    injob.SPARES_ENV: ",".join(placement.spares), injob.MAX_ENV: str(self.max_restarts)})
+        argv = srun_command(self.srun, placement, self.per_node, self.srun_args, self.command)
+        self._say(f"step {attempt} on {hostlist.compress(placement.nodes)}" +
+                  (f", spare {hostlist.compress(placement.spares)}" if placement.spares else ", no spare left"))
+        self._step = placement
+        self._proc = subprocess.Popen(argv, env=env)
+        try:
+            return _code(self._proc.wait())
+        finally:
+            self._proc = None
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        sig = signal.Signals(signum)
+        if sig in (signal.SIGTERM, signal.SIGINT):
+            self._terminating = True
+            return
+        placement = self._step
+        if placement is not None and self._proc is not None:
+            threading.Thread(target=self._forward, args=(sig, placement), name="slurmrt-forward",
+                             daemon=True).start()
+
+    def _forward(self, sig: signal.Signals, placement: Placement) -> None:
+        """``sig`` to the training processes of every node of the step, through ``slurmrt signal``."""
+        n = len(placement.nodes)
+        argv = [self.srun, "--overlap", f"--jobid={self.job}", f"--nodes={n}",
+                f"--nodelist={','.join(placement.nodes)}", f"--ntasks={n}", "--ntasks-per-node=1",
+                "--kill-on-bad-exit=0", sys.executable, "-m", "slurmrt", "signal", sig.name, "--job", self.job]
+        self._say(f"{sig.name}: passed to the training processes on {hostlist.compress(placement.nodes)}")
+        try:
+            subprocess.run(argv, env=self.env, check=False, timeout=120)
+        except (OSError, subprocess.TimeoutExpired) as err:
+            self._say(f"passing {sig.name} failed: {err}")
+
+    def _say(self, text: str) -> None:
+        print(f"slurmrt run: {text}", file=sys.stderr, flush=True)
+
+
+def default_directory(env: Mapping[str, str], job: str) -> Path:
+    """``.slurmrt-run-<job>`` in the submit directory, which every node of a cluster sees (Slurm writes the job's
+    output there)."""
+    base = env.get("SLURM_SUBMIT_DIR") or os.getcwd()
+    return Path(base).resolve() / f".slurmrt-run-{job}"

@@ -1,0 +1,219 @@
+"""In-job restart: the request a failed step leaves (outcome/injob.py), and `slurmrt run`'s loop (launch/supervisor.py)
+with a stand-in for srun at the process boundary."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from slurmrt._errors import ConfigError
+from slurmrt.launch.supervisor import Placement, Supervisor, place, srun_command, tasks_per_node
+from slurmrt.outcome import injob
+from slurmrt.outcome.policy import ExitCode
+from slurmrt.record.events import Event, EventLog, read_events, runs
+
+
+def supervised(tmp_path: Path, *, attempt: int = 0, spares: tuple[str, ...] = ("n3",), most: int = 3
+               ) -> injob.Supervised:
+    d = tmp_path / "run"
+    d.mkdir(mode=0o700, exist_ok=True)
+    return injob.Supervised(d, attempt, spares, most)
+
+
+def log(tmp_path: Path, attempt: int = 0) -> EventLog:
+    return EventLog(tmp_path / "events.jsonl", job="7", restart=0, rank=0, attempt=attempt)
+
+
+def test_a_request_names_the_nodes_and_is_recorded_with_the_exit(tmp_path: Path) -> None:
+    sup = supervised(tmp_path)
+    said = injob.request(sup, log(tmp_path), ["n2"], ExitCode.HUNG, node="n1", why="rank 1 lost")
+    assert said == "in-job restart 1: a new step without n2"
+    assert injob.read_request(sup.directory, 0) == {"attempt": 0, "exclude": ["n2"], "code": 5, "node": "n1",
+                                                    "why": "rank 1 lost"}
+    ev = list(read_events(tmp_path / "events.jsonl"))
+    assert [e["event"] for e in ev] == ["in_job_restart", "exit"]
+    assert ev[0]["nodes"] == ["n2"] and ev[0]["spares"] == ["n3"] and ev[0]["next_attempt"] == 1
+    assert ev[1]["outcome"] == "HUNG" and ev[1]["code"] == 5
+    # A second rank of the same node (a failed health check) finds the request made: no requeue either.
+    assert injob.request(sup, log(tmp_path), ["n2"], ExitCode.UNHEALTHY, node="n2") is not None
+
+
+@pytest.mark.parametrize(("bad", "sup_args", "why"), [
+    ([], {}, "no node was named"),
+    (["n2"], {"attempt": 3, "most": 3}, "the limit (--max-in-job-restarts) is 3"),
+    (["n2", "n4"], {"spares": ("n3",)}, "2 node(s) to replace (n2, n4) but 1 spare(s) left (n3)"),
+    (["n2"], {"spares": ()}, "but 0 spare(s) left"),
+])
+def test_refused_without_a_named_node_a_spare_or_restarts_left(tmp_path: Path, bad: list[str],
+                                                                sup_args: dict[str, object], why: str) -> None:
+    sup = supervised(tmp_path, **sup_args)  # type: ignore[arg-type]
+    assert injob.request(sup, log(tmp_path), bad, ExitCode.HUNG, node="n1") is None
+    assert not list(sup.directory.iterdir()), "a refused request must leave nothing for the supervisor"
+    (event,) = read_events(tmp_path / "events.jsonl")
+    assert event["event"] == "in_job_refused" and why in event["why"]
+
+
+def test_the_loop_guard_refuses_when_two_steps_in_a_row_committed_nothing_newer(tmp_path: Path) -> None:
+    for attempt in (0, 1):  # both resumed from step 29 and saved nothing newer
+        events = log(tmp_path, attempt)
+        events.emit(Event.INIT)
+        events.emit(Event.RESUME, step=29)
+    sup = supervised(tmp_path, attempt=1)
+    assert injob.request(sup, log(tmp_path, 1), ["n3"], ExitCode.HUNG, node="n1") is None
+    assert "the last 2 steps failed without a checkpoint newer" in list(read_events(tmp_path / "events.jsonl"))[-1][
+        "why"]
+    # One futile step is not yet a loop.
+    (tmp_path / "b").mkdir()
+    sup0 = supervised(tmp_path / "b")
+    events = log(tmp_path / "b")
+    events.emit(Event.RESUME, step=29)
+    assert injob.request(sup0, events, ["n2"], ExitCode.HUNG, node="n1") is not None
+
+
+def test_a_planted_or_open_directory_is_refused_and_the_requeue_takes_over(tmp_path: Path) -> None:
+    sup = supervised(tmp_path)
+    injob.request_path(sup.directory, 0).write_text('{"attempt": 0, "exclude": "n1"}')  # not ours, not valid
+    assert injob.request(sup, log(tmp_path), ["n2"], ExitCode.HUNG, node="n1") is None
+    assert "not a request slurmrt wrote" in list(read_events(tmp_path / "events.jsonl"))[-1]["why"]
+    (tmp_path / "o").mkdir()
+    open_dir = supervised(tmp_path / "o")
+    os.chmod(open_dir.directory, 0o777)
+    assert injob.request(open_dir, log(tmp_path / "o"), ["n2"], ExitCode.HUNG, node="n1") is None
+    assert "mode 0777" in list(read_events(tmp_path / "o" / "events.jsonl"))[-1]["why"]
+    assert not injob.request_path(open_dir.directory, 0).exists()
+
+
+@pytest.mark.parametrize("text", ["", "[1]", '{"attempt": 1, "exclude": ["n2"]}', '{"attempt": 0, "exclude": []}',
+                                  '{"attempt": 0, "exclude": [""]}', '{"attempt": 0, "exclude": [3]}', "{"])
+def test_the_supervisor_reads_only_a_well_formed_request_of_this_attempt(tmp_path: Path, text: str) -> None:
+    injob.request_path(tmp_path, 0).write_text(text)
+    assert injob.read_request(tmp_path, 0) is None
+
+
+@pytest.mark.parametrize(("env", "expected"), [
+    ({}, None),
+    ({"SLURMRT_RUN_DIR": "relative"}, None),
+    ({"SLURMRT_RUN_DIR": "/x", "SLURMRT_RUN_ATTEMPT": "one"}, None),
+    ({"SLURMRT_RUN_DIR": "/x", "SLURMRT_RUN_ATTEMPT": "-1"}, None),
+    ({"SLURMRT_RUN_DIR": "/x", "SLURMRT_RUN_ATTEMPT": "1", "SLURMRT_RUN_SPARES": "n3,n4",
+      "SLURMRT_RUN_MAX_RESTARTS": "2"}, injob.Supervised(Path("/x"), 1, ("n3", "n4"), 2)),
+])
+def test_the_environment_of_slurmrt_run(env: dict[str, str], expected: injob.Supervised | None) -> None:
+    assert injob.from_environ(env) == expected
+
+
+def test_runs_of_one_job_are_told_apart_by_their_in_job_attempt(tmp_path: Path) -> None:
+    for restart, attempt in ((0, 0), (0, 1), (1, 0)):
+        EventLog(tmp_path / "e.jsonl", job="7", restart=restart, rank=0, attempt=attempt).emit(Event.INIT)
+    assert [r.label for r in runs(read_events(tmp_path / "e.jsonl"))] == ["0", "0.1", "1"]
+    assert "attempt" not in next(iter(read_events(tmp_path / "e.jsonl")))  # old logs read as before
+
+
+def test_placement_and_the_step_command() -> None:
+    assert place(["n1", "n2", "n3"], [], 2) == Placement(("n1", "n2"), ("n3",))
+    assert place(["n1", "n2", "n3"], ["n2"], 2) == Placement(("n1", "n3"), ())
+    assert place(["n1", "n2", "n3"], ["n2", "n3"], 2) is None
+    assert tasks_per_node({"SLURM_NTASKS_PER_NODE": "4"}) == 4
+    assert tasks_per_node({"SLURM_TASKS_PER_NODE": "2(x3)"}) == 2
+    assert tasks_per_node({"SLURM_TASKS_PER_NODE": "junk"}) == 1
+    assert srun_command("srun", Placement(("n1", "n3"), ()), 2, ["--gpus-per-task=1"], ["python", "t.py"]) == [
+        "srun", "--kill-on-bad-exit=1", "--nodes=2", "--nodelist=n1,n3", "--ntasks=4", "--ntasks-per-node=2",
+        "--gpus-per-task=1", "python", "t.py"]
+
+
+def test_too_many_spares_or_no_job_is_a_clear_error(tmp_path: Path) -> None:
+    env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]"}
+    with pytest.raises(ConfigError, match="--spare-nodes 2 with 2 node"):
+        Supervisor(["true"], spare_nodes=2, max_restarts=3, env=env, directory=tmp_path / "d")
+    with pytest.raises(ConfigError, match="run it in an sbatch script"):
+        Supervisor(["true"], spare_nodes=0, max_restarts=3, env={}, directory=tmp_path / "d")
+
+
+FAKE_SRUN = textwrap.dedent("""\
+    #!{python}
+    # Stands in for srun: records its argv and environment; the first step asks to leave out the second node of
+    # its list, the next one ends with the code in FAKE_CODE; an --overlap call is the signal forwarding.
+    import json, os, sys, time
+    log = os.environ["FAKE_LOG"]
+    with open(log, "a") as f:
+        f.write(json.dumps({{"argv": sys.argv[1:], "attempt": os.environ.get("SLURMRT_RUN_ATTEMPT"),
+                            "spares": os.environ.get("SLURMRT_RUN_SPARES")}}) + "\\n")
+    if "--overlap" in sys.argv:
+        sys.exit(0)
+    attempt = int(os.environ["SLURMRT_RUN_ATTEMPT"])
+    nodes = [a.split("=", 1)[1].split(",") for a in sys.argv if a.startswith("--nodelist=")][0]
+    if attempt == 0:
+        with open(os.path.join(os.environ["SLURMRT_RUN_DIR"], "request-0.json"), "w") as f:
+            json.dump({{"attempt": 0, "exclude": [nodes[1]]}}, f)
+        sys.exit(137)
+    if os.environ.get("FAKE_WAIT"):
+        open(os.environ["FAKE_WAIT"], "w").close()
+        while not os.path.exists(os.environ["FAKE_WAIT"] + ".go"):
+            time.sleep(0.05)
+    sys.exit(int(os.environ.get("FAKE_CODE", "0")))
+""")
+
+
+def fake_srun(tmp_path: Path) -> Path:
+    path = tmp_path / "srun"
+    path.write_text(FAKE_SRUN.format(python=sys.executable))
+    path.chmod(0o755)
+    return path
+
+
+def test_the_supervisor_replaces_a_failed_step_without_the_named_node(tmp_path: Path) -> None:
+    env = {**os.environ, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-3]", "SLURM_NTASKS_PER_NODE": "2",
+           "FAKE_LOG": str(tmp_path / "log"), "FAKE_CODE": "3"}
+    sup = Supervisor(["python", "train.py"], spare_nodes=1, max_restarts=3, env=env, directory=tmp_path / "d",
+                     srun=str(fake_srun(tmp_path)))
+    assert sup.run() == 3  # the last step's code
+    calls = [json.loads(line) for line in (tmp_path / "log").read_text().splitlines()]
+    assert [c["attempt"] for c in calls] == ["0", "1"]
+    assert [c["spares"] for c in calls] == ["n3", ""]
+    assert "--nodelist=n1,n2" in calls[0]["argv"] and "--nodelist=n1,n3" in calls[1]["argv"]
+    assert calls[1]["argv"][-2:] == ["python", "train.py"] and "--ntasks=4" in calls[1]["argv"]
+    assert not (tmp_path / "d").exists(), "the supervisor's directory is removed at its end"
+
+
+def test_a_stale_request_from_a_killed_supervisor_is_not_read_as_this_runs(tmp_path: Path) -> None:
+    d = tmp_path / "d"
+    d.mkdir(mode=0o700)
+    (d / "request-1.json").write_text('{"attempt": 1, "exclude": ["n1"]}')
+    env = {**os.environ, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-3]", "FAKE_LOG": str(tmp_path / "log")}
+    sup = Supervisor(["x"], spare_nodes=1, max_restarts=3, env=env, directory=d, srun=str(fake_srun(tmp_path)))
+    assert sup.run() == 0
+    assert len((tmp_path / "log").read_text().splitlines()) == 2  # step 0, its replacement; no third step
+
+
+def test_the_cli_passes_usr1_to_the_training_processes_of_the_step(tmp_path: Path) -> None:
+    """`slurmrt run` as a process: USR1 becomes an `srun --overlap ... slurmrt signal USR1` on the step's nodes."""
+    wait = tmp_path / "step1-running"
+    env = {**os.environ, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-3]", "FAKE_LOG": str(tmp_path / "log"),
+           "FAKE_WAIT": str(wait), "PATH": f"{tmp_path}:{os.environ['PATH']}", "SLURM_SUBMIT_DIR": str(tmp_path)}
+    fake_srun(tmp_path)
+    proc = subprocess.Popen([sys.executable, "-m", "slurmrt", "run", "--spare-nodes", "1", "--", "python", "t.py"],
+                            env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        while not wait.exists():  # the replacement step runs
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGUSR1)
+        while len((tmp_path / "log").read_text().splitlines()) < 3:
+            assert proc.poll() is None
+            time.sleep(0.05)
+    finally:
+        Path(str(wait) + ".go").touch()
+    assert proc.wait(timeout=60) == 0
+    forward = json.loads((tmp_path / "log").read_text().splitlines()[2])["argv"]
+    assert forward[:2] == ["--overlap", "--jobid=7"] and "--nodelist=n1,n3" in forward
+    assert forward[-4:] == ["signal", "SIGUSR1", "--job", "7"] and "--ntasks-per-node=1" in forward
+    err = proc.stderr.read() if proc.stderr else ""
+    assert "in-job restart 1" in err and "SIGUSR1: passed to the training processes on n[1,3]" in err
