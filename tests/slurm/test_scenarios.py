@@ -677,3 +677,97 @@ def test_13_a_hung_or_killed_task_ends_the_run_which_resumes_without_its_node(cl
     assert_trained_exactly_once_from(later, resumed_after + 1, 80, 2)
     hang = [e for e in ev if e["event"] == "hang" and e["restart"] == 0]
     assert hang and all(e.get("stacks") for e in hang)
+
+
+# -- In-job recovery: `slurmrt run --spare-nodes` in an allocation with --no-kill --
+
+INJOB_STEPS = 80
+INJOB_EXPORTS = {"SLURMRT_HANG_FLOOR_S": "5", "SLURMRT_KILL_SWITCH_POLL_S": "0.5"}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(cluster: Path, tmp_path_factory: pytest.TempPathFactory) -> list[float]:
+    """The worker's weights after an uninterrupted run of INJOB_STEPS steps on 2 ranks, on this cluster."""
+    d = tmp_path_factory.mktemp("injob-reference")
+    job = submit(d, f"srun --kill-on-bad-exit=1 $PY $WORKER --out $OUT --steps {INJOB_STEPS} --step-time 0 "
+                    "--save-every 10", "-N2", "--ntasks-per-node=1", name="injob-reference")
+    info = job.wait(600)
+    assert info["JobState"] == "COMPLETED", job.output()[-3000:]
+    (ranks,) = runs(d, 2)
+    return list(ranks[0]["w"])
+
+
+def _injob_job(directory: Path, name: str, nodes: int, command: str, *sbatch_args: str) -> Job:
+    return submit(directory, f"exec $PY -m slurmrt run {command}", f"-N{nodes}", "--ntasks-per-node=1", "--no-kill",
+                  "--requeue", *sbatch_args, name=name, exports=INJOB_EXPORTS)
+
+
+@pytest.mark.parametrize("fault", ["kill", "hang"])
+def test_14_a_killed_or_hung_node_is_replaced_by_the_spare_in_the_same_job(cluster: Path, tmp_path: Path, fault: str,
+                                                                           uninterrupted: list[float]) -> None:
+    """3 nodes, 1 spare: rank 1's task dies of SIGKILL (or hangs) at step 35. slurmrt names its node, `slurmrt run`
+    starts a new step on the other node and the spare, in the same job (no requeue), which resumes from the last
+    checkpoint and ends with the weights of an uninterrupted run, bit for bit."""
+    job = _injob_job(tmp_path, f"injob-{fault}", 3,
+                     f"--spare-nodes 1 -- $PY $WORKER --out $OUT --steps {INJOB_STEPS} --step-time 0.1 "
+                     f"--save-every 10 --fault {fault} --fault-at 35")
+    info = job.wait(600)
+    out = job.output()
+    assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) == 0, out[-4000:]
+    ev = events(tmp_path, job)
+    (suspects,) = [e for e in ev if e["event"] == "suspects"]
+    assert [s["rank"] for s in suspects["suspects"]] == [1], suspects
+    (restart,) = [e for e in ev if e["event"] == "in_job_restart"]
+    (bad,) = restart["nodes"]
+    assert bad == suspects["nodes"][0] and restart["next_attempt"] == 1
+    assert not [e for e in ev if e["event"] in ("requeue", "exclude", "in_job_refused")], "the queue was not needed"
+    inits = [e for e in ev if e["event"] == "init" and e["rank"] == 0]
+    assert [(e.get("attempt", 0), e["restart"]) for e in inits] == [(0, 0), (1, 0)]
+    assert bad in inits[0]["nodelist"] and bad not in inits[1]["nodelist"] and len(inits[1]["nodelist"]) == 2
+    assert "in-job restart 1" in out and f"on {bad}" in out
+    replaced = [json.loads((tmp_path / "run0.1" / f"rank{r}.json").read_text()) for r in range(2)]
+    saved_before = max(e["step"] for e in ev if e["event"] == "save" and e.get("attempt", 0) == 0)
+    assert saved_before < 35 and all(r["start"] == saved_before + 1 for r in replaced)
+    assert all(r["in_job_restarts"] == 1 and r["hostname"] != bad and r["exit_code"] == 0 for r in replaced)
+    assert all(r["trained"] == list(range(saved_before + 1, INJOB_STEPS)) for r in replaced)
+    assert replaced[0]["w"] == uninterrupted, "the weights differ from an uninterrupted run's"
+
+
+def test_14_with_no_spare_left_the_requeue_excludes_the_node_as_before(cluster: Path, tmp_path: Path,
+                                                                        uninterrupted: list[float]) -> None:
+    job = _injob_job(tmp_path, "injob-nospare", 2,
+                     f"--spare-nodes 0 -- $PY $WORKER --out $OUT --steps {INJOB_STEPS} --step-time 0.1 "
+                     "--save-every 10 --fault kill --fault-at 35")
+    info = job.wait(600)
+    assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) == 1, job.output()[-4000:]
+    ev = events(tmp_path, job)
+    (refused,) = [e for e in ev if e["event"] == "in_job_refused"]
+    assert "but 0 spare(s) left" in refused["why"]
+    (bad,) = refused["nodes"]
+    (excluded,) = [e for e in ev if e["event"] == "exclude"]
+    assert excluded["added"] == [bad] and bad in info.get("ExcNodeList", "")
+    (later,) = runs(tmp_path, 2)[1:]
+    assert all(r["hostname"] != bad and r["exit_code"] == 0 for r in later) and later[0]["w"] == uninterrupted
+
+
+def test_14_the_warning_reaches_the_training_under_torchrun_not_the_launcher(cluster: Path, tmp_path: Path,
+                                                                              uninterrupted: list[float]) -> None:
+    """--signal=B:USR1 goes to the batch shell only; `slurmrt run` passes it to the training processes (not to
+    torchrun, which SIGUSR1 would kill): they stop at one step, save, requeue, and the next run finishes."""
+    launcher = ("bash -c \"exec $PY -m torch.distributed.run --nnodes 2 --nproc-per-node 1 --node-rank \\$SLURM_NODEID "
+                "--master-addr \\$(scontrol show hostnames \\$SLURM_STEP_NODELIST | head -n 1) "
+                "--master-port \\$((20000 + SLURM_JOB_ID % 10000)) "
+                f"$WORKER --out $OUT --steps {INJOB_STEPS} --step-time 0.2 --save-every 10\"")
+    job = _injob_job(tmp_path, "injob-usr1", 3, f"--spare-nodes 1 -- {launcher}")
+    wait_for_file(tmp_path / "ckpt" / "latest", 600, job)  # training, and in its first run
+    slurm("scancel", "--batch", "--signal=USR1", job.id)
+    info = job.wait(600)
+    out = job.output()
+    assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) == 1, out[-4000:]
+    assert "SIGUSR1: passed to the training processes on n[1-2]" in out and "Start it with exec" not in out
+    ev = events(tmp_path, job)
+    (stop,) = [e for e in ev if e["event"] == "decision"]
+    assert stop["reasons"] == ["signal"] and stop["restart"] == 0
+    first, second = runs(tmp_path, 2)
+    assert all(r["stopped_at"] == stop["step"] and r["exit_code"] == 3 for r in first)
+    assert all(r["start"] == stop["step"] + 1 for r in second) and second[0]["w"] == uninterrupted

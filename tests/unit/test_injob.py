@@ -217,3 +217,20 @@ def test_the_cli_passes_usr1_to_the_training_processes_of_the_step(tmp_path: Pat
     assert forward[-4:] == ["signal", "SIGUSR1", "--job", "7"] and "--ntasks-per-node=1" in forward
     err = proc.stderr.read() if proc.stderr else ""
     assert "in-job restart 1" in err and "SIGUSR1: passed to the training processes on n[1,3]" in err
+
+
+def test_the_batch_shell_is_recognised_by_slurms_copy_of_the_script(tmp_path: Path) -> None:
+    from slurmrt.launch.supervisor import under_batch_shell
+
+    assert not under_batch_shell(os.getpid())
+    copy = tmp_path / "job00042" / "slurm_script"
+    copy.parent.mkdir()
+    copy.write_text("sleep 30\n")
+    shell = subprocess.Popen(["bash", str(copy)])
+    try:
+        while not Path(f"/proc/{shell.pid}/cmdline").read_bytes().startswith(b"bash"):  # not yet exec'd
+            time.sleep(0.01)
+        assert under_batch_shell(shell.pid)
+    finally:
+        shell.kill()
+        shell.wait()

@@ -111,6 +111,10 @@ class Supervisor:
         self.per_node = tasks_per_node(self.env)
 
     def run(self) -> int:
+        if under_batch_shell(os.getppid()):
+            self._say("not the batch script's own process: a --signal=B:... warning goes to the batch shell only, "
+                      "which dies of it (and ends the job) before slurmrt run could pass it on. Start it with exec: "
+                      "`exec slurmrt run ...` as the script's last line")
         private_dir(self.directory)
         for stale in self.directory.glob("request-*.json"):  # left by a supervisor that was killed: not this run's
             stale.unlink()
@@ -182,6 +186,16 @@ class Supervisor:
 
     def _say(self, text: str) -> None:
         print(f"slurmrt run: {text}", file=sys.stderr, flush=True)
+
+
+def under_batch_shell(pid: int) -> bool:
+    """``pid`` runs Slurm's copy of the batch script (``.../job<id>/slurm_script``): a shell that a ``B:`` signal
+    reaches instead of its children."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return any(a.endswith(b"/slurm_script") for a in argv[:3])
 
 
 def default_directory(env: Mapping[str, str], job: str) -> Path:
