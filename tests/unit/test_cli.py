@@ -106,8 +106,30 @@ def test_status_reports_runs_stops_checkpoints_and_lost_time(tmp_path: Path) -> 
     assert "1m50s of work after the checkpoint kept" in lines[2]
 
 
+def test_status_shows_the_in_job_restart_which_node_left_and_why(tmp_path: Path) -> None:
+    def ev(t: str, event: str, rank: int = 0, attempt: int = 0, **kw: object) -> dict[str, object]:
+        return {"time": f"2026-11-21T10:{t}+00:00", "event": event, "job": "12", "restart": 0, "rank": rank,
+                **({"attempt": attempt} if attempt else {}), **kw}
+
+    _write_events(tmp_path / "events-12.jsonl", [
+        ev("00:00", "init"), ev("00:05", "fresh_start"), ev("01:00", "save", step=29, seconds=0.1),
+        ev("01:30", "progress", step=34),
+        # rank 0 was the one lost: rank 1 led the response and asked for the new step
+        ev("01:40", "in_job_restart", rank=1, nodes=["n1"], why="rank(s) 0 did not answer", next_attempt=1),
+        ev("01:40", "exit", rank=1, code=5, outcome="HUNG", step=34),
+        ev("01:50", "init", attempt=1), ev("01:55", "resume", attempt=1, step=29),
+        ev("03:00", "save", attempt=1, step=79, seconds=0.1), ev("03:01", "exit", attempt=1, outcome="FINISHED",
+                                                                 step=79),
+    ])
+    lines = status([tmp_path], chart=False)
+    assert lines[0].startswith("job 12: 2 run(s), 0 restart(s), 1 in-job restart(s)")
+    assert lines[1].startswith("  run 0: fresh start") and \
+        "in-job restart without n1 (rank(s) 0 did not answer)" in lines[1] and "(at least 5 step(s))" in lines[1]
+    assert lines[2].startswith("  run 0.1: resumed after step 29") and "exit FINISHED; reached step 79" in lines[2]
+
+
 def test_every_command_has_help_with_an_example(capsys: pytest.CaptureFixture[str]) -> None:
-    for command in ["hostnames", "hostlist", "sim", "env", "doctor", "kill", "status"]:
+    for command in ["hostnames", "hostlist", "sim", "run", "env", "doctor", "kill", "status"]:
         with pytest.raises(SystemExit) as info:
             main([command, "--help"])
         assert info.value.code == 0

@@ -42,11 +42,13 @@ def status(dirs: Iterable[Path], *, chart: bool = True, plot: Path | None = None
             out.append(f"{_NOTHING} {f}: it is empty, or damaged (each line it skipped is in the warnings above)")
             continue
         restarts = max((r.restart for r in life.runs), default=0)
+        in_job = sum(1 for r in life.runs if r.attempt)
         experiment = f", experiment {life.experiment}" if life.experiment else ""
-        out.append(f"job {life.job}{experiment}: {len(life.runs)} run(s), {restarts} restart(s)  [{f}]")
+        out.append(f"job {life.job}{experiment}: {len(life.runs)} run(s), {restarts} restart(s)"
+                   f"{f', {in_job} in-job restart(s)' if in_job else ''}  [{f}]")
         for i, run_ in enumerate(life.runs):
             gap = life.gaps[i - 1] if i else None
-            out.append(f"  run {run_.restart}: {'; '.join(_describe(run_, gap))}")
+            out.append(f"  run {run_.label}: {'; '.join(_describe(run_, gap))}")
         if chart:
             out.append("  timeline (wall time across, steps up; 0-9: the run, -: start-up, *: checkpoint, x: stop, "
                        "!: lost work, .: waiting):")
@@ -74,6 +76,9 @@ def _describe(run_: RunLife, gap: float | None) -> list[str]:
     ]
     if run_.last_step is not None:  # from the exit event when the run recorded it: where training really got to
         parts.append(f"{'reached' if run_.outcome else 'last seen at'} step {run_.last_step}")
+    if run_.left:
+        why = run_.left_why if len(run_.left_why) <= 100 else run_.left_why[:99] + "…"
+        parts.append(f"in-job restart without {', '.join(run_.left)}" + (f" ({why})" if why else ""))
     lost = []
     if gap is not None:
         lost.append(f"{duration(gap)} down between runs")

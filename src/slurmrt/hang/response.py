@@ -163,7 +163,7 @@ class HangResponse:
                                                     if r in states else None, "step": states[r].step
                                                     if r in states else None} for r in suspects],
                          nodes=bad, why=why)
-        verdict = self._requeue_and_exclude(bad, f"{what}; suspects {suspects or 'none'}: {why}")
+        verdict = self._requeue_and_exclude(bad, f"{what}; suspects {suspects or 'none'}: {why}", step)
         if census is not None and not store_lost:
             with contextlib.suppress(CensusError):
                 census.finish(verdict)
@@ -203,21 +203,22 @@ class HangResponse:
     def _wait(self, seconds: float) -> float:
         return min(seconds, HURRIED_S) if self.terminating() else seconds
 
-    def _requeue_and_exclude(self, bad: list[str], why: str) -> str:
-        return requeue_and_exclude(self.topology, self.options, self.events, bad, ExitCode.HUNG, why_failed=why)
+    def _requeue_and_exclude(self, bad: list[str], why: str, step: int | None) -> str:
+        return requeue_and_exclude(self.topology, self.options, self.events, bad, ExitCode.HUNG, why_failed=why,
+                                   step=step)
 
     def _exit(self, code: ExitCode) -> NoReturn:
         exit_now(code)
 
 
 def requeue_and_exclude(t: Topology, o: Options, events: EventLog, bad: list[str], code: ExitCode, *,
-                        why_failed: str = "") -> str:
+                        why_failed: str = "", step: int | None = None) -> str:
     """Requeue the job unless the options or the requeue-loop guard say no, then exclude ``bad`` nodes from it
     (Slurm takes ExcNodeList only from a pending job); record all of it, and the exit, in the event log. Under
     ``slurmrt run`` with a spare node left, a new step in the job replaces the requeue (:mod:`.outcome.injob`)."""
     supervised = injob.from_environ(os.environ) if t.is_slurm else None
     if supervised is not None:
-        asked = injob.request(supervised, events, bad, code, node=t.hostname, why=why_failed)
+        asked = injob.request(supervised, events, bad, code, node=t.hostname, why=why_failed, step=step)
         if asked is not None:
             return asked
     job = t.requeue_id
@@ -229,7 +230,7 @@ def requeue_and_exclude(t: Topology, o: Options, events: EventLog, bad: list[str
     name = "HUNG" if code is ExitCode.HUNG else "UNHEALTHY"
     if why is not None:
         logger.error("not requeued: %s", why)
-        events.emit(Event.EXIT, code=int(code), outcome=name, why=why, reasons=[name.lower()])
+        events.emit(Event.EXIT, code=int(code), outcome=name, why=why, reasons=[name.lower()], step=step)
         return f"not requeued: {why}"
     assert job is not None
     done, message = outcome.requeue(job)
@@ -240,7 +241,7 @@ def requeue_and_exclude(t: Topology, o: Options, events: EventLog, bad: list[str
         logger.warning("%s", said)
         events.emit(Event.EXCLUDE, nodes=list(plan.nodes) if plan else None, added=list(plan.added) if plan else [],
                     refused=list(plan.refused) if plan else [], message=said)
-    events.emit(Event.EXIT, code=int(code), outcome=name, why=message, reasons=[name.lower()])
+    events.emit(Event.EXIT, code=int(code), outcome=name, why=message, reasons=[name.lower()], step=step)
     return message
 
 

@@ -241,7 +241,8 @@ def runs(events: Iterable[dict[str, Any]]) -> list[Run]:
     """Rank 0's events (and rankless ones) grouped by run (restart, then in-job attempt), oldest run first."""
     by_run: dict[tuple[int, int], Run] = {}
     for e in events:
-        if e.get("rank") in (0, None) and "time" in e:
+        # The in-job restart is asked by the rank that led the hang response: the lowest that answered, not always 0.
+        if (e.get("rank") in (0, None) or e.get("event") == Event.IN_JOB_RESTART.value) and "time" in e:
             key = int(e.get("restart", 0)), int(e.get("attempt", 0))
             by_run.setdefault(key, Run(*key[:1], attempt=key[1])).events.append(e)
     return [by_run[k] for k in sorted(by_run)]

@@ -27,6 +27,11 @@ class RunLife:
     restart: int
     start: float
     end: float
+    #: The in-job attempt (``slurmrt run``): 0, then one more for each step started after an in-job restart.
+    attempt: int = 0
+    #: The nodes this run's step left behind for an in-job restart, and why.
+    left: tuple[str, ...] = ()
+    left_why: str = ""
     #: (time, step) at each step the events name, in time order; the step only grows.
     points: list[tuple[float, int]] = field(default_factory=list)
     #: (commit time, step, seconds the save took)
@@ -38,6 +43,10 @@ class RunLife:
     last_step: int | None = None
     lost_steps: int = 0
     lost_s: float = 0.0
+
+    @property
+    def label(self) -> str:
+        return f"{self.restart}.{self.attempt}" if self.attempt else str(self.restart)
 
     @property
     def save_s(self) -> float:
@@ -123,8 +132,11 @@ def _with_next(lives: list[RunLife]) -> list[tuple[RunLife, RunLife | None]]:
 
 
 def _run_life(run: Run) -> RunLife:
+    moved = run.first(Event.IN_JOB_RESTART)
     life = RunLife(restart=run.restart, start=run.start, end=run.end, resumed_from=run.resumed_from,
-                   reasons=run.reasons)
+                   reasons=run.reasons, attempt=run.attempt,
+                   left=tuple(str(n) for n in moved.get("nodes") or ()) if moved else (),
+                   left_why=str(moved.get("why") or "") if moved else "")
     steps: list[tuple[float, int]] = []
     for e in run.events:
         kind, step = e.get("event"), e.get("step")
@@ -199,8 +211,8 @@ class _Canvas:
     def put(self, t: float, step: int, mark: str) -> None:
         self.grid[self.row(step)][self.col(t)] = mark
 
-    def run(self, run: RunLife, following: RunLife | None) -> None:
-        mark = str(run.restart % 10)
+    def run(self, run: RunLife, following: RunLife | None, index: int) -> None:
+        mark = str(index % 10)
         if run.points:  # start-up: from the run's start to its first step
             for c in range(self.col(run.start), self.col(run.points[0][0])):
                 self.grid[self.row(run.points[0][1])][c] = "-"
@@ -233,7 +245,8 @@ class _Canvas:
 
 
 def render(life: JobLife, *, width: int = 64, height: int = 12) -> list[str]:
-    """The timeline as text: wall time across, steps up. A run is drawn with its number (its last digit), then
+    """The timeline as text: wall time across, steps up. A run is drawn with its place in the job's runs (the
+    restart count's last digit when no in-job restart came between), then
     ``-`` its start-up, ``*`` a checkpoint, ``x`` the stop, ``!`` steps that were lost, ``.`` the wait before the
     next run."""
     points = [(t, s) for r in life.runs for t, s in r.points]
@@ -241,8 +254,8 @@ def render(life: JobLife, *, width: int = 64, height: int = 12) -> list[str]:
         return ["(no steps recorded: nothing to draw)"]
     canvas = _Canvas(life.runs[0].start, max(life.runs[-1].end, max(t for t, _ in points)),
                      min(0, min(s for _, s in points)), max(s for _, s in points), width, height)
-    for run, following in _with_next(life.runs):
-        canvas.run(run, following)
+    for index, (run, following) in enumerate(_with_next(life.runs)):
+        canvas.run(run, following, index)
     return canvas.lines()
 
 
@@ -278,7 +291,8 @@ def draw(life: JobLife, path: Path, *, title: str | None = None) -> Path:
             ys = [s for _, s in run.points]
             ending = run.outcome or "no clean exit"
             why = f" ({', '.join(run.reasons)})" if run.reasons else ""
-            ax.plot(xs, ys, color=color, linewidth=2, label=f"run {run.restart}: {ending}{why}")
+            ax.plot(xs, ys, color=color, linewidth=2, label=f"run {run.label}: {ending}{why}" +
+                    (f", in-job restart without {', '.join(run.left)}" if run.left else ""))
             if run.points:  # start-up: from the run's start to its first step
                 ax.plot([run.start - t0, xs[0]], [ys[0], ys[0]], color=color, linewidth=1, linestyle=":")
             if run.checkpoints:
