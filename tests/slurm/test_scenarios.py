@@ -733,6 +733,32 @@ def test_14_a_killed_or_hung_node_is_replaced_by_the_spare_in_the_same_job(clust
     assert replaced[0]["w"] == uninterrupted, "the weights differ from an uninterrupted run's"
 
 
+def test_14_a_node_that_fails_leaves_the_job_and_the_spare_takes_its_place(cluster: Path, tmp_path: Path,
+                                                                           uninterrupted: list[float]) -> None:
+    """`scontrol update nodename=n2 state=down` while the step trains on n1 and n2: with --no-kill, Slurm kills the
+    step at once (nobody can ask for anything) and drops n2 from the job; `slurmrt run` starts the next step on n1
+    and the spare n3, which resumes and ends with the weights of an uninterrupted run."""
+    job = _injob_job(tmp_path, "injob-down", 3,
+                     f"--spare-nodes 1 -- $PY $WORKER --out $OUT --steps {INJOB_STEPS} --step-time 0.2 "
+                     "--save-every 10")
+    wait_for_file(tmp_path / "ckpt" / "latest", 600, job)  # training on n1 and n2, a checkpoint committed
+    try:
+        slurm("scontrol", "update", "nodename=n2", "state=down", "reason=slurmrt-test-node-failure")
+        info = job.wait(600)
+    finally:
+        for state in ("resume", "idle"):  # back to service for the other scenarios (which one Slurm takes varies)
+            slurm("scontrol", "update", "nodename=n2", f"state={state}", check=False)
+    out = job.output()
+    assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) == 0, out[-4000:]
+    assert "n2 left the job (node failure)" in out and "in-job restart 1" in out
+    replaced = [json.loads((tmp_path / "run0.1" / f"rank{r}.json").read_text()) for r in range(2)]
+    # Killed at once, the first step may not have recorded its last background save yet: the resume tells.
+    (resumed,) = [e["step"] for e in events(tmp_path, job) if e["event"] == "resume" and e.get("attempt") == 1]
+    assert resumed >= 9 and {r["hostname"] for r in replaced} == {"n1", "n3"}
+    assert all(r["start"] == resumed + 1 for r in replaced)
+    assert replaced[0]["w"] == uninterrupted
+
+
 def test_14_with_no_spare_left_the_requeue_excludes_the_node_as_before(cluster: Path, tmp_path: Path,
                                                                         uninterrupted: list[float]) -> None:
     job = _injob_job(tmp_path, "injob-nospare", 2,

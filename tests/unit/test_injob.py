@@ -150,6 +150,8 @@ FAKE_SRUN = textwrap.dedent("""\
         sys.exit(0)
     attempt = int(os.environ["SLURMRT_RUN_ATTEMPT"])
     nodes = [a.split("=", 1)[1].split(",") for a in sys.argv if a.startswith("--nodelist=")][0]
+    if attempt == 0 and os.environ.get("FAKE_NODE_FAILURE"):  # Slurm killed the step: nobody asked
+        sys.exit(137)
     if attempt == 0:
         with open(os.path.join(os.environ["SLURMRT_RUN_DIR"], "request-0.json"), "w") as f:
             json.dump({{"attempt": 0, "exclude": [nodes[1]]}}, f)
@@ -234,3 +236,24 @@ def test_the_batch_shell_is_recognised_by_slurms_copy_of_the_script(tmp_path: Pa
     finally:
         shell.kill()
         shell.wait()
+
+
+@pytest.mark.parametrize(("held", "expected_steps"), [("n[1,3]", 2), ("n[1-3]", 1)])
+def test_a_node_that_left_the_allocation_is_replaced_though_nobody_could_ask(
+        tmp_path: Path, held: str, expected_steps: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With --no-kill, Slurm kills a failed node's step at once and drops the node from the job's NodeList (measured
+    in docs/slurm.md): the supervisor reads it from `scontrol show job`."""
+    scontrol = tmp_path / "scontrol"
+    scontrol.write_text(f"#!/bin/sh\necho 'JobId=7 JobName=x NodeList={held} ReqNodeList=(null) "
+                        "ExcNodeList=(null) NumNodes=3'\n")
+    scontrol.chmod(0o755)
+    env = {**os.environ, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-3]", "FAKE_LOG": str(tmp_path / "log"),
+           "FAKE_NODE_FAILURE": "1", "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+    monkeypatch.setenv("PATH", env["PATH"])  # _slurm.run finds scontrol on this process's PATH
+    sup = Supervisor(["x"], spare_nodes=1, max_restarts=3, env=env, directory=tmp_path / "d",
+                     srun=str(fake_srun(tmp_path)))
+    assert sup.run() == (0 if expected_steps == 2 else 137)
+    calls = [json.loads(line) for line in (tmp_path / "log").read_text().splitlines()]
+    assert len(calls) == expected_steps
+    if expected_steps == 2:
+        assert "--nodelist=n1,n3" in calls[1]["argv"]

@@ -33,7 +33,7 @@ from types import FrameType
 
 from .._errors import ConfigError
 from .._safefs import private_dir
-from ..outcome import injob
+from ..outcome import exclusion, injob
 from ..outcome.policy import ExitCode
 from . import hostlist
 
@@ -135,18 +135,44 @@ class Supervisor:
                 self._say(f"no {self.wanted} node(s) left without {', '.join(excluded)}")
                 return int(ExitCode.HUNG)
             code = self._step_once(placement, attempt)
-            ask = injob.read_request(self.directory, attempt)
-            if ask is None or self._terminating:
+            bad = self._bad_nodes(placement, attempt, code)
+            if not bad or self._terminating:
                 self._say(f"step {attempt} ended with exit code {code}" +
-                          ("; stopping (SIGTERM/SIGINT)" if ask is not None else ""))
-                return code
-            bad = [n for n in ask["exclude"] if n in placement.nodes]
-            if not bad:
-                self._say(f"step {attempt} asked to leave out {ask['exclude']}, none of them in the step: stopping")
+                          ("; stopping (SIGTERM/SIGINT)" if bad else ""))
                 return code
             excluded += bad
             attempt += 1
             self._say(f"step {attempt - 1} failed (exit code {code}) on {', '.join(bad)}: in-job restart {attempt}")
+
+    def _bad_nodes(self, placement: Placement, attempt: int, code: int) -> list[str]:
+        """The nodes the next step must leave out: those the step's ranks asked for, else those that left the
+        allocation (a node failure: with --no-kill, Slurm kills the step's tasks at once, so nobody could ask), as
+        long as spares and restarts are left for them."""
+        ask = injob.read_request(self.directory, attempt)
+        if ask is not None:
+            bad = [n for n in ask["exclude"] if n in placement.nodes]
+            if not bad:
+                self._say(f"step {attempt} asked to leave out {ask['exclude']}, none of them in the step")
+            return bad
+        if code == 0:
+            return []
+        gone = [n for n in placement.nodes if n not in self._allocated()]
+        if not gone:
+            return []
+        left = [n for n in placement.spares if n in self._allocated()]
+        if len(left) < len(gone) or attempt >= self.max_restarts:
+            self._say(f"{', '.join(gone)} left the job (node failure) but no in-job restart: {len(left)} spare(s) "
+                      f"left, {attempt} of {self.max_restarts} in-job restarts made")
+            return []
+        self._say(f"{', '.join(gone)} left the job (node failure)")
+        return gone
+
+    def _allocated(self) -> list[str]:
+        """The job's nodes now (``scontrol show job``): with --no-kill, a failed node leaves the job's NodeList."""
+        job = exclusion.read_job(self.job)
+        if isinstance(job, str) or job.nodes is None:
+            return self.allocation
+        return list(job.nodes)
 
     def _step_once(self, placement: Placement, attempt: int) -> int:
         env = dict(self.env)

@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass
 
 from .. import _slurm
+from .._errors import HostlistError
 from ..launch import hostlist
 
 __all__ = ["Plan", "apply", "exclude_after_requeue", "plan", "read_job"]
@@ -32,6 +33,8 @@ class JobNodes:
     excluded: tuple[str, ...]
     num_nodes: int | None
     partition: str | None
+    #: The nodes the job holds now (a node that failed in a --no-kill job leaves it); None when not said.
+    nodes: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -74,8 +77,13 @@ def parse_job(text: str) -> JobNodes:
     raw = fields.get("ExcNodeList", "")
     excluded = tuple(hostlist.expand(raw)) if raw and raw != "(null)" else ()
     num = fields.get("NumNodes", "")
+    held = fields.get("NodeList", "")
+    try:
+        nodes = tuple(hostlist.expand(held)) if held and held != "(null)" else None
+    except HostlistError:
+        nodes = None
     return JobNodes(excluded, int(num.split("-")[0]) if num.split("-")[0].isdigit() else None,
-                    fields.get("Partition") or None)
+                    fields.get("Partition") or None, nodes)
 
 
 def read_job(job_id: str) -> JobNodes | str:
