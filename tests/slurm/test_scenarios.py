@@ -797,3 +797,54 @@ def test_14_the_warning_reaches_the_training_under_torchrun_not_the_launcher(clu
     first, second = runs(tmp_path, 2)
     assert all(r["stopped_at"] == stop["step"] and r["exit_code"] == 3 for r in first)
     assert all(r["start"] == stop["step"] + 1 for r in second) and second[0]["w"] == uninterrupted
+
+
+def _training_pid(job_id: str, procid: int) -> int:
+    """The pid of the job's training process of rank ``procid`` (its environment says so), on this one-host cluster."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            env = dict(v.split(b"=", 1) for v in (entry / "environ").read_bytes().split(b"\0") if b"=" in v)
+            argv = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if env.get(b"SLURM_JOB_ID") == job_id.encode() and env.get(b"SLURM_PROCID") == str(procid).encode() \
+                and b"train.py" in argv and b"python" in argv.split(b"\0")[0]:
+            return int(entry.name)
+    raise LookupError(f"no training process of rank {procid} in job {job_id}")
+
+
+@pytest.mark.parametrize("framework", ["transformers", "lightning"])
+def test_14_a_trainer_example_loses_a_rank_and_finishes_on_the_spare_with_the_uninterrupted_weights(
+        cluster: Path, tmp_path: Path, framework: str) -> None:
+    """examples/<framework>/train.py as train_injob.sbatch runs it (CPU, gloo, 1 task per node): rank 1's process
+    is SIGKILLed after the first checkpoint; the step is replaced on the spare in the same job, and the final weights
+    equal an uninterrupted run's, bit for bit."""
+    import torch
+
+    pytest.importorskip(framework)
+    steps = 60
+
+    def train(d: Path, step_time: float) -> str:
+        args = f"--checkpoint-dir {d}/ckpt --steps {steps} --step-time {step_time} --weights-out {d}/w.pt"
+        args += f" --output-dir {d}/out --save-steps 10" if framework == "transformers" else " --save-every 10"
+        return f"$PY {ROOT}/examples/{framework}/train.py {args}"
+
+    reference = submit(tmp_path / "ref", f"srun --kill-on-bad-exit=1 {train(tmp_path / 'ref', 0)}", "-N2",
+                       "--ntasks-per-node=1", name=f"{framework}-reference")
+    job = _injob_job(tmp_path / "injob", f"{framework}-injob", 3,
+                     f"--spare-nodes 1 -- {train(tmp_path / 'injob', 0.2)}")
+    wait_for_file(tmp_path / "injob" / "ckpt" / "latest", 600, job)  # the first checkpoint: training on n1, n2
+    os.kill(_training_pid(job.id, 1), signal.SIGKILL)
+    info = job.wait(900)
+    out = job.output()
+    assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) == 0, out[-4000:]
+    ev = events(tmp_path / "injob", job)
+    (moved,) = [e for e in ev if e["event"] == "in_job_restart"]
+    assert moved["nodes"] == ["n2"] and "in-job restart 1" in out
+    assert [e["step"] for e in ev if e["event"] == "resume" and e.get("attempt") == 1]
+    info = reference.wait(900)
+    assert info["JobState"] == "COMPLETED", reference.output()[-3000:]
+    a, b = torch.load(tmp_path / "ref" / "w.pt"), torch.load(tmp_path / "injob" / "w.pt")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), "weights differ from the reference"
