@@ -30,6 +30,11 @@ class Options:
     #: A path anyone may create to stop the job (or every task of an array) cleanly, without requeue.
     kill_switch: Path | None = None
     keep_last: int = 3
+    #: A node-local directory (``/dev/shm``, ``$SLURM_TMPDIR``, an NVMe path) for ``save(..., tier="local")``: fast
+    #: saves each kept on the node and on a partner node. None: no local tier.
+    local_checkpoint_dir: Path | None = None
+    #: Steps the local tier keeps on each node (each its own parts and the partner's replicas).
+    local_keep: int = 2
     #: Milestones: a checkpoint whose step is a multiple of this is never pruned. None: no milestones.
     keep_every: int | None = None
     #: Threads that write (and checksum) one rank's part of a checkpoint.
@@ -121,10 +126,10 @@ def unknown_variables(env: Mapping[str, str]) -> list[str]:
     return sorted(k for k in env if k.startswith("SLURMRT_") and k not in known and k not in OTHER_VARIABLES)
 
 
-_PATHS = {"checkpoint_dir", "kill_switch", "event_log"}
+_PATHS = {"checkpoint_dir", "kill_switch", "event_log", "local_checkpoint_dir"}
 #: Integers and the least value each takes.
-_INTS = {"keep_last": 1, "keep_every": 1, "save_threads": 1, "max_restarts": 0, "max_excluded_nodes": 0,
-         "max_futile_runs": 1, "nnodes": 1, "gpus_per_node": 0, "tp": 1, "pp": 1, "cp": 1}
+_INTS = {"keep_last": 1, "local_keep": 1, "keep_every": 1, "save_threads": 1, "max_restarts": 0,
+         "max_excluded_nodes": 0, "max_futile_runs": 1, "nnodes": 1, "gpus_per_node": 0, "tp": 1, "pp": 1, "cp": 1}
 #: Seconds and the least value each takes (a poll of 0 s burns a core; a negative margin or save time turns the
 #: deadline off without a word).
 _FLOATS = {"deadline_margin_s": 0.0, "save_time_s": 0.0, "kill_wait_s": 0.0, "kill_switch_poll_s": 0.01,

@@ -16,6 +16,7 @@ from typing import Any, NoReturn
 
 from . import log
 from ._comm import destroy_default_group
+from ._errors import ConfigError
 from ._hooks import ProcessHooks
 from .checkpoint import lease as leases
 from .checkpoint.background import Staged
@@ -106,7 +107,8 @@ class Runtime:
         token = token.replace("/", "_")
         self.checkpoints = CheckpointSession(options.checkpoint_dir, options, self._report, budget, token=token,
                                              work=lambda: self._hooks.groups().work,
-                                             guard=lease.guard if lease is not None else None)
+                                             guard=lease.guard if lease is not None else None,
+                                             node=topology.hostname, per_node=topology.local_world_size)
         self.stop = StopController(topology, options, self._report, budget=budget, end_time=end_time,
                                    signals=signals, kill_switch=self._switch, phases=PhaseTimes(earlier.phases),
                                    groups=self._hooks.groups, watch=self._hooks.watch, poll_saves=self.checkpoints.poll,
@@ -178,13 +180,18 @@ class Runtime:
         return self.stop.phase(name, timeout_s=timeout_s)
 
     def save(self, state: dict[str, Any] | SaveFn | Staged, *, step: int, blocking: bool = True,
-             local: Any = None) -> bool:
+             local: Any = None, tier: str = "shared") -> bool:
         """Checkpoint ``state`` as ``step`` (collective): a dict of sharded state (DTensor, through DCP), this rank's
         dict, or a function writing into a directory; ``local`` is this rank's own state (:attr:`local_state`).
-        After a stop, saves are blocking, and skipped (False) when SIGTERM left less time than a save takes."""
+        After a stop, saves are blocking, and skipped (False) when SIGTERM left less time than a save takes.
+        ``tier="local"``: this rank's dict into the node-local tier (``local_checkpoint_dir``), kept on this node
+        and a partner node, always blocking; the shared tier (the default) is the durable one."""
+        if tier not in ("shared", "local"):
+            raise ConfigError(f"save(tier={tier!r}): 'shared' (the checkpoint directory) or 'local' "
+                              "(local_checkpoint_dir, replicated to a partner node)")
         with self.stop.doing("save"):
             saved = self.checkpoints.save(state, step=step, blocking=blocking, local=local,
-                                          decision=self.stop.decision)
+                                          decision=self.stop.decision, tier=tier)
         self.stop.restart_step_clock()  # a save between two steps is not step time
         return saved
 
@@ -237,6 +244,8 @@ class Runtime:
             self.outcome = conclude(self.stop.decision, topology=self.topology, options=self.options,
                                     comm=self._hooks.groups().work, report=self._report, events=self.events.path,
                                     failed_save=failed_save, step=self.stop.last_step)
+        if self.outcome is Outcome.FINISHED:  # nothing will resume from this node's local tier
+            self.checkpoints.clear_local()
         self.close()
         return self.outcome.code
 

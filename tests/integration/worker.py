@@ -32,6 +32,8 @@ def main() -> None:
     p.add_argument("--fault", choices=["hang", "kill"], help="in the first run, --fault-rank goes wrong at --fault-at")
     p.add_argument("--fault-at", type=int, default=30)
     p.add_argument("--fault-rank", type=int, default=1)
+    p.add_argument("--local-every", type=int, default=0, help="save to the node-local tier every N steps")
+    p.add_argument("--die-at", type=int, help="in the first run, every rank dies (os._exit 9) at this step")
     args = p.parse_args()
     rt = slurmrt.init()
     out = Path(args.out)
@@ -76,6 +78,8 @@ def main() -> None:
             if args.fault == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
             threading.Event().wait()  # hangs: the other ranks block in the all_reduce below
+        if args.die_at is not None and step == args.die_at and rt.restart_count == 0 and not got:
+            os._exit(9)  # the allocation is gone: nothing more is written
         g = torch.Generator().manual_seed(step * 1000 + rt.rank)
         grad = torch.randn(8, generator=g)
         if rt.world_size > 1:
@@ -91,6 +95,8 @@ def main() -> None:
             break
         if args.save_every and step % args.save_every == args.save_every - 1:
             save(step, blocking=False)
+        elif args.local_every and step % args.local_every == args.local_every - 1:
+            rt.save({"w": w.clone(), "extra": extra, "step": step}, step=step, tier="local")
     else:
         saved = save(step) if os.environ.get("SLURMRT_CHECKPOINT_DIR") else False
     result = {

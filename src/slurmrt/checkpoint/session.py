@@ -21,6 +21,7 @@ from ..record.report import Reporter
 from ..stop.deadline import Budget
 from ..stop.decision import StopDecision
 from .background import PendingSave, SaveResult, Staged
+from .local import LocalTier
 from .store import CheckpointStore, Loaded, SaveFn
 
 __all__ = ["CheckpointSession"]
@@ -30,12 +31,16 @@ logger = logging.getLogger(__name__)
 
 class CheckpointSession:
     def __init__(self, directory: Path | None, options: Options, report: Reporter, budget: Budget, *, token: str,
-                 work: Callable[[], Comm], guard: Callable[[], None] | None = None) -> None:
+                 work: Callable[[], Comm], guard: Callable[[], None] | None = None, node: str = "local",
+                 per_node: int = 1) -> None:
         """``token`` names this attempt's temporary directories (job id and restart); ``work`` opens slurmrt's
-        work group on first use; ``guard`` raises when this job no longer holds the directory."""
+        work group on first use; ``guard`` raises when this job no longer holds the directory; ``node`` and
+        ``per_node`` place this rank for the local tier's partners."""
         self.directory, self.options, self._report, self._budget = directory, options, report, budget
         self._token, self._work, self._guard = token, work, guard
+        self._node, self._per_node = node, per_node
         self._store: CheckpointStore | None = None
+        self._local: LocalTier | None = None
         self._background: PendingSave | None = None
         #: The step of the checkpoint load_latest() resumed from; None before it, or on a fresh start.
         self.resumed_step: int | None = None
@@ -57,17 +62,43 @@ class CheckpointSession:
         self.settle()  # the store waits for a background save anyway; take its result first
         return self._store
 
+    def _get_local(self) -> LocalTier | None:
+        if self._local is None and self.options.local_checkpoint_dir is not None and self.directory is not None:
+            self._local = LocalTier(self.options.local_checkpoint_dir, self.directory, node=self._node,
+                                    comm=self._work(), per_node=self._per_node, keep=self.options.local_keep)
+        return self._local
+
     def save(self, state: dict[str, Any] | SaveFn | Staged, *, step: int, blocking: bool, local: Any,
-             decision: StopDecision | None) -> bool:
+             decision: StopDecision | None, tier: str = "shared") -> bool:
         """See :meth:`slurmrt.Runtime.save`; ``decision``: the agreed stop, if any (its saves are blocking)."""
         if decision is not None and not decision.save:
             self._report.save_skipped(step, self._budget.saves.estimate())
             return False
+        if tier == "local":
+            return self._save_local(state, step=step, local=local)
         got = self._get_store().save(state, step, blocking=blocking or decision is not None, local=local)
         if isinstance(got, PendingSave):
             self._background = got
         else:
             self._saved(got, blocking=True, periodic=decision is None)
+        return True
+
+    def _save_local(self, state: Any, *, step: int, local: Any) -> bool:
+        self._get_store()  # takes a background save's result first; checks the checkpoint directory
+        tier = self._get_local()
+        if tier is None:
+            raise ConfigError("save(..., tier='local') needs a node-local directory: slurmrt.init("
+                              "local_checkpoint_dir='/dev/shm') or SLURMRT_LOCAL_CHECKPOINT_DIR")
+        if callable(state) or isinstance(state, Staged) or _sharded(state):
+            raise ConfigError("the local tier keeps each rank's own state dict (what torch.save writes): a save "
+                              "function or sharded (DTensor) state goes to the shared tier, save(..., tier='shared')")
+        try:
+            result = tier.save({"state": state, "local": local}, step)
+        except CheckpointError as err:  # the same on every rank; the shared tier is the durable one
+            if tier.comm.rank == 0:
+                logger.warning("%s; the shared tier still holds the last durable checkpoint", err)
+            return False
+        self._report.saved(result, blocking=True, tier="local")
         return True
 
     def poll(self) -> None:
@@ -105,11 +136,40 @@ class CheckpointSession:
         self._report.saved(result, blocking=blocking)
 
     def load_latest(self, *, into: dict[str, Any] | None, verify: bool, rank: int) -> Loaded | None:
-        got = self._get_store().load_latest(into=into, verify=verify)
+        store = self._get_store()
+        tier = self._get_local()
+        got: Loaded | None = None
+        received = 0
+        if tier is not None and into is None:
+            # The shared tier's newest complete step, listed by rank 0 (no data read): the local tier serves when
+            # it holds that step or a newer one, whole.
+            shared = store.comm.broadcast(store.newest_step() if store.comm.rank == 0 else None)
+            here = tier.load(shared)
+            if here is not None:
+                step, blob, received = here
+                got = Loaded(step, blob["state"], blob["local"])
+        where = "local" if got is not None else "shared"
+        if got is None:
+            got = store.load_latest(into=into, verify=verify)
+        if tier is not None:
+            tier.forget_after(got.step if got is not None else None)
         self.resumed_step = got.step if got is not None else None
         self.local_state = got.local if got is not None else None
         if got is not None and got.local_lost is not None:
             logger.warning("rank %d: %s", rank, got.local_lost)
         self.loaded = True
-        self._report.loaded((got.step, got.state) if got is not None else None)
+        total = store.comm.all_gather(received) if tier is not None else [0]
+        self._report.loaded((got.step, got.state) if got is not None else None, tier=where,
+                            from_peers=sum(total) if tier is not None else None)
         return got
+
+    def clear_local(self) -> None:
+        """The run ended for good: nothing resumes from this node's local tier."""
+        if self._local is not None:
+            self._local.clear()
+
+
+def _sharded(state: Any) -> bool:
+    from . import sharded
+
+    return isinstance(state, dict) and sharded.is_sharded(state)

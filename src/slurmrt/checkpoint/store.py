@@ -274,6 +274,11 @@ class CheckpointStore:
             logger.exception("pruning after %s failed; old checkpoints are kept until the next save", final.name)
 
     # -- loading ---------------------------------------------------------------------------------------------------
+    def newest_step(self) -> int | None:
+        """The newest step with a manifest (its files not checked): what a faster tier must match or beat."""
+        steps = self._complete_steps()
+        return steps[0] if steps else None
+
     def _complete_steps(self) -> list[int]:
         """Steps of directories that have a manifest, newest first (without reading the data)."""
         return complete_steps(self.root)

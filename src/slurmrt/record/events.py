@@ -40,7 +40,7 @@ class Event(str, enum.Enum):
     SIGNAL = "signal"  # signal, received, count
     PROGRESS = "progress"  # step, step_s (rank 0, every progress_s)
     DECISION = "decision"  # step, reasons, save, end_time, step_s, save_s
-    SAVE = "save"  # step, seconds, bytes, blocking, path
+    SAVE = "save"  # step, seconds, bytes, blocking, path, tier ("local"; absent: the shared tier)
     SAVE_SKIPPED = "save_skipped"  # step, save_s
     RESUME = "resume"  # step
     FRESH_START = "fresh_start"
@@ -293,8 +293,8 @@ def measured_earlier(path: Path | None, *, tail_bytes: int = 256 * 1024) -> Meas
         kind, value, seconds, name = e.get("event"), e.get("step_s"), e.get("seconds"), e.get("name")
         if kind in (Event.PROGRESS.value, Event.DECISION.value) and _number(value):
             step_s = float(value)
-        elif kind == Event.SAVE.value and _number(seconds):
-            saves.append(float(seconds))
+        elif kind == Event.SAVE.value and _number(seconds) and e.get("tier", "shared") == "shared":
+            saves.append(float(seconds))  # the deadline's input: a local-tier save says nothing of the shared one
         elif kind == Event.PHASE.value and isinstance(name, str) and _number(seconds):
             phases[name] = max(phases.get(name, 0.0), float(seconds))
     return Measured(step_s, max(saves[-3:]) if saves else None, phases)

@@ -73,11 +73,13 @@ class Reporter:
         if self._lead:
             self.events.emit(Event.PHASE, durable=False, name=name, seconds=round(seconds, 3))
 
-    def saved(self, result: SaveResult, *, blocking: bool) -> None:
+    def saved(self, result: SaveResult, *, blocking: bool, tier: str = "shared") -> None:
         if self._lead:
-            logger.info("checkpoint step %d committed: %.2f s, %d bytes", result.step, result.seconds, result.bytes)
+            logger.info("checkpoint step %d committed%s: %.2f s, %d bytes", result.step,
+                        " (local tier)" if tier == "local" else "", result.seconds, result.bytes)
+            extra: dict[str, Any] = {"tier": tier} if tier != "shared" else {}
             self.events.emit(Event.SAVE, step=result.step, seconds=round(result.seconds, 4), bytes=result.bytes,
-                             blocking=blocking, path=str(result.path))
+                             blocking=blocking, path=str(result.path), **extra)
 
     def save_skipped(self, step: int, save_s: float | None) -> None:
         if self._lead:
@@ -85,9 +87,13 @@ class Reporter:
                            "%.1f s); the previous checkpoint stays the latest", step, save_s or 0.0)
             self.events.emit(Event.SAVE_SKIPPED, step=step, save_s=save_s)
 
-    def loaded(self, got: tuple[int, Any] | None) -> None:
+    def loaded(self, got: tuple[int, Any] | None, *, tier: str = "shared", from_peers: int | None = None) -> None:
+        """``tier``: where the checkpoint was read; ``from_peers``: bytes the ranks received from other nodes' local
+        tiers (None: no local tier)."""
         if self._lead:
-            self.events.emit(Event.RESUME if got else Event.FRESH_START, step=got[0] if got else None)
+            extra: dict[str, Any] = {} if from_peers is None else {"tier": tier if got else None,
+                                                                   "from_peers": from_peers}
+            self.events.emit(Event.RESUME if got else Event.FRESH_START, step=got[0] if got else None, **extra)
 
     def exit(self, chosen: Outcome, verdict: Verdict, decision: StopDecision | None, **extra: Any) -> None:
         if not self._lead:

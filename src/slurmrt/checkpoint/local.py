@@ -1,0 +1,318 @@
+"""The node-local checkpoint tier: fast and frequent saves in node memory or on a node's NVMe, each rank's part also
+kept by a partner node, so that losing any one node keeps every part.
+
+Layout, on each node, under the configured directory (``/dev/shm``, ``$SLURM_TMPDIR``, an NVMe path)::
+
+    slurmrt-<uid>/                 ours, 0700 (another user of the node can neither read nor plant anything)
+      <key>/<node>/                <key>: the checkpoint directory's path, hashed (one training, whatever its job)
+        step_000001200/
+          rank_00003.pt            rank 3's part (its own, or the replica of its partner's)
+          rank_00003.json          {step, rank, world_size, size, xxh3_64}: written last, the part's commit
+
+A part is written to a temporary name, fsynced and renamed, and only then its ``.json``; a part without its
+``.json``, or whose size or checksum differs from it, does not exist for :meth:`LocalTier.load`.
+
+Partners: rank ``r`` sends its part to rank ``(r + L) % N`` (``L`` ranks per node, ``N`` in all): the same local
+rank on the next node, which writes it as its node's replica. One node lost, each of its ranks' parts is on the next
+node. Memory: ``keep`` steps x (the node's own parts + their replicas) = ``2 x keep x`` the node's share of a
+checkpoint; older steps are deleted after each save.
+
+:meth:`LocalTier.load` is collective: the ranks gather which parts each node holds, take the newest step whose every
+part is held somewhere (and at least as new as the shared tier's ``floor``), read their own part where it is on their
+node, receive it from a holder where not (a replacement node), verify every part's checksum, and agree. Anything
+short of that returns None on every rank: the shared tier serves.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import logging
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+from .. import _clock
+from .._comm import Comm, wait_released
+from .._errors import CheckpointError
+from .._safefs import private_dir
+from ._files import HASH, _no_zip_crc
+from .background import SaveResult
+
+__all__ = ["LocalTier", "partner_of", "tier_directory"]
+
+logger = logging.getLogger(__name__)
+
+_STEP = re.compile(r"step_(\d{9})")
+_PART = re.compile(r"rank_(\d{5})\.json")
+
+
+def partner_of(rank: int, world: int, per_node: int) -> int | None:
+    """The rank that keeps ``rank``'s replica: the same local rank on the next node; None on one node."""
+    if world <= per_node:
+        return None
+    return (rank + per_node) % world
+
+
+def tier_directory(base: Path, checkpoint_dir: Path, node: str) -> Path:
+    """This node's directory of the tier for the training that checkpoints into ``checkpoint_dir``."""
+    key = hashlib.sha256(str(checkpoint_dir.resolve()).encode()).hexdigest()[:16]
+    if not re.fullmatch(r"[A-Za-z0-9_.-]{1,255}", node) or node in {".", ".."}:
+        raise CheckpointError(f"node name {node!r} cannot name a directory")
+    return base / f"slurmrt-{os.getuid()}" / key / node
+
+
+def _hash(data: bytes | memoryview) -> str:
+    import xxhash
+
+    return str(xxhash.xxh3_64_hexdigest(data))
+
+
+class LocalTier:
+    def __init__(self, base: Path, checkpoint_dir: Path, *, node: str, comm: Comm, per_node: int,
+                 keep: int = 2) -> None:
+        self.base = base
+        self.directory = tier_directory(base, checkpoint_dir, node)
+        self.comm = comm
+        self.per_node = per_node
+        self.keep = keep
+
+    def _ready(self) -> Path:
+        """The node's directory, made ours and private on the way (``base`` must exist: it is the node's)."""
+        if not self.base.is_dir():
+            raise CheckpointError(f"local checkpoint directory {self.base} does not exist on this node")
+        top = private_dir(self.directory.parents[1])
+        private_dir(top / self.directory.parent.name)
+        return private_dir(self.directory)
+
+    # -- saving ----------------------------------------------------------------------------------------------------
+    def save(self, state: Any, step: int) -> SaveResult:
+        """Write this rank's part and its partner's replica of ``step``; collective. Raises
+        :class:`CheckpointError` (on every rank) when any rank failed: the tier then holds no ``step``."""
+        started, t0 = _clock.wall(), _clock.mono()
+        rank, world = self.comm.rank, self.comm.world_size
+        error = None
+        try:
+            data = _serialize(state)
+            directory = self._ready() / f"step_{step:09d}"
+            directory.mkdir(exist_ok=True)
+            self._write_part(directory, rank, world, step, data)
+        except Exception as err:  # every rank still takes part in the exchange below
+            error = f"rank {rank}: {err}"
+            data = b""
+            directory = None
+        partner = partner_of(rank, world, self.per_node)
+        if partner is not None:
+            source = (rank - self.per_node) % world
+            got = self._exchange(data, partner, source)
+            if error is None and got is not None:
+                try:
+                    assert directory is not None
+                    self._write_part(directory, source, world, step, got)
+                except Exception as err:
+                    error = f"rank {rank} keeping rank {source}'s replica: {err}"
+        problems = [p for p in self.comm.all_gather(error) if p]
+        if problems:
+            raise CheckpointError(f"local checkpoint of step {step} failed: {'; '.join(problems)}", step=step)
+        self._prune(step)
+        return SaveResult(step, self.directory / f"step_{step:09d}", _clock.mono() - t0, len(data), started)
+
+    def _exchange(self, data: bytes, partner: int, source: int) -> bytes | None:
+        """Send ``data`` to ``partner`` and receive ``source``'s part (every rank does both at once)."""
+        import torch
+
+        group = getattr(self.comm, "group", None)
+        size = torch.tensor([len(data)], dtype=torch.int64)
+        got_size = torch.zeros(1, dtype=torch.int64)
+        _pairwise([(size, partner, True), (got_size, source, False)], group)
+        out = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
+        got = torch.empty(int(got_size.item()), dtype=torch.uint8)
+        _pairwise([(out, partner, True), (got, source, False)], group)
+        return got.numpy().tobytes() if got.numel() else None
+
+    def _write_part(self, directory: Path, rank: int, world: int, step: int, data: bytes) -> None:
+        name = f"rank_{rank:05d}"
+        _write_file(directory / f"{name}.pt", data)
+        meta = {"step": step, "rank": rank, "world_size": world, "size": len(data), HASH: _hash(data)}
+        _write_file(directory / f"{name}.json", json.dumps(meta).encode())
+
+    def _prune(self, newest: int) -> None:
+        """Each rank deletes the older steps' files it wrote (its part, the replica it kept), beyond ``keep``."""
+        mine = {self.comm.rank}
+        partner = partner_of(self.comm.rank, self.comm.world_size, self.per_node)
+        if partner is not None:
+            mine.add((self.comm.rank - self.per_node) % self.comm.world_size)
+        steps = sorted((s for s in self._steps() if s <= newest), reverse=True)
+        for step in steps[self.keep:]:
+            directory = self.directory / f"step_{step:09d}"
+            for rank in mine:
+                for suffix in (".json", ".pt"):  # the commit first: never a .json without its data
+                    with contextlib.suppress(FileNotFoundError):
+                        (directory / f"rank_{rank:05d}{suffix}").unlink()
+            with contextlib.suppress(OSError):
+                directory.rmdir()  # the last rank of the node to prune it
+
+    def _steps(self) -> list[int]:
+        if not self.directory.is_dir():
+            return []
+        return [int(m.group(1)) for p in self.directory.iterdir() if (m := _STEP.fullmatch(p.name))]
+
+    def forget_after(self, step: int | None) -> None:
+        """Delete this node's steps newer than ``step`` (None: all), which the run did not resume from: a later
+        save of the same step must not be mixed with their parts."""
+        for newer in self._steps():
+            if step is None or newer > step:
+                shutil.rmtree(self.directory / f"step_{newer:09d}", ignore_errors=True)
+
+    def clear(self) -> None:
+        """Remove this node's tier of the training (the run ended for good: nothing will resume from it)."""
+        if self.comm.rank % self.per_node == 0 and self.directory.is_dir():
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+    # -- loading ---------------------------------------------------------------------------------------------------
+    def holdings(self) -> dict[int, dict[int, dict[str, Any]]]:
+        """step -> rank -> the part's meta, for every part this node holds whole (its ``.json`` and a file of that
+        size; the checksum is checked when the part is read)."""
+        held: dict[int, dict[int, dict[str, Any]]] = {}
+        for step in self._steps():
+            directory = self.directory / f"step_{step:09d}"
+            for entry in directory.iterdir():
+                m = _PART.fullmatch(entry.name)
+                if m is None:
+                    continue
+                try:
+                    meta = json.loads(entry.read_text())
+                    data = directory / f"rank_{m.group(1)}.pt"
+                    if meta.get("step") != step or meta.get("rank") != int(m.group(1)) or \
+                            data.stat().st_size != meta.get("size") or not isinstance(meta.get(HASH), str):
+                        continue
+                except (OSError, ValueError, AttributeError):
+                    continue
+                held.setdefault(step, {})[int(m.group(1))] = meta
+        return held
+
+    def load(self, floor: int | None) -> tuple[int, Any, int] | None:
+        """(step, this rank's state, bytes this rank received from another node) of the newest step ``>= floor``
+        whose every part some node holds, the same on every rank; None when the tier cannot serve. Collective."""
+        rank, world = self.comm.rank, self.comm.world_size
+        try:
+            mine = self.holdings()
+        except OSError as err:
+            logger.warning("rank %d: local checkpoint tier %s unreadable: %s", rank, self.directory, err)
+            mine = {}
+        everyone: list[dict[int, dict[int, dict[str, Any]]]] = self.comm.all_gather(mine)
+        plan = _choose(everyone, world, floor)
+        if plan is None:
+            return None
+        step, holder, metas = plan
+        data, received, error = None, 0, None
+        sends = [(r, metas[r]) for r in range(world) if holder[r] == rank and r != rank]
+        try:
+            data, received = self._gather_part(step, holder, metas, sends)
+            if _hash(data) != metas[rank][HASH] or len(data) != metas[rank]["size"]:
+                raise CheckpointError(f"rank {rank}'s part of step {step} does not match its checksum")
+            state = _deserialize(data)
+        except Exception as err:
+            error = f"rank {rank}: {err}"
+            state = None
+        problems = [p for p in self.comm.all_gather(error) if p]
+        if problems:
+            if rank == 0:
+                logger.warning("the local tier cannot serve step %d (%s): reading the shared tier", step,
+                               "; ".join(problems))
+            return None
+        return step, state, received
+
+    def _gather_part(self, step: int, holder: list[int], metas: list[dict[str, Any]],
+                     sends: list[tuple[int, dict[str, Any]]]) -> tuple[bytes, int]:
+        """This rank's part: read here, or received from its holder; meanwhile send the parts this rank serves.
+        Every send and receive is posted even when a read fails, so no peer waits forever."""
+        import torch
+
+        directory = self.directory / f"step_{step:09d}"
+        rank = self.comm.rank
+        ops: list[tuple[Any, int, bool]] = []
+        for r, meta in sends:
+            try:
+                blob = (directory / f"rank_{r:05d}.pt").read_bytes()
+            except OSError:
+                blob = b""
+            buf = torch.zeros(meta["size"], dtype=torch.uint8)
+            if len(blob) == meta["size"] and blob:
+                buf = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
+            ops.append((buf, r, True))
+        incoming = None
+        if holder[rank] != rank:
+            incoming = torch.empty(metas[rank]["size"], dtype=torch.uint8)
+            ops.append((incoming, holder[rank], False))
+        if ops:
+            _pairwise(ops, getattr(self.comm, "group", None))
+        if incoming is not None:
+            return incoming.numpy().tobytes(), int(incoming.numel())
+        return (directory / f"rank_{rank:05d}.pt").read_bytes(), 0
+
+
+def _choose(everyone: list[dict[int, dict[int, dict[str, Any]]]], world: int, floor: int | None
+            ) -> tuple[int, list[int], list[dict[str, Any]]] | None:
+    """The newest step whose every part is held, with each part's holder (the rank itself when its node has it,
+    else the lowest rank that holds it) and meta; None when no step qualifies."""
+    steps = sorted({s for held in everyone for s in held}, reverse=True)
+    for step in steps:
+        if floor is not None and step < floor:
+            return None
+        holder: list[int] = []
+        metas: list[dict[str, Any]] = []
+        for r in range(world):
+            owners = [i for i, held in enumerate(everyone) if r in held.get(step, {}) and
+                      held[step][r].get("world_size") == world]
+            if not owners:
+                break
+            holder.append(r if r in owners else owners[0])
+            metas.append(everyone[holder[-1]][step][r])
+        else:
+            return step, holder, metas
+    return None
+
+
+def _pairwise(ops: list[tuple[Any, int, bool]], group: Any) -> None:
+    """Post every send and receive of ``ops`` ((tensor, peer, is_send)) at once, then wait for all of them."""
+    import torch.distributed as dist
+
+    works = [(dist.isend if send else dist.irecv)(t, peer, group=group) for t, peer, send in ops]
+    for w in works:
+        if w is not None:
+            w.wait()
+    del works
+    wait_released(*(t for t, _, _ in ops))  # gloo's worker no longer holds them: only Python owns them now
+
+
+def _serialize(state: Any) -> bytes:
+    import torch
+
+    buf = io.BytesIO()
+    with _no_zip_crc():
+        torch.save(state, buf)
+    return buf.getvalue()
+
+
+def _deserialize(data: bytes) -> Any:
+    import torch
+
+    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
+
+
+def _write_file(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
