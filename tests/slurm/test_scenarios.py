@@ -697,9 +697,13 @@ def uninterrupted(cluster: Path, tmp_path_factory: pytest.TempPathFactory) -> li
     return list(ranks[0]["w"])
 
 
-def _injob_job(directory: Path, name: str, nodes: int, command: str, *sbatch_args: str) -> Job:
-    return submit(directory, f"exec $PY -m slurmrt run {command}", f"-N{nodes}", "--ntasks-per-node=1", "--no-kill",
-                  "--requeue", *sbatch_args, name=name, exports=INJOB_EXPORTS)
+def _injob_job(directory: Path, name: str, nodes: int, command: str, *sbatch_args: str, local: bool = False) -> Job:
+    """``local``: a node-local tier too; each node's directory is its own (the node's name under it), as /dev/shm is
+    on a real cluster."""
+    exports = {**INJOB_EXPORTS, **({"SLURMRT_LOCAL_CHECKPOINT_DIR": str(directory / "local")} if local else {})}
+    prepare = f"mkdir -p {directory / 'local'}; " if local else ""
+    return submit(directory, f"{prepare}exec $PY -m slurmrt run {command}", f"-N{nodes}", "--ntasks-per-node=1",
+                  "--no-kill", "--requeue", *sbatch_args, name=name, exports=exports)
 
 
 @pytest.mark.parametrize("fault", ["kill", "hang"])
@@ -710,7 +714,7 @@ def test_14_a_killed_or_hung_node_is_replaced_by_the_spare_in_the_same_job(clust
     checkpoint and ends with the weights of an uninterrupted run, bit for bit."""
     job = _injob_job(tmp_path, f"injob-{fault}", 3,
                      f"--spare-nodes 1 -- $PY $WORKER --out $OUT --steps {INJOB_STEPS} --step-time 0.1 "
-                     f"--save-every 10 --fault {fault} --fault-at 35")
+                     f"--save-every 10 --local-every 5 --fault {fault} --fault-at 35", local=True)
     info = job.wait(600)
     out = job.output()
     assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) == 0, out[-4000:]
@@ -727,7 +731,10 @@ def test_14_a_killed_or_hung_node_is_replaced_by_the_spare_in_the_same_job(clust
     assert "in-job restart 1" in out and f"on {bad}" in out
     replaced = [json.loads((tmp_path / "run0.1" / f"rank{r}.json").read_text()) for r in range(2)]
     saved_before = max(e["step"] for e in ev if e["event"] == "save" and e.get("attempt", 0) == 0)
-    assert saved_before < 35 and all(r["start"] == saved_before + 1 for r in replaced)
+    assert saved_before == 34 and all(r["start"] == saved_before + 1 for r in replaced)  # 34: the local tier's
+    # From the local tier: rank 0 (n1) read its own part, the spare's rank 1 got rank 1's from n1, its partner.
+    (resumed,) = [e for e in ev if e["event"] == "resume" and e.get("attempt") == 1]
+    assert resumed["step"] == 34 and resumed["tier"] == "local" and resumed["from_peers"] > 0
     assert all(r["in_job_restarts"] == 1 and r["hostname"] != bad and r["exit_code"] == 0 for r in replaced)
     assert all(r["trained"] == list(range(saved_before + 1, INJOB_STEPS)) for r in replaced)
     assert replaced[0]["w"] == uninterrupted, "the weights differ from an uninterrupted run's"

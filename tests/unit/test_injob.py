@@ -244,7 +244,7 @@ def test_a_node_that_left_the_allocation_is_replaced_though_nobody_could_ask(
     """With --no-kill, Slurm kills a failed node's step at once and drops the node from the job's NodeList (measured
     in docs/slurm.md): the supervisor reads it from `scontrol show job`."""
     scontrol = tmp_path / "scontrol"
-    scontrol.write_text(f"#!/bin/sh\necho 'JobId=7 JobName=x NodeList={held} ReqNodeList=(null) "
+    scontrol.write_text(f"#!/bin/sh\necho 'JobId=7 JobName=x JobState=RUNNING NodeList={held} ReqNodeList=(null) "
                         "ExcNodeList=(null) NumNodes=3'\n")
     scontrol.chmod(0o755)
     env = {**os.environ, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-3]", "FAKE_LOG": str(tmp_path / "log"),

@@ -283,10 +283,10 @@ def _pairwise(ops: list[tuple[Any, int, bool]], group: Any) -> None:
     import torch.distributed as dist
 
     works = [(dist.isend if send else dist.irecv)(t, peer, group=group) for t, peer, send in ops]
-    for w in works:
-        if w is not None:
-            w.wait()
-    del works
+    for work in works:
+        if work is not None:
+            work.wait()
+    del works, work  # the last one too: a live work object holds its tensor
     wait_released(*(t for t, _, _ in ops))  # gloo's worker no longer holds them: only Python owns them now
 
 

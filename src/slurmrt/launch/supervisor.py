@@ -154,8 +154,8 @@ class Supervisor:
             if not bad:
                 self._say(f"step {attempt} asked to leave out {ask['exclude']}, none of them in the step")
             return bad
-        if code == 0:
-            return []
+        if code in {int(c) for c in ExitCode}:
+            return []  # slurmrt in the step decided (finished, stopped, requeued or refused): no node was lost
         gone = [n for n in placement.nodes if n not in self._allocated()]
         if not gone:
             return []
@@ -170,8 +170,8 @@ class Supervisor:
     def _allocated(self) -> list[str]:
         """The job's nodes now (``scontrol show job``): with --no-kill, a failed node leaves the job's NodeList."""
         job = exclusion.read_job(self.job)
-        if isinstance(job, str) or job.nodes is None:
-            return self.allocation
+        if isinstance(job, str) or job.nodes is None or job.state != "RUNNING":
+            return self.allocation  # unknown, or requeued or ending: nothing to tell
         return list(job.nodes)
 
     def _step_once(self, placement: Placement, attempt: int) -> int:

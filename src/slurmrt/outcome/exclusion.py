@@ -35,6 +35,7 @@ class JobNodes:
     partition: str | None
     #: The nodes the job holds now (a node that failed in a --no-kill job leaves it); None when not said.
     nodes: tuple[str, ...] | None = None
+    state: str | None = None
 
 
 @dataclass(frozen=True)
@@ -83,7 +84,7 @@ def parse_job(text: str) -> JobNodes:
     except HostlistError:
         nodes = None
     return JobNodes(excluded, int(num.split("-")[0]) if num.split("-")[0].isdigit() else None,
-                    fields.get("Partition") or None, nodes)
+                    fields.get("Partition") or None, nodes, fields.get("JobState") or None)
 
 
 def read_job(job_id: str) -> JobNodes | str:
