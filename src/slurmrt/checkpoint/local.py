@@ -40,7 +40,7 @@ from .. import _clock
 from .._comm import Comm, wait_released
 from .._errors import CheckpointError
 from .._safefs import private_dir
-from ._files import HASH, _no_zip_crc
+from ._files import HASH, write_state
 from .background import SaveResult
 
 __all__ = ["LocalTier", "partner_of", "tier_directory"]
@@ -72,6 +72,16 @@ def _hash(data: bytes | memoryview) -> str:
     return str(xxhash.xxh3_64_hexdigest(data))
 
 
+def _hash_int(hexdigest: str) -> int:
+    """The 16-hex-digit checksum as a signed int64 (it travels in a tensor)."""
+    value = int(hexdigest, 16)
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def _hash_str(value: int) -> str:
+    return f"{value & ((1 << 64) - 1):016x}"
+
+
 class LocalTier:
     def __init__(self, base: Path, checkpoint_dir: Path, *, node: str, comm: Comm, per_node: int,
                  keep: int = 2) -> None:
@@ -95,50 +105,73 @@ class LocalTier:
         :class:`CheckpointError` (on every rank) when any rank failed: the tier then holds no ``step``."""
         started, t0 = _clock.wall(), _clock.mono()
         rank, world = self.comm.rank, self.comm.world_size
-        error = None
+        error: str | None = None
+        directory: Path | None = None
+        info: dict[str, Any] = {"size": 0, HASH: "0"}
         try:
-            data = _serialize(state)
             directory = self._ready() / f"step_{step:09d}"
             directory.mkdir(exist_ok=True)
-            self._write_part(directory, rank, world, step, data)
+            info = self._write_own(directory, rank, world, step, state)
         except Exception as err:  # every rank still takes part in the exchange below
             error = f"rank {rank}: {err}"
-            data = b""
-            directory = None
         partner = partner_of(rank, world, self.per_node)
         if partner is not None:
             source = (rank - self.per_node) % world
-            got = self._exchange(data, partner, source)
-            if error is None and got is not None:
+            own = directory / f"rank_{rank:05d}.pt" if error is None and directory is not None else None
+            got, got_hash = self._exchange(own, info, partner, source)
+            if error is None and directory is not None:
                 try:
-                    assert directory is not None
-                    self._write_part(directory, source, world, step, got)
+                    if got_hash is None or _hash(got) != got_hash:
+                        raise CheckpointError(f"rank {source}'s replica did not arrive whole")
+                    _write_file(directory / f"rank_{source:05d}.pt", got)
+                    self._commit(directory, source, world, step, {"size": len(got), HASH: got_hash})
                 except Exception as err:
                     error = f"rank {rank} keeping rank {source}'s replica: {err}"
         problems = [p for p in self.comm.all_gather(error) if p]
         if problems:
             raise CheckpointError(f"local checkpoint of step {step} failed: {'; '.join(problems)}", step=step)
         self._prune(step)
-        return SaveResult(step, self.directory / f"step_{step:09d}", _clock.mono() - t0, len(data), started)
+        return SaveResult(step, self.directory / f"step_{step:09d}", _clock.mono() - t0, int(info["size"]), started)
 
-    def _exchange(self, data: bytes, partner: int, source: int) -> bytes | None:
-        """Send ``data`` to ``partner`` and receive ``source``'s part (every rank does both at once)."""
+    def _write_own(self, directory: Path, rank: int, world: int, step: int, state: Any) -> dict[str, Any]:
+        """torch.save straight into the file, hashed as it is written (as the shared tier writes a part)."""
+        path = directory / f"rank_{rank:05d}.pt"
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        info = write_state(tmp, state)
+        os.replace(tmp, path)
+        self._commit(directory, rank, world, step, info)
+        return info
+
+    def _commit(self, directory: Path, rank: int, world: int, step: int, info: dict[str, Any]) -> None:
+        meta = {"step": step, "rank": rank, "world_size": world, "size": info["size"], HASH: info[HASH]}
+        _write_file(directory / f"rank_{rank:05d}.json", json.dumps(meta).encode())
+
+    def _exchange(self, own: Path | None, info: dict[str, Any], partner: int, source: int
+                  ) -> tuple[memoryview, str | None]:
+        """Send this rank's part (mapped from its file, not copied) with its checksum to ``partner``, and receive
+        ``source``'s (every rank does both at once). A rank whose own write failed sends nothing (size 0)."""
+        import mmap
+
         import torch
 
         group = getattr(self.comm, "group", None)
-        size = torch.tensor([len(data)], dtype=torch.int64)
-        got_size = torch.zeros(1, dtype=torch.int64)
-        _pairwise([(size, partner, True), (got_size, source, False)], group)
-        out = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
-        got = torch.empty(int(got_size.item()), dtype=torch.uint8)
-        _pairwise([(out, partner, True), (got, source, False)], group)
-        return got.numpy().tobytes() if got.numel() else None
-
-    def _write_part(self, directory: Path, rank: int, world: int, step: int, data: bytes) -> None:
-        name = f"rank_{rank:05d}"
-        _write_file(directory / f"{name}.pt", data)
-        meta = {"step": step, "rank": rank, "world_size": world, "size": len(data), HASH: _hash(data)}
-        _write_file(directory / f"{name}.json", json.dumps(meta).encode())
+        size = int(info["size"]) if own is not None else 0
+        header = torch.tensor([size, _hash_int(info[HASH]) if own is not None else 0], dtype=torch.int64)
+        got_header = torch.zeros(2, dtype=torch.int64)
+        _pairwise([(header, partner, True), (got_header, source, False)], group)
+        got = torch.empty(int(got_header[0].item()), dtype=torch.uint8)
+        with contextlib.ExitStack() as stack:
+            out = torch.empty(0, dtype=torch.uint8)
+            if size:
+                assert own is not None
+                f = stack.enter_context(open(own, "rb"))
+                mapped = stack.enter_context(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY))
+                out = _as_tensor(memoryview(mapped))
+            _pairwise([(out, partner, True), (got, source, False)], group)
+            del out
+        if not got.numel():
+            return memoryview(b""), None
+        return got.numpy().data, _hash_str(int(got_header[1].item()))
 
     def _prune(self, newest: int) -> None:
         """Each rank deletes the older steps' files it wrote (its part, the replica it kept), beyond ``keep``."""
@@ -228,7 +261,7 @@ class LocalTier:
         return step, state, received
 
     def _gather_part(self, step: int, holder: list[int], metas: list[dict[str, Any]],
-                     sends: list[tuple[int, dict[str, Any]]]) -> tuple[bytes, int]:
+                     sends: list[tuple[int, dict[str, Any]]]) -> tuple[bytes | memoryview, int]:
         """This rank's part: read here, or received from its holder; meanwhile send the parts this rank serves.
         Every send and receive is posted even when a read fails, so no peer waits forever."""
         import torch
@@ -243,7 +276,7 @@ class LocalTier:
                 blob = b""
             buf = torch.zeros(meta["size"], dtype=torch.uint8)
             if len(blob) == meta["size"] and blob:
-                buf = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
+                buf = _as_tensor(memoryview(bytearray(blob)))
             ops.append((buf, r, True))
         incoming = None
         if holder[rank] != rank:
@@ -252,7 +285,7 @@ class LocalTier:
         if ops:
             _pairwise(ops, getattr(self.comm, "group", None))
         if incoming is not None:
-            return incoming.numpy().tobytes(), int(incoming.numel())
+            return incoming.numpy().data, int(incoming.numel())
         return (directory / f"rank_{rank:05d}.pt").read_bytes(), 0
 
 
@@ -290,22 +323,23 @@ def _pairwise(ops: list[tuple[Any, int, bool]], group: Any) -> None:
     wait_released(*(t for t, _, _ in ops))  # gloo's worker no longer holds them: only Python owns them now
 
 
-def _serialize(state: Any) -> bytes:
+def _as_tensor(data: memoryview) -> Any:
+    import warnings
+
     import torch
 
-    buf = io.BytesIO()
-    with _no_zip_crc():
-        torch.save(state, buf)
-    return buf.getvalue()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "The given buffer is not writable": it is, or read only here
+        return torch.frombuffer(data, dtype=torch.uint8)
 
 
-def _deserialize(data: bytes) -> Any:
+def _deserialize(data: bytes | memoryview) -> Any:
     import torch
 
     return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
 
 
-def _write_file(path: Path, data: bytes) -> None:
+def _write_file(path: Path, data: bytes | memoryview) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
     try:
