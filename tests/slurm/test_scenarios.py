@@ -802,7 +802,9 @@ def test_14_the_warning_reaches_the_training_under_torchrun_not_the_launcher(clu
     (stop,) = [e for e in ev if e["event"] == "decision"]
     assert stop["reasons"] == ["signal"] and stop["restart"] == 0
     first, second = runs(tmp_path, 2)
-    assert all(r["stopped_at"] == stop["step"] and r["exit_code"] == 3 for r in first)
+    # The requeue ends every task at once: a rank may not get to write its exit code, the event log has rank 0's.
+    assert all(r["stopped_at"] == stop["step"] and r["exit_code"] in (3, None) for r in first)
+    assert [e["outcome"] for e in ev if e["event"] == "exit" and e["restart"] == 0] == ["REQUEUED"]
     assert all(r["start"] == stop["step"] + 1 for r in second) and second[0]["w"] == uninterrupted
 
 
