@@ -243,9 +243,11 @@ def test_a_node_that_left_the_allocation_is_replaced_though_nobody_could_ask(
         tmp_path: Path, held: str, expected_steps: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """With --no-kill, Slurm kills a failed node's step at once and drops the node from the job's NodeList (measured
     in docs/slurm.md): the supervisor reads it from `scontrol show job`."""
-    scontrol = tmp_path / "scontrol"
-    scontrol.write_text(f"#!/bin/sh\necho 'JobId=7 JobName=x JobState=RUNNING NodeList={held} ReqNodeList=(null) "
-                        "ExcNodeList=(null) NumNodes=3'\n")
+    scontrol = tmp_path / "scontrol"  # the whole allocation when step 0 starts, then what the job holds after it
+    scontrol.write_text(f"#!/bin/sh\nif [ -e {tmp_path}/asked ]; then held='{held}'; else held='n[1-3]'; fi\n"
+                        f"touch {tmp_path}/asked\n"
+                        "echo \"JobId=7 JobName=x JobState=RUNNING NodeList=$held ReqNodeList=(null) "
+                        "ExcNodeList=(null) NumNodes=3\"\n")
     scontrol.chmod(0o755)
     env = {**os.environ, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-3]", "FAKE_LOG": str(tmp_path / "log"),
            "FAKE_NODE_FAILURE": "1", "PATH": f"{tmp_path}:{os.environ['PATH']}"}
@@ -271,3 +273,22 @@ def test_local_tier_partners_and_the_step_chosen_across_nodes() -> None:
     assert _choose([node_a, node_b], 2, 8) is None  # the shared tier has step 8: 7 is too old
     assert _choose([node_a, {7: {1: part}}], 2, None) == (7, [0, 1], [part, part])  # each reads its own
     assert _choose([{7: {0: {**part, "world_size": 4}}}, {7: {1: part}}], 2, None) is None  # another world size
+
+
+def test_a_spare_that_left_the_job_is_not_given_a_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """n3, the spare, failed while step 0 ran, whose ranks asked for an in-job restart: no node to go to, so the
+    supervisor requeues the job without n2 itself (the ranks left that to it), instead of an srun on a lost node."""
+    scontrol = tmp_path / "scontrol"
+    scontrol.write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path}/scontrol.log\n"
+                        f"if [ -e {tmp_path}/asked ]; then held='n[1-2]'; else held='n[1-3]'; fi\n"
+                        f"touch {tmp_path}/asked\n"
+                        'echo "JobId=7 JobState=RUNNING NodeList=$held ExcNodeList=(null) NumNodes=3"\n')
+    scontrol.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    env = {**os.environ, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-3]", "FAKE_LOG": str(tmp_path / "log")}
+    sup = Supervisor(["x"], spare_nodes=1, max_restarts=3, env=env, directory=tmp_path / "d",
+                     srun=str(fake_srun(tmp_path)))
+    assert sup.run() == int(ExitCode.HUNG)
+    assert len((tmp_path / "log").read_text().splitlines()) == 1  # step 0 only
+    calls = (tmp_path / "scontrol.log").read_text().splitlines()
+    assert "requeue 7" in calls and "update JobId=7 ExcNodeList=n2" in calls

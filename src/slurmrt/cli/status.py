@@ -68,8 +68,13 @@ def _draw(life: JobLife, path: Path) -> Path:
 
 
 def _describe(run_: RunLife, gap: float | None) -> list[str]:
+    tier = ""
+    if run_.resumed_tier == "local":
+        tier = f" from the local tier ({run_.from_peers or 0} bytes from other nodes)"
+    elif run_.resumed_tier == "shared":
+        tier = " from the shared tier"
     parts = [
-        f"resumed after step {run_.resumed_from}" if run_.resumed_from is not None else "fresh start",
+        f"resumed after step {run_.resumed_from}{tier}" if run_.resumed_from is not None else "fresh start",
         f"stopped at step {run_.stop_step} ({', '.join(run_.reasons)})" if run_.stop_step is not None else "no stop",
         f"last checkpoint step {run_.last_checkpoint}" if run_.checkpoints else "last checkpoint none",
         f"exit {run_.outcome}" if run_.outcome else "no exit recorded (killed?)",

@@ -130,9 +130,11 @@ class Supervisor:
         excluded: list[str] = []
         attempt = 0
         while True:
-            placement = place(self.allocation, excluded, self.wanted)
-            if placement is None:  # the ranks checked the spares before asking: not reached unless they lied
-                self._say(f"no {self.wanted} node(s) left without {', '.join(excluded)}")
+            held = set(self._allocated())  # a spare that failed meanwhile has left the job (--no-kill)
+            placement = place([n for n in self.allocation if n in held], excluded, self.wanted)
+            if placement is None:  # a spare failed after the ranks counted it: the requeue they left to us
+                self._say(f"no {self.wanted} node(s) left in the job without {', '.join(excluded)}: requeueing it")
+                self._requeue(excluded)
                 return int(ExitCode.HUNG)
             code = self._step_once(placement, attempt)
             bad = self._bad_nodes(placement, attempt, code)
@@ -166,6 +168,24 @@ class Supervisor:
             return []
         self._say(f"{', '.join(gone)} left the job (node failure)")
         return gone
+
+    def _requeue(self, bad: list[str]) -> None:
+        """The fallback the ranks would have taken: requeue the job, then keep ``bad`` out of it."""
+        from ..options import Options
+        from ..outcome.policy import requeue
+
+        array, task = self.env.get("SLURM_ARRAY_JOB_ID"), self.env.get("SLURM_ARRAY_TASK_ID")
+        job = f"{array}_{task}" if array and task else self.job
+        try:
+            most = Options.resolve({}, self.env).max_excluded_nodes
+        except ConfigError as err:
+            self._say(f"{err}: excluding at most {Options.max_excluded_nodes} nodes")
+            most = Options.max_excluded_nodes
+        done, message = requeue(job)
+        self._say(message)
+        if done:
+            _, said = exclusion.exclude_after_requeue(job, bad, max_excluded=most)
+            self._say(said)
 
     def _allocated(self) -> list[str]:
         """The job's nodes now (``scontrol show job``): with --no-kill, a failed node leaves the job's NodeList."""

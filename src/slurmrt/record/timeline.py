@@ -32,6 +32,10 @@ class RunLife:
     #: The nodes this run's step left behind for an in-job restart, and why.
     left: tuple[str, ...] = ()
     left_why: str = ""
+    #: The tier the resume read ("local", "shared"; None: not recorded, a run without a local tier), and the bytes
+    #: its ranks received from other nodes' local tiers.
+    resumed_tier: str | None = None
+    from_peers: int | None = None
     #: (time, step) at each step the events name, in time order; the step only grows.
     points: list[tuple[float, int]] = field(default_factory=list)
     #: (commit time, step, seconds the save took)
@@ -137,6 +141,11 @@ def _run_life(run: Run) -> RunLife:
                    reasons=run.reasons, attempt=run.attempt,
                    left=tuple(str(n) for n in moved.get("nodes") or ()) if moved else (),
                    left_why=str(moved.get("why") or "") if moved else "")
+    resume = run.first(Event.RESUME)
+    if resume is not None:
+        tier, peers = resume.get("tier"), resume.get("from_peers")
+        life.resumed_tier = tier if isinstance(tier, str) else None
+        life.from_peers = peers if isinstance(peers, int) and not isinstance(peers, bool) else None
     steps: list[tuple[float, int]] = []
     for e in run.events:
         kind, step = e.get("event"), e.get("step")
