@@ -146,13 +146,16 @@ FAKE_SRUN = textwrap.dedent("""\
     with open(log, "a") as f:
         f.write(json.dumps({{"argv": sys.argv[1:], "attempt": os.environ.get("SLURMRT_RUN_ATTEMPT"),
                             "spares": os.environ.get("SLURMRT_RUN_SPARES")}}) + "\\n")
-    if "--overlap" in sys.argv:
+    if "--overlap" in sys.argv:  # `slurmrt signal` on each node: fails (none registered) FAKE_OVERLAP_FAILS times
+        fails = os.environ.get("FAKE_OVERLAP_FAILS")
+        if fails and len(open(log).read().splitlines()) <= 1 + int(fails):
+            sys.exit(1)
         sys.exit(0)
     attempt = int(os.environ["SLURMRT_RUN_ATTEMPT"])
     nodes = [a.split("=", 1)[1].split(",") for a in sys.argv if a.startswith("--nodelist=")][0]
     if attempt == 0 and os.environ.get("FAKE_NODE_FAILURE"):  # Slurm killed the step: nobody asked
         sys.exit(137)
-    if attempt == 0:
+    if attempt == 0 and not os.environ.get("FAKE_WAIT_FIRST"):
         with open(os.path.join(os.environ["SLURMRT_RUN_DIR"], "request-0.json"), "w") as f:
             json.dump({{"attempt": 0, "exclude": [nodes[1]]}}, f)
         sys.exit(137)
@@ -292,3 +295,29 @@ def test_a_spare_that_left_the_job_is_not_given_a_step(tmp_path: Path, monkeypat
     assert len((tmp_path / "log").read_text().splitlines()) == 1  # step 0 only
     calls = (tmp_path / "scontrol.log").read_text().splitlines()
     assert "requeue 7" in calls and "update JobId=7 ExcNodeList=n2" in calls
+
+
+def test_a_signal_before_the_step_runs_is_passed_on_once_its_processes_have_registered(tmp_path: Path) -> None:
+    """USR1 while no step runs (here: before the first) waits for the step; `slurmrt signal` finding no training
+    process yet on a node (still importing torch) is tried again while the step runs."""
+    wait = tmp_path / "step-running"
+    env = {**os.environ, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]", "FAKE_LOG": str(tmp_path / "log"),
+           "FAKE_WAIT": str(wait), "FAKE_WAIT_FIRST": "1", "FAKE_OVERLAP_FAILS": "1"}
+    sup = Supervisor(["x"], spare_nodes=0, max_restarts=0, env=env, directory=tmp_path / "d",
+                     srun=str(fake_srun(tmp_path)), retry_s=0.01)
+    sup._on_signal(signal.SIGUSR1, None)  # the handler, as Python calls it: no step yet
+    assert sup._pending == [signal.SIGUSR1]
+
+    def release() -> None:  # the step runs until both tries were made (or a minute, for a failing test to end)
+        log, deadline = tmp_path / "log", time.monotonic() + 60
+        while time.monotonic() < deadline and (
+                not log.exists() or sum('"--overlap"' in line for line in log.read_text().splitlines()) < 2):
+            time.sleep(0.01)
+        Path(str(wait) + ".go").touch()
+
+    import threading
+
+    threading.Thread(target=release, daemon=True).start()
+    assert sup.run() == 0
+    overlaps = [json.loads(line) for line in (tmp_path / "log").read_text().splitlines() if "--overlap" in line]
+    assert len(overlaps) == 2 and all(o["argv"][-4:] == ["signal", "SIGUSR1", "--job", "7"] for o in overlaps)

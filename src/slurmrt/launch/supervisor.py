@@ -91,9 +91,15 @@ class Supervisor:
     srun_args: list[str] = field(default_factory=list)
     forward: tuple[signal.Signals, ...] = (signal.SIGUSR1, signal.SIGUSR2)
     srun: str = "srun"
+    #: Seconds between two tries to pass a signal on while some node's training processes have not registered yet.
+    retry_s: float = 2.0
+    #: Tries before giving up on that (the start-up of a step: torch's import, the rendezvous).
+    tries: int = 60
     _terminating: bool = False
     _step: Placement | None = None
     _proc: subprocess.Popen[bytes] | None = None
+    #: Signals that came while no step ran: passed to the next one.
+    _pending: list[signal.Signals] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         job = self.env.get("SLURM_JOB_ID")
@@ -203,6 +209,9 @@ class Supervisor:
                   (f", spare {hostlist.compress(placement.spares)}" if placement.spares else ", no spare left"))
         self._step = placement
         self._proc = subprocess.Popen(argv, env=env)
+        pending, self._pending = self._pending, []
+        for sig in dict.fromkeys(pending):
+            self._start_forward(sig, placement, self._proc)
         try:
             return _code(self._proc.wait())
         finally:
@@ -213,22 +222,44 @@ class Supervisor:
         if sig in (signal.SIGTERM, signal.SIGINT):
             self._terminating = True
             return
-        placement = self._step
-        if placement is not None and self._proc is not None:
-            threading.Thread(target=self._forward, args=(sig, placement), name="slurmrt-forward",
-                             daemon=True).start()
+        placement, proc = self._step, self._proc
+        if placement is None or proc is None:
+            self._pending.append(sig)  # between two steps: for the next one
+            return
+        self._start_forward(sig, placement, proc)
 
-    def _forward(self, sig: signal.Signals, placement: Placement) -> None:
-        """``sig`` to the training processes of every node of the step, through ``slurmrt signal``."""
+    def _start_forward(self, sig: signal.Signals, placement: Placement, proc: subprocess.Popen[bytes]) -> None:
+        threading.Thread(target=self._forward, args=(sig, placement, proc), name="slurmrt-forward",
+                         daemon=True).start()
+
+    def _forward(self, sig: signal.Signals, placement: Placement, proc: subprocess.Popen[bytes]) -> None:
+        """``sig`` to the training processes of every node of the step, through ``slurmrt signal``; again while a
+        node had none registered yet (a step still starting) and the step runs. A process signalled twice records
+        the signal once."""
         n = len(placement.nodes)
         argv = [self.srun, "--overlap", f"--jobid={self.job}", f"--nodes={n}",
                 f"--nodelist={','.join(placement.nodes)}", f"--ntasks={n}", "--ntasks-per-node=1",
                 "--kill-on-bad-exit=0", sys.executable, "-m", "slurmrt", "signal", sig.name, "--job", self.job]
-        self._say(f"{sig.name}: passed to the training processes on {hostlist.compress(placement.nodes)}")
-        try:
-            subprocess.run(argv, env=self.env, check=False, timeout=120)
-        except (OSError, subprocess.TimeoutExpired) as err:
-            self._say(f"passing {sig.name} failed: {err}")
+        for attempt in range(self.tries):
+            try:
+                done = subprocess.run(argv, env=self.env, check=False, timeout=120).returncode == 0
+            except (OSError, subprocess.TimeoutExpired) as err:
+                self._say(f"passing {sig.name} failed: {err}")
+                return
+            if done:
+                self._say(f"{sig.name}: passed to the training processes on {hostlist.compress(placement.nodes)}")
+                return
+            if attempt == 0:
+                self._say(f"{sig.name}: no training process registered yet on some node; trying again every "
+                          f"{self.retry_s:g} s while the step runs")
+            if proc.poll() is not None or self._wait(self.retry_s):
+                return
+        self._say(f"{sig.name}: not passed on: no training process registered after {self.tries} tries")
+
+    def _wait(self, seconds: float) -> bool:
+        """Sleep; True when the supervisor is told to stop meanwhile."""
+        threading.Event().wait(seconds)
+        return self._terminating
 
     def _say(self, text: str) -> None:
         print(f"slurmrt run: {text}", file=sys.stderr, flush=True)
