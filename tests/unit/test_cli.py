@@ -115,8 +115,10 @@ def test_status_shows_the_in_job_restart_which_node_left_and_why(tmp_path: Path)
         ev("00:00", "init"), ev("00:05", "fresh_start"), ev("01:00", "save", step=29, seconds=0.1),
         ev("01:30", "progress", step=34),
         # rank 0 was the one lost: rank 1 led the response and asked for the new step
-        ev("01:40", "in_job_restart", rank=1, nodes=["n1"], why="rank(s) 0 did not answer", next_attempt=1),
-        ev("01:40", "exit", rank=1, code=5, outcome="HUNG", step=34),
+        ev("01:40", "hang", rank=1, step=34, where="all_reduce"),  # rank 1's own: not the run's
+        ev("01:40", "in_job_restart", rank=1, nodes=["n1"], why="rank(s) 0 did not answer", next_attempt=1,
+           lead=True),
+        ev("01:40", "exit", rank=1, code=5, outcome="HUNG", step=34, lead=True),
         ev("01:50", "init", attempt=1), ev("01:55", "resume", attempt=1, step=29, tier="local", from_peers=1829),
         ev("03:00", "save", attempt=1, step=79, seconds=0.1), ev("03:01", "exit", attempt=1, outcome="FINISHED",
                                                                  step=79),
@@ -125,6 +127,7 @@ def test_status_shows_the_in_job_restart_which_node_left_and_why(tmp_path: Path)
     assert lines[0].startswith("job 12: 2 run(s), 0 restart(s), 1 in-job restart(s)")
     assert lines[1].startswith("  run 0: fresh start") and \
         "in-job restart without n1 (rank(s) 0 did not answer)" in lines[1] and "(at least 5 step(s))" in lines[1]
+    assert "exit HUNG; reached step 34" in lines[1]
     assert lines[2].startswith("  run 0.1: resumed after step 29 from the local tier (1829 bytes from other nodes)")
     assert "exit FINISHED; reached step 79" in lines[2]
 

@@ -162,7 +162,7 @@ class HangResponse:
         self.events.emit(Event.SUSPECTS, suspects=[{"rank": r, "node": nodes.get(r), "where": states[r].where
                                                     if r in states else None, "step": states[r].step
                                                     if r in states else None} for r in suspects],
-                         nodes=bad, why=why)
+                         nodes=bad, why=why, lead=True)
         verdict = self._requeue_and_exclude(bad, f"{what}; suspects {suspects or 'none'}: {why}", step)
         if census is not None and not store_lost:
             with contextlib.suppress(CensusError):
@@ -230,18 +230,19 @@ def requeue_and_exclude(t: Topology, o: Options, events: EventLog, bad: list[str
     name = "HUNG" if code is ExitCode.HUNG else "UNHEALTHY"
     if why is not None:
         logger.error("not requeued: %s", why)
-        events.emit(Event.EXIT, code=int(code), outcome=name, why=why, reasons=[name.lower()], step=step)
+        events.emit(Event.EXIT, code=int(code), outcome=name, why=why, reasons=[name.lower()], step=step, lead=True)
         return f"not requeued: {why}"
     assert job is not None
     done, message = outcome.requeue(job)
-    events.emit(Event.REQUEUE, done=done, message=message, restart_count=t.restart_count)
+    events.emit(Event.REQUEUE, done=done, message=message, restart_count=t.restart_count, lead=True)
     (logger.warning if done else logger.error)("%s", message)
     if done and bad:
         plan, said = exclusion.exclude_after_requeue(job, bad, max_excluded=o.max_excluded_nodes)
         logger.warning("%s", said)
         events.emit(Event.EXCLUDE, nodes=list(plan.nodes) if plan else None, added=list(plan.added) if plan else [],
                     refused=list(plan.refused) if plan else [], message=said)
-    events.emit(Event.EXIT, code=int(code), outcome=name, why=message, reasons=[name.lower()], step=step)
+    events.emit(Event.EXIT, code=int(code), outcome=name, why=message, reasons=[name.lower()], step=step,
+                lead=True)
     return message
 
 

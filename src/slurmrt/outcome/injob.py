@@ -102,13 +102,15 @@ def request(sup: Supervised, events: EventLog, bad: list[str], code: ExitCode, *
         no = _write(sup, {"attempt": sup.attempt, "exclude": bad, "code": int(code), "node": node, "why": why})
     if no is not None:
         logger.error("no in-job restart: %s; falling back to the requeue", no)
-        events.emit(Event.IN_JOB_REFUSED, nodes=bad, why=no)
+        events.emit(Event.IN_JOB_REFUSED, nodes=bad, why=no, lead=True)
         return None
     name = code.name
     message = f"in-job restart {sup.attempt + 1}: a new step without {', '.join(bad)}"
     logger.warning("%s (spares: %s)", message, ", ".join(sup.spares))
-    events.emit(Event.IN_JOB_RESTART, nodes=bad, spares=list(sup.spares), why=why, next_attempt=sup.attempt + 1)
-    events.emit(Event.EXIT, code=int(code), outcome=name, why=message, reasons=[name.lower()], step=step)
+    events.emit(Event.IN_JOB_RESTART, nodes=bad, spares=list(sup.spares), why=why, next_attempt=sup.attempt + 1,
+                lead=True)
+    events.emit(Event.EXIT, code=int(code), outcome=name, why=message, reasons=[name.lower()], step=step,
+                lead=True)
     return message
 
 

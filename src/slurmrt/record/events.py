@@ -238,11 +238,13 @@ class Run:
 
 
 def runs(events: Iterable[dict[str, Any]]) -> list[Run]:
-    """Rank 0's events (and rankless ones) grouped by run (restart, then in-job attempt), oldest run first."""
+    """Rank 0's events (and rankless ones, and those a leading rank recorded for the run) grouped by run (restart,
+    then in-job attempt), oldest run first."""
     by_run: dict[tuple[int, int], Run] = {}
     for e in events:
-        # The in-job restart is asked by the rank that led the hang response: the lowest that answered, not always 0.
-        if (e.get("rank") in (0, None) or e.get("event") == Event.IN_JOB_RESTART.value) and "time" in e:
+        # The rank that led a hang response (the lowest that answered: not 0 when rank 0 was the one lost) marks what
+        # it records for the whole run ("lead").
+        if (e.get("rank") in (0, None) or e.get("lead") is True) and "time" in e:
             key = int(e.get("restart", 0)), int(e.get("attempt", 0))
             by_run.setdefault(key, Run(*key[:1], attempt=key[1])).events.append(e)
     return [by_run[k] for k in sorted(by_run)]
