@@ -142,7 +142,10 @@ class CheckpointSession:
         received = 0
         if tier is not None and into is None:
             # The shared tier's newest complete step, listed by rank 0 (no data read): the local tier serves when
-            # it holds that step or a newer one, whole.
+            # it holds that step or a newer one, whole. An earlier attempt's partial saves go first, as in
+            # store.load_latest(): this run's saves must not find their temporary names taken.
+            if store.comm.rank == 0:
+                store.retention.clear_leftovers()
             shared = store.comm.broadcast(store.newest_step() if store.comm.rank == 0 else None)
             here = tier.load(shared)
             if here is not None:
