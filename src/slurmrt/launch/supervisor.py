@@ -98,8 +98,10 @@ class Supervisor:
     _terminating: bool = False
     _step: Placement | None = None
     _proc: subprocess.Popen[bytes] | None = None
-    #: Signals that came while no step ran: passed to the next one.
+    #: Signals recorded by the handler, not yet passed on (the forwarder thread takes them while a step runs).
     _pending: list[signal.Signals] = field(default_factory=list)
+    _wake: threading.Event = field(default_factory=threading.Event)
+    _done: bool = False
 
     def __post_init__(self) -> None:
         job = self.env.get("SLURM_JOB_ID")
@@ -124,12 +126,17 @@ class Supervisor:
         private_dir(self.directory)
         for stale in self.directory.glob("request-*.json"):  # left by a supervisor that was killed: not this run's
             stale.unlink()
+        forwarder = threading.Thread(target=self._forwarder, name="slurmrt-forward", daemon=True)
+        forwarder.start()
         previous = {s: signal.signal(s, self._on_signal) for s in (*self.forward, signal.SIGTERM, signal.SIGINT)}
         try:
             return self._loop()
         finally:
             for s, handler in previous.items():
                 signal.signal(s, handler)
+            self._done = True
+            self._wake.set()
+            forwarder.join(timeout=130)  # a signal being passed on: its srun finishes (bounded by its own timeout)
             shutil.rmtree(self.directory, ignore_errors=True)
 
     def _loop(self) -> int:
@@ -164,10 +171,11 @@ class Supervisor:
             return bad
         if code in {int(c) for c in ExitCode}:
             return []  # slurmrt in the step decided (finished, stopped, requeued or refused): no node was lost
-        gone = [n for n in placement.nodes if n not in self._allocated()]
+        held = self._allocated()
+        gone = [n for n in placement.nodes if n not in held]
         if not gone:
             return []
-        left = [n for n in placement.spares if n in self._allocated()]
+        left = [n for n in placement.spares if n in held]
         if len(left) < len(gone) or attempt >= self.max_restarts:
             self._say(f"{', '.join(gone)} left the job (node failure) but no in-job restart: {len(left)} spare(s) "
                       f"left, {attempt} of {self.max_restarts} in-job restarts made")
@@ -209,28 +217,33 @@ class Supervisor:
                   (f", spare {hostlist.compress(placement.spares)}" if placement.spares else ", no spare left"))
         self._step = placement
         self._proc = subprocess.Popen(argv, env=env)
-        pending, self._pending = self._pending, []
-        for sig in dict.fromkeys(pending):
-            self._start_forward(sig, placement, self._proc)
+        self._wake.set()  # a signal that came between two steps goes to this one
         try:
             return _code(self._proc.wait())
         finally:
             self._proc = None
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        """Records, nothing more: the forwarder thread passes the signal on."""
         sig = signal.Signals(signum)
         if sig in (signal.SIGTERM, signal.SIGINT):
             self._terminating = True
-            return
-        placement, proc = self._step, self._proc
-        if placement is None or proc is None:
-            self._pending.append(sig)  # between two steps: for the next one
-            return
-        self._start_forward(sig, placement, proc)
+        else:
+            self._pending.append(sig)
+        self._wake.set()
 
-    def _start_forward(self, sig: signal.Signals, placement: Placement, proc: subprocess.Popen[bytes]) -> None:
-        threading.Thread(target=self._forward, args=(sig, placement, proc), name="slurmrt-forward",
-                         daemon=True).start()
+    def _forwarder(self) -> None:
+        """Pass each recorded signal to the step that runs (one that came between two steps: to the next one)."""
+        while not self._done:
+            self._wake.wait()
+            self._wake.clear()
+            placement, proc = self._step, self._proc
+            if placement is None or proc is None or proc.poll() is not None:
+                continue  # no step runs: the next step's start wakes this thread again
+            while self._pending and not self._done and proc.poll() is None:
+                sig = self._pending.pop(0)
+                if sig not in self._pending:  # the same signal twice before it was passed: once is enough
+                    self._forward(sig, placement, proc)
 
     def _forward(self, sig: signal.Signals, placement: Placement, proc: subprocess.Popen[bytes]) -> None:
         """``sig`` to the training processes of every node of the step, through ``slurmrt signal``; again while a
