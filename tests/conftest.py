@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,3 +30,22 @@ def scontrol() -> str:
             pytest.fail(f"CI must run the scontrol oracle tests: {reason}")
         pytest.skip(reason)
     return found
+
+
+@pytest.fixture(autouse=True)
+def _no_false_stragglers(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Every run of a test that times its steps (tests/integration/worker.py does) looks for stragglers; a test
+    not marked ``stragglers`` that finds one in its event logs has a false positive (issue 23: none in the suite)."""
+    # Asked for before the test runs, so that it is torn down after this fixture looks at it.
+    tmp = request.getfixturevalue("tmp_path") if "tmp_path" in request.fixturenames else None
+    yield
+    if tmp is None or request.node.get_closest_marker("stragglers"):
+        return
+    named = []
+    for root, _, files in os.walk(tmp):  # errors ignored: a background prune may still remove a directory
+        for name in files:
+            if name.endswith(".jsonl"):
+                with contextlib.suppress(OSError, UnicodeDecodeError):
+                    text = Path(root, name).read_text()
+                    named += [line for line in text.splitlines() if '"event": "straggler"' in line]
+    assert not named, f"a straggler named in a test that slows no rank (a false positive): {named[:3]}"

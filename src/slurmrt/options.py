@@ -66,6 +66,16 @@ class Options:
     #: Check the node at start-up (CUDA, /dev/shm, the checkpoint directory) and the communication at the first
     #: collective; a failed check excludes the node and requeues the job.
     health_check: bool = False
+    #: What a rank named a straggler (slurmrt.stop.straggler; measured by ``rt.time_compute()``) costs its node:
+    #: "name" (the log, the event log, ``slurmrt status``), "exclude" (also left out at the next in-job restart or
+    #: requeue, whatever causes it) or "replace" (also a stop now, a save, and a restart without the node: a new
+    #: step on a spare under ``slurmrt run``, else a requeue with it excluded).
+    straggler: str = "name"
+    #: A straggler's timed section is at least 1 + this times the fastest rank's ...
+    straggler_margin: float = 0.25
+    #: ... in each of ``straggler_windows`` windows in a row, of ``straggler_window`` timed steps each.
+    straggler_window: int = 20
+    straggler_windows: int = 3
     event_log: Path | None = None
     #: The experiment id: by default the one stored next to the checkpoints (new for a fresh directory).
     experiment_id: str | None = None
@@ -129,7 +139,8 @@ def unknown_variables(env: Mapping[str, str]) -> list[str]:
 _PATHS = {"checkpoint_dir", "kill_switch", "event_log", "local_checkpoint_dir"}
 #: Integers and the least value each takes.
 _INTS = {"keep_last": 1, "local_keep": 1, "keep_every": 1, "save_threads": 1, "max_restarts": 0,
-         "max_excluded_nodes": 0, "max_futile_runs": 1, "nnodes": 1, "gpus_per_node": 0, "tp": 1, "pp": 1, "cp": 1}
+         "max_excluded_nodes": 0, "max_futile_runs": 1, "straggler_window": 2,
+         "straggler_windows": 1, "nnodes": 1, "gpus_per_node": 0, "tp": 1, "pp": 1, "cp": 1}
 #: Seconds and the least value each takes (a poll of 0 s burns a core; a negative margin or save time turns the
 #: deadline off without a word).
 _FLOATS = {"deadline_margin_s": 0.0, "save_time_s": 0.0, "kill_wait_s": 0.0, "kill_switch_poll_s": 0.01,
@@ -137,6 +148,8 @@ _FLOATS = {"deadline_margin_s": 0.0, "save_time_s": 0.0, "kill_wait_s": 0.0, "ki
            "startup_timeout_s": 0.01}
 #: Options whose "none"/"off"/"never" is a value: no limit, no milestones, no fixed allowance, no progress events.
 _OPTIONAL = {"max_restarts", "max_futile_runs", "keep_every", "hang_timeout_s", "progress_s"}
+#: Options that take one of a few words.
+_CHOICES = {"straggler": ("name", "exclude", "replace")}
 _BOOLS = {"requeue", "deadline", "watchdog", "health_check", "fsdp", "moe_overlap"}
 _TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
 _NONE = {"none", "off", "never"}
@@ -196,6 +209,21 @@ def _bool(name: str, value: Any, text: str | None) -> bool:
     raise ValueError("use 1/true/yes/on or 0/false/no/off (an unknown word must not turn a protection off)")
 
 
+def _choice(name: str, value: Any, text: str | None) -> str:
+    if text not in _CHOICES[name]:
+        raise ValueError(f"use one of {', '.join(_CHOICES[name])}")
+    return text
+
+
+def _fraction(name: str, value: Any, text: str | None) -> float:
+    if isinstance(value, bool):
+        raise ValueError("not a number")
+    number = float(value)
+    if not math.isfinite(number) or not 0.01 <= number <= 100:
+        raise ValueError("a fraction between 0.01 and 100 (0.25: 25 % slower)")
+    return number
+
+
 def _signals(name: str, value: Any, text: str | None) -> tuple[signal.Signals, ...]:
     items = value.replace(",", " ").split() if isinstance(value, str) else list(value)
     signals = tuple(parse_signal(s) for s in items)
@@ -213,4 +241,5 @@ def _argv(name: str, value: Any, text: str | None) -> tuple[str, ...]:
 
 _PARSERS: tuple[tuple[Any, Callable[[str, Any, str | None], Any]], ...] = (
     (_PATHS, _path), (_INTS, _int), (_FLOATS, _seconds), (_BOOLS, _bool), ({"signals"}, _signals),
+    (_CHOICES, _choice), ({"straggler_margin"}, _fraction),
     ({"megatron_args"}, _argv))

@@ -112,9 +112,9 @@ class Runtime:
         self.stop = StopController(topology, options, self._report, budget=budget, end_time=end_time,
                                    signals=signals, kill_switch=self._switch, phases=PhaseTimes(earlier.phases),
                                    groups=self._hooks.groups, watch=self._hooks.watch, poll_saves=self.checkpoints.poll,
-                                   settle_saves=self.checkpoints.settle)
+                                   settle_saves=self.checkpoints.settle, node_of=lambda rank: self.hangs.node_of(rank))
         self.hangs = HangMonitor(topology, options, events, signals=signals, kill_switch=self._switch,
-                                 agreement=lambda: self.stop.agreement)
+                                 agreement=lambda: self.stop.agreement, also_exclude=lambda: self.stop.exclude_nodes)
         self._hooks.on_groups = self.hangs.first_collective
         pollers = [p.poll for p in (self._switch, end_time if end_time.asks else None) if p is not None]
         if lease is not None and lease.held:
@@ -171,6 +171,18 @@ class Runtime:
         groups (so do ``save`` and ``load_latest``, whichever comes first). ``before="eval"``: the ranks also agree
         (a collective) whether phase "eval", a save and the margin still fit before the end, and stop if not."""
         return self.stop.should_stop(step, before=before)
+
+    def time_compute(self) -> contextlib.AbstractContextManager[None]:
+        """``with rt.time_compute(): loss = model(batch)``: time this rank's own work, a section without collectives,
+        once per step, so that a rank consistently slower than the others is named a straggler, with its node
+        (``straggler`` options; docs/guides/in-job.md). Two clock reads per use; nothing is sent per step."""
+        return self.stop.timer
+
+    @property
+    def straggler(self) -> tuple[int, str | None] | None:
+        """(rank, node) of the straggler named last in this run, or None."""
+        s = self.stop.straggler
+        return (s.rank, self.stop.straggler_node) if s is not None else None
 
     def phase(self, name: str, *, timeout_s: float | None = None) -> contextlib.AbstractContextManager[None]:
         """Mark a phase that is slow on every rank (an evaluation, the first compile, a data reshuffle): the
@@ -243,7 +255,8 @@ class Runtime:
             self.stop.end_rounds()
             self.outcome = conclude(self.stop.decision, topology=self.topology, options=self.options,
                                     comm=self._hooks.groups().work, report=self._report, events=self.events.path,
-                                    failed_save=failed_save, step=self.stop.last_step)
+                                    failed_save=failed_save, step=self.stop.last_step,
+                                    exclude=self.stop.exclude_nodes)
         if self.outcome is Outcome.FINISHED:  # nothing will resume from this node's local tier
             self.checkpoints.clear_local()
         self.close()

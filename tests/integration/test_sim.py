@@ -12,6 +12,7 @@ import textwrap
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -269,3 +270,73 @@ def test_a_node_failing_the_health_check_is_excluded_and_the_job_runs_elsewhere(
     rows = summary_rows(out.stdout)
     assert len(rows) == 2 and "6" in rows[0]["tasks"] and rows[1]["ended by"] == "finished"
     assert "health check failed on n2" in out.stderr or "health check failed on 127.0.1.2" in out.stderr
+
+
+def _events(ckpt: Path) -> list[dict[str, Any]]:
+    (log,) = ckpt.glob("events-*.jsonl")
+    return [json.loads(line) for line in log.read_text().splitlines()]
+
+
+def _finals(out: Path, world: int) -> list[dict[str, Any]]:
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
+
+
+@pytest.mark.stragglers
+def test_a_slowed_node_is_named_and_replaced_by_a_spare_in_the_same_run(tmp_path: Path) -> None:
+    # Node 1's tasks run a quarter of the time from the start; a run of 300 steps is long enough to be judged
+    # (3 windows of 20 timed steps) on a machine of any speed: the judgement counts steps, not seconds.
+    out = sim(tmp_path, "-N", "3", "--ntasks-per-node", "1", "--spare-nodes", "1", "--slow-node", "1", "--requeue",
+              "--", sys.executable, str(WORKER), "--out", str(tmp_path / "out"), "--steps", "300",
+              "--step-time", "0.02", "--compute", "100000",
+              env={"SLURMRT_CHECKPOINT_DIR": str(tmp_path / "ckpt"), "SLURMRT_STRAGGLER": "replace"})
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    events = _events(tmp_path / "ckpt")
+    (named,) = [e for e in events if e["event"] == "straggler"]
+    slow = named["node"]
+    assert named["straggler"] == 1 and named["ratio"] >= 1.25 and named["action"] == "replace"
+    (moved,) = [e for e in events if e["event"] == "in_job_restart"]
+    assert moved["nodes"] == [slow]
+    decision = next(e for e in events if e["event"] == "decision")
+    assert decision["reasons"] == ["straggler"]
+    (row,) = summary_rows(out.stdout)  # one run of the job: no requeue
+    assert row["ended by"].startswith("finished") and f"without {slow}" in row["ended by"], row
+    finals = _finals(tmp_path / "out.1", 2)
+    assert all(f["hostname"] != slow and f["in_job_restarts"] == 1 and f["restart_count"] == 0 for f in finals)
+    assert finals[0]["start"] == decision["step"] + 1 and finals[0]["trained"][-1] == 299
+    assert finals[0]["w"] == pytest.approx(expected_weights(300, 2), abs=1e-5)
+
+
+@pytest.mark.stragglers
+def test_without_a_spare_the_straggler_is_left_out_of_the_requeued_run(tmp_path: Path) -> None:
+    out = sim(tmp_path, "-N", "2", "--ntasks-per-node", "1", "--slow-node", "1", "--requeue", "--",
+              sys.executable, str(WORKER), "--out", str(tmp_path / "out"), "--steps", "300", "--step-time", "0.02",
+              "--compute", "100000",
+              env={"SLURMRT_CHECKPOINT_DIR": str(tmp_path / "ckpt"), "SLURMRT_STRAGGLER": "replace"})
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    events = _events(tmp_path / "ckpt")
+    (named,) = [e for e in events if e["event"] == "straggler"]
+    slow = named["node"]
+    assert [e["nodes"] for e in events if e["event"] == "exclude"] == [[slow]]
+    rows = summary_rows(out.stdout)
+    assert [r["exit"] for r in rows] == ["3", "0"] and "straggler" in rows[0]["stop reasons"], rows
+    assert f"{slow} excluded: run 1 gets" in out.stdout
+    finals = _finals(tmp_path / "out", 2)
+    assert all(f["hostname"] != slow and f["restart_count"] == 1 for f in finals)
+    assert finals[0]["w"] == pytest.approx(expected_weights(300, 2), abs=1e-5)
+
+
+def test_a_node_that_dies_under_no_kill_is_replaced_by_a_spare_in_the_same_run(tmp_path: Path) -> None:
+    # The node fails after the first checkpoint of a run that would train 100000 steps: it certainly fails mid-run.
+    out = sim(tmp_path, "-N", "3", "--ntasks-per-node", "1", "--spare-nodes", "1", "--no-kill", "--requeue",
+              "--fail-node", "1", "--at", "0", "--after-checkpoint", "--", sys.executable, str(WORKER),
+              "--out", str(tmp_path / "out"), "--steps", "100000", "--resume-steps", "20", "--step-time", "0.05",
+              "--save-every", "10", env={"SLURMRT_CHECKPOINT_DIR": str(tmp_path / "ckpt")})
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "--no-kill: the job goes on without it" in out.stdout
+    (row,) = summary_rows(out.stdout)
+    assert row["ended by"].startswith("finished") and "in-job restart(s) without" in row["ended by"], row
+    finals = _finals(tmp_path / "out.1", 2)
+    dead = row["ended by"].split("without ")[1].split(";")[0]
+    assert all(f["hostname"] != dead and f["in_job_restarts"] == 1 and f["restart_count"] == 0 for f in finals)
+    assert finals[0]["start"] >= 10 and finals[0]["trained"][-1] == finals[0]["start"] + 19
+    assert finals[0]["w"] == pytest.approx(expected_weights(finals[0]["start"] + 20, 2), abs=1e-5)

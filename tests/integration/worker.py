@@ -34,6 +34,8 @@ def main() -> None:
     p.add_argument("--fault-rank", type=int, default=1)
     p.add_argument("--local-every", type=int, default=0, help="save to the node-local tier every N steps")
     p.add_argument("--die-at", type=int, help="in the first run, every rank dies (os._exit 9) at this step")
+    p.add_argument("--compute", type=int, default=0,
+                   help="Python loop iterations of work per step, in the timed section (a slowed node shows there)")
     args = p.parse_args()
     rt = slurmrt.init()
     out = Path(args.out)
@@ -80,8 +82,12 @@ def main() -> None:
             threading.Event().wait()  # hangs: the other ranks block in the all_reduce below
         if args.die_at is not None and step == args.die_at and rt.restart_count == 0 and not got:
             os._exit(9)  # the allocation is gone: nothing more is written
-        g = torch.Generator().manual_seed(step * 1000 + rt.rank)
-        grad = torch.randn(8, generator=g)
+        with rt.time_compute():  # every test's run looks for stragglers; the conftest fails one that names any
+            g = torch.Generator().manual_seed(step * 1000 + rt.rank)
+            grad = torch.randn(8, generator=g)
+            busy = 0
+            for i in range(args.compute):
+                busy += i
         if rt.world_size > 1:
             dist.all_reduce(grad)
         w -= 0.01 * grad
@@ -119,6 +125,7 @@ def main() -> None:
         "hostname": rt.topology.hostname,
         "restart_count": rt.restart_count,
         "in_job_restarts": rt.in_job_restarts,
+        "straggler": rt.straggler,
         "env": {k: v for k, v in os.environ.items() if k.startswith(("SLURM_", "SLURMD_"))},
     }
     # Written before finish() too: a requeue ends every task of the job, and then nothing after finish() runs.

@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[2] / "src" / "slurmrt"  # read, not impo
 FLOORS = [
     ["_errors", "_clock", "_env", "_slurm", "_safefs"],
     ["_comm", "log", "launch.hostlist", "launch.launcher", "launch.ports", "stop.signals", "stop.pidfiles",
-     "checkpoint._files", "checkpoint.sharded"],
+     "stop.straggler", "checkpoint._files", "checkpoint.sharded"],
     ["launch.parallel", "launch.topology", "stop.deadline", "stop.watcher", "stop.killswitch",
      "hang.census", "record.events", "record.experiment", "checkpoint.lease", "checkpoint.manifest",
      "checkpoint.background", "checkpoint.retention", "checkpoint.local"],

@@ -43,20 +43,39 @@ def run(args: argparse.Namespace) -> int:
         spec = replace(spec, requeue=True)
     if (args.fail_node is not None or args.hang_task is not None) and args.at is None:
         raise SlurmrtError("--fail-node and --hang-task need --at SECONDS (when it happens)")
-    spec = replace(spec, preempt_at_s=args.preempt_at, cancel_at_s=args.cancel_at, fail_node=args.fail_node,
-                   fail_at_s=args.at, after_checkpoint=args.after_checkpoint, hang_task=args.hang_task,
-                   unhealthy_node=args.unhealthy_node)
-    for flag, value, count, what in (("--fail-node", args.fail_node, spec.nodes, "nodes"),
-                                     ("--unhealthy-node", args.unhealthy_node, spec.nodes, "nodes"),
-                                     ("--hang-task", args.hang_task, spec.ntasks, "tasks")):
-        if value is not None and not 0 <= value < count:
-            raise SlurmrtError(f"{flag} {value}: {what} are numbered 0..{count - 1}")
+    spec = _faults(args, spec)
     try:
         records = simulate(spec)
     except SimInterrupted as stop:
         return 128 + stop.signum
     last = records[-1]
     return 0 if last.exit_code == 0 and last.ended_by == "finished" else 1
+
+
+def _faults(args: argparse.Namespace, spec: Any) -> Any:
+    """The faults and the in-job recovery set-up of the command line, onto ``spec``; checked."""
+    if args.no_kill:
+        spec = replace(spec, no_kill=True)
+    if args.spare_nodes:
+        if spec.script is not None:
+            raise SlurmrtError("--spare-nodes writes the batch script's `slurmrt run` line: with a batch script of "
+                               "your own, put `exec slurmrt run --spare-nodes S -- ...` in it instead")
+        if not 0 < args.spare_nodes < spec.nodes:
+            raise SlurmrtError(f"--spare-nodes {args.spare_nodes} of --nodes {spec.nodes}: at least one node must "
+                               f"train (--nodes counts the spares too, as #SBATCH --nodes does)")
+    if not args.slow_factor > 1:
+        raise SlurmrtError(f"--slow-factor {args.slow_factor}: more than 1 (4: its tasks take 4x as long)")
+    spec = replace(spec, preempt_at_s=args.preempt_at, cancel_at_s=args.cancel_at, fail_node=args.fail_node,
+                   fail_at_s=args.at, after_checkpoint=args.after_checkpoint, hang_task=args.hang_task,
+                   unhealthy_node=args.unhealthy_node, spare_nodes=args.spare_nodes or 0, slow_node=args.slow_node,
+                   slow_factor=args.slow_factor)
+    for flag, value, count, what in (("--fail-node", args.fail_node, spec.nodes, "nodes"),
+                                     ("--unhealthy-node", args.unhealthy_node, spec.nodes, "nodes"),
+                                     ("--slow-node", args.slow_node, spec.nodes, "nodes"),
+                                     ("--hang-task", args.hang_task, spec.ntasks, "tasks")):
+        if value is not None and not 0 <= value < count:
+            raise SlurmrtError(f"{flag} {value}: {what} are numbered 0..{count - 1}")
+    return spec
 
 
 def _check_usage(args: argparse.Namespace, command: list[str]) -> None:
@@ -100,5 +119,13 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--after-checkpoint", action="store_true",
                    help="count --preempt-at, --cancel-at and --at from the first run's first committed checkpoint "
                         "instead of its start, so the fault certainly hits a running job, on a fast or slow machine")
+    p.add_argument("--no-kill", action="store_true",
+                   help="a failed node leaves the job (--fail-node kills its tasks) and the job goes on, as sbatch -k")
+    p.add_argument("--spare-nodes", type=int, metavar="S",
+                   help="run COMMAND under `slurmrt run --spare-nodes S`: S of the --nodes stay spare for in-job "
+                        "restarts")
+    p.add_argument("--slow-node", type=int, metavar="N",
+                   help="node N (0-based) is slow: its tasks run 1/K of the time (SIGSTOP/SIGCONT), until excluded")
+    p.add_argument("--slow-factor", type=float, default=4.0, metavar="K", help="how much slower (default 4)")
     p.add_argument("--max-restarts", type=int, default=5)
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ARGS..., or a batch script")

@@ -81,6 +81,8 @@ def _describe(run_: RunLife, gap: float | None) -> list[str]:
     ]
     if run_.last_step is not None:  # from the exit event when the run recorded it: where training really got to
         parts.append(f"{'reached' if run_.outcome else 'last seen at'} step {run_.last_step}")
+    if run_.stragglers:
+        parts.append(f"straggler {'; '.join(run_.stragglers)}")
     if run_.left:
         why = run_.left_why if len(run_.left_why) <= 100 else run_.left_why[:99] + "…"
         parts.append(f"in-job restart without {', '.join(run_.left)}" + (f" ({why})" if why else ""))

@@ -42,8 +42,11 @@ _MISSED = re.compile(r"Ranks? ([\d, ]+) failed")
 
 class HangMonitor:
     def __init__(self, topology: Topology, options: Options, events: EventLog, *, signals: SignalRecorder,
-                 kill_switch: KillSwitch | None, agreement: Callable[[], Agreement | None]) -> None:
+                 kill_switch: KillSwitch | None, agreement: Callable[[], Agreement | None],
+                 also_exclude: Callable[[], list[str]] = lambda: []) -> None:
+        """``also_exclude``: nodes a requeue or in-job restart leaves out besides the suspects (a straggler's)."""
         self.topology, self.options, self.events = topology, options, events
+        self._also_exclude = also_exclude
         self._signals = signals
         self._switch = kill_switch
         self._agreement = agreement
@@ -56,7 +59,7 @@ class HangMonitor:
         o = self.options
         self._response = HangResponse(
             self.topology, o, self.events, kill_switch_seen=self.kill_switch_seen, last_step=self._last_step,
-            census=self.census, census_wait_s=max(10.0, 3 * o.kill_switch_poll_s),
+            census=self.census, census_wait_s=max(10.0, 3 * o.kill_switch_poll_s), also_exclude=self._also_exclude,
             terminating=lambda: signal.SIGTERM in self._signals.first_seen,
             cancel=functools.partial(cancel_and_exit, o.kill_switch, self.topology.requeue_id)
             if o.kill_switch else None)
@@ -94,6 +97,16 @@ class HangMonitor:
                     self._census = Census(store, prefix=f"slurmrt/{t.requeue_id or 'local'}/{t.restart_count}/",
                                           rank=t.rank, world=t.world_size)
         return self._census if isinstance(self._census, Census) else None
+
+    def node_of(self, rank: int) -> str | None:
+        """The node ``rank`` registered in the census; None when unknown (no store, or it never registered)."""
+        census = self.census()
+        if census is None:
+            return None
+        try:
+            return census.nodes([rank]).get(rank)
+        except CensusError:
+            return None
 
     def _probe(self, idle_s: float) -> None:
         """The training thread is stalled: did another rank find the job hung? Then answer its census, and exit."""

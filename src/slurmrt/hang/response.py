@@ -83,6 +83,8 @@ class HangResponse:
     #: cluster: when that answer took longer than MessageTimeout (10 s), slurmctld queued the signal for a retry,
     #: which reached the *requeued* run's step of the same id a minute later and stopped it.
     terminating: Callable[[], bool] = lambda: False
+    #: Nodes to leave out besides the suspects' (a straggler's, with straggler="exclude" or "replace").
+    also_exclude: Callable[[], list[str]] = lambda: []
     _once: threading.Lock = field(default_factory=threading.Lock)
 
     def hung(self, hang: Hang) -> NoReturn:
@@ -158,12 +160,15 @@ class HangResponse:
                     census.wait_finished(self._wait(60.0))
             self._exit(ExitCode.HUNG)
         bad = sorted(set(nodes.values()))
+        extra = [n for n in self.also_exclude() if n not in bad]
+        if extra:
+            logger.error("also leaving out straggler node(s) %s", ", ".join(extra))
         logger.error("suspects: %s (%s); node(s) %s", suspects or "none", why, ", ".join(bad) or "none")
         self.events.emit(Event.SUSPECTS, suspects=[{"rank": r, "node": nodes.get(r), "where": states[r].where
                                                     if r in states else None, "step": states[r].step
                                                     if r in states else None} for r in suspects],
                          nodes=bad, why=why, lead=True)
-        verdict = self._requeue_and_exclude(bad, f"{what}; suspects {suspects or 'none'}: {why}", step)
+        verdict = self._requeue_and_exclude(sorted(bad + extra), f"{what}; suspects {suspects or 'none'}: {why}", step)
         if census is not None and not store_lost:
             with contextlib.suppress(CensusError):
                 census.finish(verdict)
@@ -237,10 +242,7 @@ def requeue_and_exclude(t: Topology, o: Options, events: EventLog, bad: list[str
     events.emit(Event.REQUEUE, done=done, message=message, restart_count=t.restart_count, lead=True)
     (logger.warning if done else logger.error)("%s", message)
     if done and bad:
-        plan, said = exclusion.exclude_after_requeue(job, bad, max_excluded=o.max_excluded_nodes)
-        logger.warning("%s", said)
-        events.emit(Event.EXCLUDE, nodes=list(plan.nodes) if plan else None, added=list(plan.added) if plan else [],
-                    refused=list(plan.refused) if plan else [], message=said)
+        exclusion.exclude_and_record(job, bad, events, max_excluded=o.max_excluded_nodes)
     events.emit(Event.EXIT, code=int(code), outcome=name, why=message, reasons=[name.lower()], step=step,
                 lead=True)
     return message

@@ -181,15 +181,38 @@ class Supervisor:
                       f"left, {attempt} of {self.max_restarts} in-job restarts made")
             return []
         self._say(f"{', '.join(gone)} left the job (node failure)")
+        self._record(gone, attempt, code, left)
         return gone
+
+    def _record(self, gone: list[str], attempt: int, code: int, spares: list[str]) -> None:
+        """Nobody in the step could record this in-job restart (the node's failure killed every task): record it in
+        the job's event log, when the environment names one (``SLURMRT_CHECKPOINT_DIR`` or ``SLURMRT_EVENT_LOG``)."""
+        from ..options import Options
+        from ..record.events import Event, EventLog
+
+        try:
+            o = Options.resolve({}, self.env)
+            restart = int(self.env.get("SLURM_RESTART_COUNT") or 0)
+        except (ConfigError, ValueError) as err:
+            self._say(f"the in-job restart is not recorded in the event log: {err}")
+            return
+        events = EventLog.for_job(o.event_log, o.checkpoint_dir, job=self.requeue_id, restart=restart, rank=-1,
+                                  env=self.env, attempt=attempt)
+        why = f"{', '.join(gone)} left the job (node failure); the step ended with exit code {code}"
+        events.emit(Event.IN_JOB_RESTART, nodes=gone, spares=spares, why=why, next_attempt=attempt + 1, lead=True)
+
+    @property
+    def requeue_id(self) -> str:
+        """The id to requeue, and the event log's: ``ARRAY_TASK`` for a task of a job array."""
+        array, task = self.env.get("SLURM_ARRAY_JOB_ID"), self.env.get("SLURM_ARRAY_TASK_ID")
+        return f"{array}_{task}" if array and task else self.job
 
     def _requeue(self, bad: list[str]) -> None:
         """The fallback the ranks would have taken: requeue the job, then keep ``bad`` out of it."""
         from ..options import Options
         from ..outcome.policy import requeue
 
-        array, task = self.env.get("SLURM_ARRAY_JOB_ID"), self.env.get("SLURM_ARRAY_TASK_ID")
-        job = f"{array}_{task}" if array and task else self.job
+        job = self.requeue_id
         try:
             most = Options.resolve({}, self.env).max_excluded_nodes
         except ConfigError as err:

@@ -10,6 +10,8 @@ requeue.
 from __future__ import annotations
 
 import logging
+import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
@@ -18,8 +20,9 @@ from ..launch.topology import Topology
 from ..options import Options
 from ..record.events import read_events, runs
 from ..record.report import Reporter
-from ..stop.decision import StopDecision
-from .policy import Outcome, Verdict, after_failed_save, choose, futile_runs, requeue
+from ..stop.decision import Reason, StopDecision
+from . import exclusion, injob
+from .policy import ExitCode, Outcome, Verdict, after_failed_save, choose, futile_runs, requeue
 
 logger = logging.getLogger(__name__)
 
@@ -35,21 +38,38 @@ def _futile(decision: StopDecision | None, events: Path | None, rank: int) -> in
 
 
 def conclude(decision: StopDecision | None, *, topology: Topology, options: Options, comm: Comm, report: Reporter,
-             events: Path | None, failed_save: bool, step: int | None = None) -> Outcome:
+             events: Path | None, failed_save: bool, step: int | None = None, exclude: Sequence[str] = ()) -> Outcome:
     """How the run ends, the same on every rank; requeues the job when the verdict says so. Collective. ``step`` is
-    the last step the run reached, for the record."""
+    the last step the run reached, for the record; ``exclude``: nodes a restart must leave out (a straggler's)."""
     verdict = choose(decision, requeue_enabled=options.requeue, is_slurm=topology.is_slurm,
                      restart_count=topology.restart_count, max_restarts=options.max_restarts,
                      kill_switch=options.kill_switch, futile=_futile(decision, events, comm.rank),
                      max_futile=options.max_futile_runs)
     chosen = after_failed_save(verdict.outcome) if failed_save else verdict.outcome
-    report.exit(chosen, verdict, decision, step=step)
     comm.all_ok(True)  # every rank is here: rank 0 may requeue
-    if comm.rank == 0 and verdict.requeue and topology.requeue_id:
+    lead = comm.rank == 0
+    if lead and verdict.requeue and decision is not None and decision.reasons == {Reason.STRAGGLER} and \
+            _in_job(list(exclude), topology, report, verdict.why, step):
+        return Outcome[comm.broadcast(chosen.name)]
+    report.exit(chosen, verdict, decision, step=step)
+    if lead and verdict.requeue and topology.requeue_id:
         done, message = requeue(topology.requeue_id)
         report.requeue(done, message)
+        if done and exclude:
+            exclusion.exclude_and_record(topology.requeue_id, list(exclude), report.events,
+                                         max_excluded=options.max_excluded_nodes)
         chosen = chosen if done else Outcome.REQUEUE_NEEDED
     return Outcome[comm.broadcast(chosen.name)]
+
+
+def _in_job(bad: list[str], topology: Topology, report: Reporter, why: str, step: int | None) -> bool:
+    """Under ``slurmrt run``: ask for a new step without ``bad`` (a straggler's node); False when not supervised,
+    or refused (the requeue takes over)."""
+    supervised = injob.from_environ(os.environ) if topology.is_slurm and bad else None
+    if supervised is None:
+        return False
+    return injob.request(supervised, report.events, bad, ExitCode.REQUEUED, node=topology.hostname, why=why,
+                         step=step, reasons=[Reason.STRAGGLER.value]) is not None
 
 
 def exit_at_init(switch: Path, report: Reporter) -> NoReturn:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from .. import _slurm
 from .._errors import HostlistError
 from ..launch import hostlist
+from ..record.events import Event, EventLog
 
 __all__ = ["Plan", "apply", "exclude_after_requeue", "plan", "read_job"]
 
@@ -126,3 +127,12 @@ def exclude_after_requeue(job_id: str, bad: list[str], *, max_excluded: int) -> 
         return p, p.why or "nothing new to exclude"
     done, message = apply(job_id, p.nodes)
     return p, message + (f"; {p.why}" if p.why else "") if done else message
+
+
+def exclude_and_record(job_id: str, bad: list[str], events: EventLog, *, max_excluded: int) -> None:
+    """:func:`exclude_after_requeue`, logged and recorded as an ``exclude`` event."""
+    excluded, said = exclude_after_requeue(job_id, bad, max_excluded=max_excluded)
+    logger.warning("%s", said)
+    events.emit(Event.EXCLUDE, nodes=list(excluded.nodes) if excluded else None,
+                added=list(excluded.added) if excluded else [], refused=list(excluded.refused) if excluded else [],
+                message=said)

@@ -92,7 +92,7 @@ def refused(sup: Supervised, bad: list[str], *, futile: int) -> str | None:
 
 
 def request(sup: Supervised, events: EventLog, bad: list[str], code: ExitCode, *, node: str,
-            why: str = "", step: int | None = None) -> str | None:
+            why: str = "", step: int | None = None, reasons: list[str] | None = None) -> str | None:
     """Ask the supervisor for a new step without ``bad``; record it and the exit in the event log. Returns what was
     done, or None when refused (logged, and recorded as an ``in_job_refused`` event): the caller requeues."""
     futile = futile_runs(runs(read_events(events.path))) \
@@ -109,8 +109,8 @@ def request(sup: Supervised, events: EventLog, bad: list[str], code: ExitCode, *
     logger.warning("%s (spares: %s)", message, ", ".join(sup.spares))
     events.emit(Event.IN_JOB_RESTART, nodes=bad, spares=list(sup.spares), why=why, next_attempt=sup.attempt + 1,
                 lead=True)
-    events.emit(Event.EXIT, code=int(code), outcome=name, why=message, reasons=[name.lower()], step=step,
-                lead=True)
+    events.emit(Event.EXIT, code=int(code), outcome=name, why=message, reasons=reasons or [name.lower()],
+                step=step, lead=True)
     return message
 
 

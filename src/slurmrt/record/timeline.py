@@ -36,6 +36,8 @@ class RunLife:
     #: its ranks received from other nodes' local tiers.
     resumed_tier: str | None = None
     from_peers: int | None = None
+    #: The stragglers this run named: "rank 3 on n2 (1.90x slower, 45 % of a step)".
+    stragglers: tuple[str, ...] = ()
     #: (time, step) at each step the events name, in time order; the step only grows.
     points: list[tuple[float, int]] = field(default_factory=list)
     #: (commit time, step, seconds the save took)
@@ -130,6 +132,14 @@ def build(events: Iterable[dict[str, Any]], job: str = "?") -> JobLife:
     return JobLife(job=job, experiment=experiment, runs=lives)
 
 
+def _straggler(e: dict[str, Any]) -> str:
+    ratio, cost = e.get("ratio"), e.get("cost")
+    numbers = [f"{ratio:.2f}x slower" if isinstance(ratio, (int, float)) else None,
+               f"{cost:.0%} of a step" if isinstance(cost, (int, float)) else None]
+    said = ", ".join(n for n in numbers if n)
+    return f"rank {e.get('straggler')} on {e.get('node') or 'an unknown node'}" + (f" ({said})" if said else "")
+
+
 def _with_next(lives: list[RunLife]) -> list[tuple[RunLife, RunLife | None]]:
     """Each run with the one after it (None for the last)."""
     return list(zip(lives, [*lives[1:], None], strict=True)) if lives else []
@@ -141,6 +151,7 @@ def _run_life(run: Run) -> RunLife:
                    reasons=run.reasons, attempt=run.attempt,
                    left=tuple(str(n) for n in moved.get("nodes") or ()) if moved else (),
                    left_why=str(moved.get("why") or "") if moved else "")
+    life.stragglers = tuple(_straggler(e) for e in run.all(Event.STRAGGLER))
     resume = run.first(Event.RESUME)
     if resume is not None:
         tier, peers = resume.get("tier"), resume.get("from_peers")

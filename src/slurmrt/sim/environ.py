@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import os
 import socket
+from dataclasses import dataclass
 
 from .._env import format_tasks_per_node
 from ..launch import hostlist
 from .spec import JobSpec
 
-__all__ = ["batch_env", "default_node_names", "task_env"]
+__all__ = ["StepLayout", "batch_env", "default_node_names", "task_env"]
 
 
 def default_node_names(count: int) -> tuple[str, ...]:
@@ -75,24 +76,51 @@ def batch_env(spec: JobSpec, restart: int, submit_dir: str | None = None) -> dic
     return env
 
 
-def task_env(spec: JobSpec, restart: int, step: int, rank: int, submit_dir: str | None = None) -> dict[str, str]:
-    """What task ``rank`` of step ``step`` sees (block distribution: ranks fill node 0 first)."""
-    node, local = divmod(rank, spec.ntasks_per_node)
-    first = node * spec.ntasks_per_node
+@dataclass(frozen=True)
+class StepLayout:
+    """Where a step's tasks run: its nodes (a subset of the job's, in the job's order) and tasks on each."""
+
+    nodes: tuple[str, ...]
+    per_node: int
+
+    @property
+    def ntasks(self) -> int:
+        return len(self.nodes) * self.per_node
+
+    @classmethod
+    def whole(cls, spec: JobSpec) -> StepLayout:
+        return cls(spec.node_names, spec.ntasks_per_node)
+
+
+def task_env(spec: JobSpec, restart: int, step: int, rank: int, submit_dir: str | None = None,
+             layout: StepLayout | None = None) -> dict[str, str]:
+    """What task ``rank`` of step ``step`` sees (block distribution: ranks fill the step's first node first). The
+    step spans the whole allocation unless ``layout`` says otherwise; the job's variables stay the job's."""
+    layout = layout or StepLayout.whole(spec)
+    node, local = divmod(rank, layout.per_node)
+    first = node * layout.per_node
     env = _job_env(spec, restart, submit_dir or os.getcwd())
+    step_nodes = hostlist.compress(layout.nodes)
+    tasks = format_tasks_per_node([layout.per_node] * len(layout.nodes))
     env.update({
+        "SLURM_NODELIST": step_nodes,
+        "SLURM_NNODES": str(len(layout.nodes)),
+        "SLURM_NTASKS": str(layout.ntasks),
+        "SLURM_NPROCS": str(layout.ntasks),
+        "SLURM_NTASKS_PER_NODE": str(layout.per_node),
+        "SLURM_TASKS_PER_NODE": tasks,
         "SLURM_STEP_ID": str(step),
         "SLURM_STEPID": str(step),
-        "SLURM_STEP_NODELIST": env["SLURM_JOB_NODELIST"],
-        "SLURM_STEP_NUM_NODES": str(spec.nodes),
-        "SLURM_STEP_NUM_TASKS": str(spec.ntasks),
-        "SLURM_STEP_TASKS_PER_NODE": env["SLURM_TASKS_PER_NODE"],
+        "SLURM_STEP_NODELIST": step_nodes,
+        "SLURM_STEP_NUM_NODES": str(len(layout.nodes)),
+        "SLURM_STEP_NUM_TASKS": str(layout.ntasks),
+        "SLURM_STEP_TASKS_PER_NODE": tasks,
         "SLURM_PROCID": str(rank),
         "SLURM_LOCALID": str(local),
         "SLURM_NODEID": str(node),
-        "SLURMD_NODENAME": spec.node_names[node],
-        "SLURM_GTIDS": ",".join(str(first + i) for i in range(spec.ntasks_per_node)),
-        "SLURM_TOPOLOGY_ADDR": spec.node_names[node],
+        "SLURMD_NODENAME": layout.nodes[node],
+        "SLURM_GTIDS": ",".join(str(first + i) for i in range(layout.per_node)),
+        "SLURM_TOPOLOGY_ADDR": layout.nodes[node],
         "SLURM_DISTRIBUTION": "block",
         "SLURM_JOB_CPUS_PER_NODE_PACK_GROUP_0": env["SLURM_JOB_CPUS_PER_NODE"],
         "SLURM_LAUNCH_NODE_IPADDR": "127.0.0.1",

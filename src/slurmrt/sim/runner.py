@@ -17,6 +17,7 @@ import shlex
 import signal
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -27,7 +28,7 @@ import psutil
 
 from .._errors import SlurmrtError
 from ..launch import hostlist
-from ..record.events import COPY_ENV, Event, EventFollower, read_events, runs
+from ..record.events import COPY_ENV, Event, EventFollower, Run, read_events, runs
 from . import jobids, processes
 from .environ import batch_env, default_node_names
 from .shims import install
@@ -53,6 +54,10 @@ class RunRecord:
     chosen_code: int | None = None
     #: Exit status of each task of the run's largest step, by rank (negative: ended by that signal).
     task_codes: dict[int, int] = field(default_factory=dict)
+    #: The run's in-job restarts (``slurmrt run``): the nodes each new step left out.
+    in_job: list[tuple[str, ...]] = field(default_factory=list)
+    #: The stragglers the run named: (rank, node).
+    stragglers: list[tuple[int, str | None]] = field(default_factory=list)
 
 
 class _Run:
@@ -80,9 +85,18 @@ class _Run:
         if script is None:
             script = state.dir / "batch.sh"
             kill = "--kill-on-bad-exit=1" if spec.kill_on_bad_exit else "--kill-on-bad-exit=0"
-            script.write_text(f"#!/bin/bash\nsrun {kill} {shlex.join(spec.command)}\n")
+            line = f"srun {kill} {shlex.join(spec.command)}"
+            if spec.spare_nodes:  # the line of docs/guides/in-job.md: the supervisor is the batch shell's process
+                line = (f"exec {shlex.quote(sys.executable)} -m slurmrt run --spare-nodes {spec.spare_nodes} -- "
+                        f"{shlex.join(spec.command)}")
+            script.write_text(f"#!/bin/bash\n{line}\n")
         self.batch = psutil.Popen(["bash", str(script)], env=env, start_new_session=True)
         processes.keep(self.batch.pid)
+        self._unthrottled = threading.Event()
+        self._throttler: threading.Thread | None = None
+        if spec.slow_name is not None:
+            self._throttler = threading.Thread(target=self._throttle, name="sim-slow-node", daemon=True)
+            self._throttler.start()
 
     def say(self, text: str) -> None:
         print(f"slurmrt sim: {text}", file=self.out, flush=True)
@@ -104,8 +118,37 @@ class _Run:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             (os.killpg if group else os.kill)(self.batch.pid, sig)
 
+    def _throttle(self) -> None:
+        """``--slow-node``: the node's tasks run one ``slow_factor``-th of every 100 ms (SIGCONT, then SIGSTOP to
+        each task's process group), so everything they do takes about that many times longer, as on a node with a
+        slow GPU, a throttled CPU or a bad link. The tasks of later steps on the node are found as they start."""
+        spec = self.spec
+        period = 0.1
+        running = period / spec.slow_factor
+        while not self._unthrottled.is_set():
+            node = spec.node_names.index(spec.slow_name) if spec.slow_name in spec.node_names else None
+            pids = [pid for pid, n, _ in self.state.tasks() if n == node]
+            self._group_signal(pids, signal.SIGCONT)
+            if self._unthrottled.wait(running):
+                break
+            self._group_signal(pids, signal.SIGSTOP)
+            self._unthrottled.wait(period - running)
+        self._group_signal([pid for pid, _, _ in self.state.tasks()], signal.SIGCONT)
+
+    @staticmethod
+    def _group_signal(pids: list[int], sig: signal.Signals) -> None:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, sig)
+
+    def _unthrottle(self) -> None:
+        self._unthrottled.set()
+        if self._throttler is not None:
+            self._throttler.join(5)
+
     def terminate(self, why: str) -> None:
         """Slurm's ending of a job: SIGCONT+SIGTERM to the tasks and the batch shell, SIGKILL after the kill wait."""
+        self._unthrottle()
         self.record.ended_by = self.record.ended_by or why
         for sig in (signal.SIGCONT, signal.SIGTERM):
             self.signal_tasks(sig)
@@ -195,6 +238,7 @@ class _Run:
         return self._ended()
 
     def _ended(self) -> RunRecord:
+        self._unthrottle()
         self.record.exit_code = self.batch.poll()
         self.events.poll(final=True)  # what the run wrote since the last poll
         self.kill_all()
@@ -239,9 +283,16 @@ class _Run:
                         os.killpg(pid, signal.SIGSTOP)
         elif what == "fail":
             node = spec.fail_node or 0
-            self.say(f"node {spec.node_names[node]} fails: SIGKILL to its tasks")
+            name = spec.node_names[node]
+            if spec.no_kill and node > 0:  # the job keeps the nodes it still holds; the node leaves its NodeList
+                self.say(f"node {name} fails: SIGKILL to its tasks; --no-kill: the job goes on without it")
+                self.state.mark_down(name)
+                self.signal_tasks(signal.SIGKILL, node)
+                return
+            self.say(f"node {name} fails: SIGKILL to its tasks" +
+                     (" (the batch script's node: --no-kill does not keep the job)" if spec.no_kill else ""))
             self.signal_tasks(signal.SIGKILL, node)
-            self.record.ended_by = self.record.ended_by or f"node {spec.node_names[node]} failed"
+            self.record.ended_by = self.record.ended_by or f"node {name} failed"
 
 
 class _Follow:
@@ -282,16 +333,24 @@ def _is_terminal(out: IO[str]) -> bool:
 
 
 def _annotate(records: list[RunRecord], events: list[dict[str, Any]]) -> None:
-    by_restart = {run.restart: run for run in runs(events)}
+    """Each run's story from the event log; a run of the job made of several steps (in-job restarts) reads as its
+    first step's resume and its last step's end."""
+    by_restart: dict[int, list[Run]] = {}
+    for run in runs(events):
+        by_restart.setdefault(run.restart, []).append(run)
     for rec in records:
-        run = by_restart.get(rec.restart)
-        if run is None:
+        steps = by_restart.get(rec.restart)
+        if not steps:
             continue
-        exit_event = run.first(Event.EXIT)
-        rec.reasons = run.reasons
-        rec.checkpoint = run.last_checkpoint
-        rec.resumed_from = run.resumed_from
+        first, last = steps[0], steps[-1]
+        exit_event = last.first(Event.EXIT)
+        rec.reasons = last.reasons
+        rec.checkpoint = next((s.last_checkpoint for s in reversed(steps) if s.last_checkpoint is not None), None)
+        rec.resumed_from = first.resumed_from
         rec.chosen_code = exit_event.get("code") if exit_event else None
+        for step in steps:
+            rec.in_job += [tuple(str(n) for n in e.get("nodes") or ()) for e in step.all(Event.IN_JOB_RESTART)]
+            rec.stragglers += [(int(e.get("straggler", -1)), e.get("node")) for e in step.all(Event.STRAGGLER)]
 
 
 def simulate(spec: JobSpec, *, out: IO[str] = sys.stdout, state_dir: Path | None = None) -> list[RunRecord]:
@@ -300,6 +359,8 @@ def simulate(spec: JobSpec, *, out: IO[str] = sys.stdout, state_dir: Path | None
         spec = replace(spec, node_names=default_node_names(spec.nodes))
     if spec.unhealthy_node is not None:
         spec = replace(spec, unhealthy_name=spec.node_names[spec.unhealthy_node])
+    if spec.slow_node is not None:
+        spec = replace(spec, slow_name=spec.node_names[spec.slow_node])
     reservation = None
     if not spec.job_id:
         job_id, reservation = jobids.reserve()
@@ -334,7 +395,7 @@ def _simulate(spec: JobSpec, out: IO[str], state_dir: Path | None) -> list[RunRe
         signal.signal(sig, lambda signum, frame: received.append(signum))
     try:
         for restart in range(spec.max_restarts + 1):
-            excluded = state.excluded()
+            excluded = state.excluded() | state.down()
             if excluded & set(spec.node_names):  # the scheduler places the requeued job elsewhere
                 spare = [n for n in default_node_names(spec.nodes + len(excluded)) if n not in excluded]
                 spec = replace(spec, node_names=tuple(spare[:spec.nodes]))
@@ -384,10 +445,15 @@ def summary(records: list[RunRecord]) -> str:
     rows = [("run", "duration", "ended by", "exit", "tasks", "batch", "stop reasons", "checkpoint", "resumed from")]
     for r in records:
         codes = sorted(set(r.task_codes.values()), key=lambda c: (c < 0, c))
+        ended = r.ended_by + (" (requeued)" if r.requeued else "")
+        if r.in_job:  # the new steps `slurmrt run` started inside this run
+            ended += "; in-job restart(s) without " + ", ".join("+".join(nodes) for nodes in r.in_job)
+        if r.stragglers:
+            ended += "; straggler " + ", ".join(f"rank {rank} on {node or '?'}" for rank, node in r.stragglers)
         rows.append((
             str(r.restart),
             f"{r.seconds:.1f} s",
-            r.ended_by + (" (requeued)" if r.requeued else ""),
+            ended,
             "-" if r.chosen_code is None else str(r.chosen_code),
             ",".join(_status(c) for c in codes) or "-",
             "-" if r.exit_code is None else _status(r.exit_code),

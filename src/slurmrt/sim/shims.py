@@ -53,9 +53,11 @@ def scontrol(args: Sequence[str]) -> int:
         end = _end_time(state)
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(end)) if end else "Unknown"
         excluded = hostlist.compress(sorted(state.excluded())) or "(null)"
-        print(f"JobId={spec.job_id} JobName={spec.job_name} JobState=RUNNING Requeue={int(spec.requeue)} "
-              f"Restarts={job['restart']} EndTime={stamp} Partition=sim NumNodes={spec.nodes} "
-              f"ExcNodeList={excluded} NodeList={hostlist.compress(spec.node_names)}")
+        held = [n for n in spec.node_names if n not in state.down()]  # a failed node leaves a --no-kill job
+        running = "PENDING" if state.requested("requeue") else "RUNNING"
+        print(f"JobId={spec.job_id} JobName={spec.job_name} JobState={running} Requeue={int(spec.requeue)} "
+              f"Restarts={job['restart']} EndTime={stamp} Partition=sim NumNodes={len(held)} "
+              f"ExcNodeList={excluded} NodeList={hostlist.compress(held)}")
         return 0
     if args[:1] == ["update"] and any(a.startswith("ExcNodeList=") for a in args):
         if not state.requested("requeue"):  # as Slurm: only a pending job takes it

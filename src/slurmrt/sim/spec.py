@@ -43,6 +43,15 @@ class JobSpec:
     after_checkpoint: bool = False
     max_restarts: int = 5
     kill_on_bad_exit: bool = True
+    #: --no-kill: a failed node leaves the job (its tasks die), and the job goes on with the nodes it still holds.
+    no_kill: bool = False
+    #: ``slurmrt run --spare-nodes`` in the batch script the simulator writes (the COMMAND form): of ``nodes``,
+    #: these are kept as spares for in-job restarts.
+    spare_nodes: int = 0
+    #: The node (index into the first run's node names) whose tasks run ``slow_factor`` times slower; its name.
+    slow_node: int | None = None
+    slow_name: str | None = None
+    slow_factor: float = 4.0
     node_names: tuple[str, ...] = field(default=())
     #: --open-mode: "a" (append) or "t" (truncate); Slurm exports it as SLURM_OPEN_MODE when given.
     open_mode: str | None = None
@@ -100,6 +109,10 @@ def apply_option(spec: JobSpec, name: str, value: str | None) -> JobSpec:
         return replace(spec, signal=sig, signal_lead_s=lead, signal_batch=batch)
     if name == "requeue":
         return replace(spec, requeue=True)
+    if name in {"no-kill", "k"}:
+        if value not in (None, "", "off"):
+            raise ConfigError(f"--no-kill={value!r}: only --no-kill (or --no-kill=off) is simulated", value=value)
+        return replace(spec, no_kill=value != "off")
     if name == "no-requeue":
         return replace(spec, requeue=False)
     if name in {"job-name", "J"}:
@@ -118,7 +131,7 @@ def _count(flag: str, given: str, value: str) -> int:
     return int(value)
 
 
-_SHORT = {"N": "nodes", "t": "time", "J": "job-name"}
+_SHORT = {"N": "nodes", "t": "time", "J": "job-name", "k": "no-kill"}
 
 
 def parse_sbatch_script(path: Path, spec: JobSpec) -> tuple[JobSpec, list[str]]:
@@ -154,6 +167,8 @@ def _apply_token(spec: JobSpec, token: str) -> tuple[JobSpec, list[str]]:
             return apply_option(spec, name, value if eq else None), []
         except KeyError:
             return spec, [token]
+    if token == "-k":
+        return apply_option(spec, "no-kill", None), []
     if token.startswith("-") and len(token) > 2 and token[1] in _SHORT:
         try:
             return apply_option(spec, _SHORT[token[1]], token[2:]), []

@@ -2,8 +2,10 @@
 
 Each task gets its own process group, as slurmstepd gives it, so a signal reaches a task and its children (a
 ``bash -c`` wrapper, a launcher's workers). Signals sent to srun itself are passed to every task, which is what makes
-the ``--signal=B:`` forwarding pattern (``kill -USR1 $SRUN_PID``) work. Options other than
-``--kill-on-bad-exit`` are accepted and ignored: a step always spans the whole allocation here.
+the ``--signal=B:`` forwarding pattern (``kill -USR1 $SRUN_PID``) work. A step is placed as Slurm places it in the
+job: ``--nodes``, ``--nodelist``, ``--exclude``, ``--ntasks`` and ``--ntasks-per-node`` (default: every node that is
+not down, with the job's tasks per node); a node that is down (``--no-kill`` after a node failure) or not in the job
+is refused. ``--kill-on-bad-exit`` as in Slurm; other options are accepted and ignored.
 """
 
 from __future__ import annotations
@@ -16,47 +18,119 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import IO, Any
 
+from .._errors import HostlistError
+from ..launch import hostlist
 from ..launch.health import SIM_UNHEALTHY_ENV
-from .environ import task_env
+from .environ import StepLayout, task_env
 from .spec import JobSpec
 from .state import SimState
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCONT, signal.SIGQUIT)
-_WITH_VALUE = {"-N", "-n", "-c", "-w", "-p", "-o", "-e", "-J", "-t", "--nodes", "--ntasks", "--ntasks-per-node",
+_WITH_VALUE = {"-c", "-p", "-o", "-e", "-J", "-t", "--nodes", "--ntasks", "--ntasks-per-node", "--exclude",
                "--cpus-per-task", "--nodelist", "--partition", "--output", "--error", "--job-name", "--time",
-               "--gpus-per-node", "--gpus-per-task", "--mem", "--export", "--mpi", "--cpu-bind", "--distribution"}
+               "--gpus-per-node", "--gpus-per-task", "--mem", "--export", "--mpi", "--cpu-bind", "--distribution",
+               "--jobid"}
 
 
-def parse(argv: Sequence[str]) -> tuple[bool | None, list[str]]:
-    """(kill-on-bad-exit if given, command)."""
-    kill: bool | None = None
+@dataclass
+class StepArgs:
+    """The options of one srun line that the simulator acts on; the others are accepted and ignored."""
+
+    command: list[str]
+    kill_on_bad_exit: bool | None = None
+    nodes: int | None = None
+    nodelist: list[str] | None = None
+    exclude: list[str] = field(default_factory=list)
+    ntasks: int | None = None
+    per_node: int | None = None
+
+
+_NAMES = {"-N": "--nodes", "-w": "--nodelist", "-x": "--exclude", "-n": "--ntasks", "-K": "--kill-on-bad-exit"}
+
+
+def parse(argv: Sequence[str]) -> StepArgs:
+    args, out = list(argv), StepArgs([])
     i = 0
-    args = list(argv)
     while i < len(args) and args[i].startswith("-"):
-        arg = args[i]
-        name, eq, value = arg.partition("=")
-        if name in {"--kill-on-bad-exit", "-K"}:
-            kill = value != "0" if eq else True
-        elif name in _WITH_VALUE and not eq:
+        name, eq, value = args[i].partition("=")
+        if len(name) > 2 and name[1] != "-" and not eq:  # -N2, -wn1
+            name, eq, value = name[:2], "=", name[2:]
+        name = _NAMES.get(name, name)
+        if name in _WITH_VALUE and not eq and name != "--kill-on-bad-exit":
             i += 1
+            value = args[i] if i < len(args) else ""
+        if name == "--kill-on-bad-exit":
+            out.kill_on_bad_exit = value != "0" if eq else True
+        elif name == "--nodes":
+            out.nodes = int(value.split("-")[0])
+        elif name in ("--nodelist", "--exclude"):
+            hosts = hostlist.expand(value)
+            if name == "--nodelist":
+                out.nodelist = hosts
+            else:
+                out.exclude = hosts
+        elif name == "--ntasks":
+            out.ntasks = int(value)
+        elif name == "--ntasks-per-node":
+            out.per_node = int(value)
         i += 1
-    return kill, args[i:]
+    out.command = args[i:]
+    return out
+
+
+def layout(spec: JobSpec, step: StepArgs, down: set[str]) -> StepLayout:
+    """The step's nodes and tasks per node, as Slurm places them in the job; SimSrunError when it cannot."""
+    if step.nodelist is not None:
+        foreign = [n for n in step.nodelist if n not in spec.node_names]
+        if foreign:
+            raise SimSrunError(f"Requested node configuration is not available: {','.join(foreign)} not in the job")
+        gone = [n for n in step.nodelist if n in down]
+        if gone:
+            raise SimSrunError(f"Unable to create step: node(s) {','.join(gone)} are DOWN")
+        nodes = [n for n in spec.node_names if n in step.nodelist]
+    else:
+        nodes = [n for n in spec.node_names if n not in down and n not in step.exclude]
+        wanted = step.nodes
+        if wanted is None and step.ntasks is not None and step.per_node:
+            wanted = -(-step.ntasks // step.per_node)
+        if wanted is not None:
+            if wanted > len(nodes):
+                raise SimSrunError(f"Unable to create step: {wanted} node(s) asked, {len(nodes)} usable in the job")
+            nodes = nodes[:wanted]
+    if not nodes:
+        raise SimSrunError("Unable to create step: no usable node left in the job")
+    per_node = step.per_node or (-(-step.ntasks // len(nodes)) if step.ntasks else spec.ntasks_per_node)
+    return StepLayout(tuple(nodes), per_node)
 
 
 _Task = tuple[subprocess.Popen[bytes], int, int]  # (process, node, rank)
 
 
+class SimSrunError(Exception):
+    """srun cannot start the step (a node that is down or not in the job, too few nodes)."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     state = SimState.from_env()
     spec, job = state.read_job()
-    kill_flag, command = parse(sys.argv[1:] if argv is None else argv)
-    if not command:
+    try:
+        step_args = parse(sys.argv[1:] if argv is None else argv)
+    except (ValueError, HostlistError) as err:
+        print(f"srun: error: {err}", file=sys.stderr)
+        return 2
+    if not step_args.command:
         print("srun: fatal: no command to run", file=sys.stderr)
         return 2
+    try:
+        where = layout(spec, step_args, state.down())
+    except SimSrunError as err:
+        print(f"srun: error: {err}", file=sys.stderr)
+        return 1
     step = state.next_step()
-    procs, forwarders = _start(spec, job, step, command)
+    procs, forwarders = _start(spec, job, step, step_args.command, where)
     state.add_tasks(step, [(p.pid, node, rank) for p, node, rank in procs])
 
     def forward(signum: int, frame: object) -> None:
@@ -64,27 +138,30 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     for sig in FORWARDED:
         signal.signal(sig, forward)
-    codes = _wait(state, spec, step, procs, spec.kill_on_bad_exit if kill_flag is None else kill_flag)
+    kill = spec.kill_on_bad_exit if step_args.kill_on_bad_exit is None else step_args.kill_on_bad_exit
+    codes = _wait(state, spec, step, procs, kill)
     for thread in forwarders:
         # A task's own children may keep its pipe open after it ended (a daemon): their output is not the step's.
         thread.join(1.0)
     return max(codes.values())
 
 
-def _start(spec: JobSpec, job: dict[str, Any], step: int, command: list[str]
+def _start(spec: JobSpec, job: dict[str, Any], step: int, command: list[str], where: StepLayout
            ) -> tuple[list[_Task], list[threading.Thread]]:
-    """Every task of the step, each with the threads that pass its output on."""
+    """Every task of the step, each with the threads that pass its output on; a task's node is recorded as its
+    index in the job's nodes (what the simulator's faults name)."""
     procs: list[_Task] = []
     forwarders: list[threading.Thread] = []
-    for rank in range(spec.ntasks):
-        env = {**os.environ, **task_env(spec, job["restart"], step, rank, job["submit_dir"])}
-        if spec.unhealthy_name is not None and spec.node_names[rank // spec.ntasks_per_node] == spec.unhealthy_name:
+    for rank in range(where.ntasks):
+        name = where.nodes[rank // where.per_node]
+        env = {**os.environ, **task_env(spec, job["restart"], step, rank, job["submit_dir"], where)}
+        if spec.unhealthy_name is not None and name == spec.unhealthy_name:
             env[SIM_UNHEALTHY_ENV] = f"slurmrt sim --unhealthy-node: {spec.unhealthy_name} is bad"
         # SLURM_TASK_PID is the task's own pid: only the task can say it, so a shell sets it and execs the command.
         p = subprocess.Popen(["/bin/sh", "-c", 'SLURM_TASK_PID=$$; export SLURM_TASK_PID; exec "$@"', "srun",
                               *command], env=env, start_new_session=True, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE)
-        procs.append((p, rank // spec.ntasks_per_node, rank))
+        procs.append((p, spec.node_names.index(name), rank))
         for pipe, target in ((p.stdout, sys.stdout.buffer), (p.stderr, sys.stderr.buffer)):
             forwarders.append(threading.Thread(target=_forward_lines, args=(pipe, target), daemon=True))
             forwarders[-1].start()

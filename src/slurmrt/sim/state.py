@@ -109,6 +109,16 @@ class SimState:
         path = self.dir / "excluded"
         return set(path.read_text().split()) if path.exists() else set()
 
+    def mark_down(self, node: str) -> None:
+        """A node failed (``--fail-node`` with ``--no-kill``): it leaves the job, and no later run gets it."""
+        with open(self.dir / "down", "a") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            f.write(node + "\n")
+
+    def down(self) -> set[str]:
+        path = self.dir / "down"
+        return set(path.read_text().split()) if path.exists() else set()
+
     def request(self, name: str) -> None:
         (self.dir / name).touch()
 

@@ -41,6 +41,7 @@ from .. import _clock
 from .._comm import wait_released
 from .._errors import AgreementError
 from .decision import ContributeFn, Contribution, StopDecision, decode, encode
+from .straggler import Timing
 
 __all__ = ["Agreement", "DistributedAgreement", "LocalAgreement"]
 
@@ -82,8 +83,11 @@ class DistributedAgreement:
     """The clearance protocol above, over ``group`` (a gloo process group of all ranks)."""
 
     def __init__(self, contribute: ContributeFn, group: Any, *, min_interval_s: float = 0.5,
-                 max_interval_s: float = 1.0, step_estimate: Callable[[], float | None] = lambda: None) -> None:
+                 max_interval_s: float = 1.0, step_estimate: Callable[[], float | None] = lambda: None,
+                 observe: Callable[[Timing], None] = lambda timing: None) -> None:
+        """``observe`` is told each round's reduced timing (:mod:`slurmrt.stop.straggler`), on the control thread."""
         self._contribute = contribute
+        self._observe = observe
         self._group = group
         self._min_interval = min_interval_s
         self._max_interval = max_interval_s
@@ -190,6 +194,7 @@ class DistributedAgreement:
                                                             async_op=True), tensor):
                     return
                 verdict = decode(tensor.tolist())
+                self._judge(verdict.timing)
                 now = _clock.mono()
                 self._round_period = now - last
                 last = now
@@ -221,6 +226,12 @@ class DistributedAgreement:
         del work
         wait_released(tensor)
         return True
+
+    def _judge(self, timing: Timing) -> None:
+        try:
+            self._observe(timing)
+        except Exception:  # naming a straggler must never cost the stop protocol
+            logger.exception("slurmrt: the straggler check failed")
 
     def _apply(self, verdict: Contribution) -> bool:
         """Fold one round's reduced values into the state; True when the rounds are over."""

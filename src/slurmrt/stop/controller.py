@@ -24,6 +24,7 @@ from .deadline import Budget, EndTime
 from .decision import Contribution, Reason, StopDecision, contribution
 from .killswitch import KillSwitch
 from .signals import SignalRecorder
+from .straggler import ComputeTimer, Straggler, StragglerJudge, Timing
 
 __all__ = ["StopController"]
 
@@ -34,11 +35,12 @@ class StopController:
     def __init__(self, topology: Topology, options: Options, report: Reporter, *, budget: Budget, end_time: EndTime,
                  signals: SignalRecorder, kill_switch: KillSwitch | None, phases: PhaseTimes | None = None,
                  groups: Callable[[], Groups], watch: Callable[[Agreement], None] = lambda agreement: None,
-                 poll_saves: Callable[[], None] = lambda: None, settle_saves: Callable[[], None] = lambda: None
-                 ) -> None:
+                 poll_saves: Callable[[], None] = lambda: None, settle_saves: Callable[[], None] = lambda: None,
+                 node_of: Callable[[int], str | None] = lambda rank: None) -> None:
         """``groups`` opens slurmrt's groups (collectively) on first use; ``watch`` is told the agreement (for the
         exit hooks); ``poll_saves`` takes a finished background save's result (per step, cheap) and
-        ``settle_saves`` waits for it (before a collective on the work group, which is the save's until it ends)."""
+        ``settle_saves`` waits for it (before a collective on the work group, which is the save's until it ends);
+        ``node_of`` names a rank's node (the census), for a straggler."""
         self.topology, self.options, self._report = topology, options, report
         self.budget, self._end, self._signals, self._switch = budget, end_time, signals, kill_switch
         self.phases = phases or PhaseTimes()
@@ -57,6 +59,14 @@ class StopController:
         #: The last step the training loop reported (should_stop, or a framework's stop): where the run really got
         #: to, recorded in its exit event (its last checkpoint may be older).
         self.last_step: int | None = None
+        #: ``rt.time_compute()``; the judge of the windows it closes (slurmrt.stop.straggler).
+        self.timer = ComputeTimer(options.straggler_window)
+        self._judge = StragglerJudge(margin=options.straggler_margin, windows=options.straggler_windows)
+        self._node_of = node_of
+        #: The straggler named last, and its node (None when the census could not place it).
+        self.straggler: Straggler | None = None
+        self.straggler_node: str | None = None
+        self._replace_straggler = False
 
     # -- the per-step path -----------------------------------------------------------------------------------------
     def should_stop(self, step: int, *, before: str | None = None) -> bool:
@@ -94,7 +104,7 @@ class StopController:
             self.agreement = LocalAgreement(self._contribute)
         else:
             self.agreement = DistributedAgreement(self._contribute, groups.control,
-                                                  step_estimate=self.budget.steps.estimate)
+                                                  step_estimate=self.budget.steps.estimate, observe=self._observe)
             self._watch(self.agreement)
         return self.agreement
 
@@ -103,7 +113,27 @@ class StopController:
         return contribution(now=_clock.wall(), step=step, steps_ahead=steps_ahead,
                             signals=dict(self._signals.first_seen), kill_switch_seen=self._switch_seen(),
                             own_end=self._end.value, agreed_end=agreed_end, budget=self.budget,
-                            deadline=self.options.deadline)
+                            deadline=self.options.deadline, straggler=self._replace_straggler,
+                            timing=self.timer.timing(self.topology.rank))
+
+    def _observe(self, timing: Timing) -> None:
+        """Each round's reduced timing (the control thread): a straggler named, reported, and maybe replaced."""
+        named = self._judge.observe(timing)
+        if named is None:
+            return
+        node = self._node_of(named.rank)
+        self.straggler, self.straggler_node = named, node
+        action = self.options.straggler
+        self._report.straggler(named, node=node, action=action)
+        if action == "replace" and node is not None:
+            self._replace_straggler = True  # every rank names it at this round: the reason is raised together
+
+    @property
+    def exclude_nodes(self) -> list[str]:
+        """Nodes the next restart must leave out by the options: the straggler's, with "exclude" or "replace"."""
+        if self.options.straggler == "name" or self.straggler_node is None:
+            return []
+        return [self.straggler_node]
 
     def _switch_seen(self) -> bool:
         return self._switch is not None and self._switch.seen is not None

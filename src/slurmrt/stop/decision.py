@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from .deadline import Budget
+from .straggler import Timing
 
 __all__ = ["Contribution", "ContributeFn", "Reason", "StopDecision", "contribution", "decode", "encode"]
 
@@ -19,6 +20,7 @@ __all__ = ["Contribution", "ContributeFn", "Reason", "StopDecision", "contributi
 class Reason(enum.Enum):
     """Why a run stops. Ordered from the mildest to the most final."""
 
+    STRAGGLER = "straggler"  # straggler="replace": a slow node is left out at a restart (slurmrt.stop.straggler)
     SIGNAL = "signal"  # the --signal warning (USR1/USR2 by default): time is nearly up, or preemption is coming
     DEADLINE = "deadline"  # no signal, but the next steps plus a save would run past the job's end time
     TERM = "sigterm"  # time limit, preemption or scancel
@@ -42,6 +44,8 @@ class Contribution:
     save_unfit: bool = False
     #: This rank left its training loop (its last step is done): the rounds end.
     leaving: bool = False
+    #: This rank's last window of timed sections (reduced: the slowest and fastest ranks'), for stragglers.
+    timing: Timing = Timing()
 
 
 @dataclass(frozen=True)
@@ -71,12 +75,13 @@ def encode(c: Contribution) -> list[int]:
         -int(c.term_time * 1000) if c.term_time is not None else _NONE,  # max of -t is -(min t)
         int(c.save_unfit),
         int(c.leaving),
+        *c.timing.encode(),
     ]
 
 
 def decode(values: list[int]) -> Contribution:
     n = len(_REASONS)
-    flags, (step, window, end, neg_term, unfit, leaving) = values[:n], values[n:]
+    flags, (step, window, end, neg_term, unfit, leaving), timing = values[:n], values[n:n + 6], values[n + 6:]
     return Contribution(
         reasons=frozenset(r for r, f in zip(_REASONS, flags, strict=True) if f),
         step=step,
@@ -85,6 +90,7 @@ def decode(values: list[int]) -> Contribution:
         term_time=-neg_term / 1000 if neg_term != _NONE else None,
         save_unfit=bool(unfit),
         leaving=bool(leaving),
+        timing=Timing.decode(timing),
     )
 
 
@@ -102,14 +108,16 @@ def reason_for(sig: signal.Signals) -> Reason:
 
 def contribution(*, now: float, step: int, steps_ahead: int, signals: Mapping[signal.Signals, float],
                  kill_switch_seen: bool, own_end: float | None, agreed_end: float | None, budget: Budget,
-                 deadline: bool) -> Contribution:
+                 deadline: bool, straggler: bool = False, timing: Timing = Timing()) -> Contribution:
     """This rank's part of a round: ``signals`` maps each signal seen to its first arrival (wall time); ``own_end``
     is the end time this rank knows itself, ``agreed_end`` the one the ranks agreed on so far."""
     reasons = {reason_for(sig) for sig in signals}
     if kill_switch_seen:
         reasons.add(Reason.KILL_SWITCH)
+    if straggler:
+        reasons.add(Reason.STRAGGLER)
     if deadline and budget.deadline_near(now=now, end=own_end or agreed_end, steps_ahead=steps_ahead):
         reasons.add(Reason.DEADLINE)
     term = signals.get(signal.SIGTERM)
     unfit = term is not None and not budget.save_fits_after_term(now=now, term_time=term, steps_ahead=steps_ahead)
-    return Contribution(frozenset(reasons), step, 2, own_end, term, unfit)
+    return Contribution(frozenset(reasons), step, 2, own_end, term, unfit, timing=timing)

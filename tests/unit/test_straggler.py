@@ -1,0 +1,114 @@
+"""Stragglers: the timer's windows, the MAX reduction of their timing, and the judgement every rank makes alike."""
+
+from __future__ import annotations
+
+import pytest
+
+from slurmrt import Options
+from slurmrt._errors import ConfigError
+from slurmrt.stop import straggler as mod
+from slurmrt.stop.decision import Contribution, Reason, decode, encode
+from slurmrt.stop.straggler import ComputeTimer, StragglerJudge, Timing
+
+
+def _reduce(timings: list[Timing]) -> Timing:
+    return Timing.decode([max(v) for v in zip(*(t.encode() for t in timings), strict=True)])
+
+
+def _window(number: int, means_us: list[int], step_us: int = 100_000) -> Timing:
+    """The reduced timing of one window in which rank r's timed section took means_us[r]."""
+    parts = []
+    for rank, mean in enumerate(means_us):
+        timer = ComputeTimer()
+        timer.published = (number, mean, step_us)
+        parts.append(timer.timing(rank))
+    return _reduce(parts)
+
+
+def test_the_reduction_keeps_the_slowest_rank_with_its_mean_and_the_fastest_mean() -> None:
+    t = _window(4, [50_000, 90_000, 51_000, 49_000])
+    s = mod.slow_in(t, 0.25)
+    assert s is not None and s.rank == 1 and s.window == 4
+    assert (s.slow_s, s.fast_s, s.step_s) == (0.09, 0.049, 0.1)
+    assert s.ratio == pytest.approx(90 / 49) and s.cost == pytest.approx(0.41)
+
+
+def test_the_timing_rides_the_agreement_round_unchanged() -> None:
+    timer = ComputeTimer()
+    timer.published = (2, 1234, 5678)
+    c = Contribution(reasons=frozenset({Reason.STRAGGLER}), step=9, timing=timer.timing(7))
+    back = decode(encode(c))
+    assert back.timing == timer.timing(7) and back.reasons == {Reason.STRAGGLER} and back.step == 9
+
+
+@pytest.mark.parametrize(("means", "why"), [
+    ([50_000, 60_000], "20 % slower: under the margin"),
+    ([1_000, 3_000], "3x slower, but 2 ms of a 100 ms step: under 5 % of a step"),
+    ([50_000, 50_000], "equal"),
+])
+def test_a_window_is_not_slow_below_the_margin_or_the_cost(means: list[int], why: str) -> None:
+    assert mod.slow_in(_window(0, means), 0.25) is None, why
+
+
+def test_named_after_the_windows_in_a_row_and_only_once() -> None:
+    judge = StragglerJudge(margin=0.25, windows=3)
+    named = [judge.observe(_window(n, [50_000, 50_000, 80_000])) for n in range(5)]
+    assert [s.rank if s else None for s in named] == [None, None, 2, None, None]
+    assert judge.named is not None and judge.named.rank == 2
+
+
+def test_a_window_that_is_not_slow_starts_the_count_again() -> None:
+    judge = StragglerJudge(margin=0.25, windows=3)
+    seq = [[50_000, 80_000], [50_000, 80_000], [50_000, 50_000], [50_000, 80_000], [50_000, 80_000]]
+    assert all(judge.observe(_window(n, m)) is None for n, m in enumerate(seq))
+    assert judge.observe(_window(5, [50_000, 80_000])) is not None
+
+
+def test_another_rank_slowest_starts_the_count_again() -> None:
+    judge = StragglerJudge(margin=0.25, windows=2)
+    assert judge.observe(_window(0, [50_000, 80_000, 50_000])) is None
+    assert judge.observe(_window(1, [50_000, 50_000, 80_000])) is None  # rank 2 now: one window, not two
+    s = judge.observe(_window(2, [50_000, 50_000, 80_000]))
+    assert s is not None and s.rank == 2
+
+
+def test_a_round_at_a_window_edge_or_one_seen_before_is_not_judged() -> None:
+    judge = StragglerJudge(margin=0.25, windows=1)
+    a, b = ComputeTimer(), ComputeTimer()
+    a.published, b.published = (3, 50_000, 100_000), (2, 90_000, 100_000)  # rank 1 has not closed window 3 yet
+    assert judge.observe(_reduce([a.timing(0), b.timing(1)])) is None
+    assert judge.observe(_window(3, [50_000, 90_000])) is not None
+    judge.named = None
+    assert judge.observe(_window(3, [50_000, 90_000])) is None  # the same window, in the next round
+
+
+def test_ranks_that_time_nothing_make_no_judgement() -> None:
+    judge = StragglerJudge(margin=0.25, windows=1)
+    assert judge.observe(_reduce([Timing(), Timing()])) is None
+    timer = ComputeTimer()
+    timer.published = (0, 90_000, 100_000)
+    assert judge.observe(_reduce([timer.timing(0), Timing()])) is None  # one rank times, the other does not
+
+
+def test_the_timer_closes_a_window_of_means_every_window_uses(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = iter([0.0, 0.01, 0.1, 0.13, 0.2, 0.21, 0.3, 0.33])  # sections of 10 and 30 ms, every 100 ms
+    monkeypatch.setattr(mod.time, "perf_counter", lambda: next(clock))
+    timer = ComputeTimer(window=2)
+    for _ in range(4):
+        with timer:
+            pass
+    number, mean_us, step_us = timer.published or (None, None, None)
+    assert (number, mean_us) == (1, 20_000)
+    assert step_us == 100_000  # from the end of the window before to the end of this one, over 2 sections
+    assert timer.timing(5).slowest == 20_000 << 24 | 5
+
+
+def test_options_name_the_rule_of_a_bad_value() -> None:
+    with pytest.raises(ConfigError, match="straggler='kill'.*name, exclude, replace"):
+        Options.resolve({"straggler": "kill"}, {})
+    with pytest.raises(ConfigError, match="straggler_margin"):
+        Options.resolve({}, {"SLURMRT_STRAGGLER_MARGIN": "-1"})
+    with pytest.raises(ConfigError, match="straggler_window"):
+        Options.resolve({}, {"SLURMRT_STRAGGLER_WINDOW": "1"})
+    o = Options.resolve({}, {"SLURMRT_STRAGGLER": "Replace", "SLURMRT_STRAGGLER_MARGIN": "0.5"})
+    assert (o.straggler, o.straggler_margin, o.straggler_window, o.straggler_windows) == ("replace", 0.5, 20, 3)
