@@ -808,8 +808,9 @@ def test_14_the_warning_reaches_the_training_under_torchrun_not_the_launcher(clu
     assert all(r["start"] == stop["step"] + 1 for r in second) and second[0]["w"] == uninterrupted
 
 
-def _training_pid(job_id: str, procid: int) -> int:
-    """The pid of the job's training process of rank ``procid`` (its environment says so), on this one-host cluster."""
+def _training_pid(job_id: str, procid: int, script: bytes = b"train.py", under_torchrun: bool = False) -> int:
+    """The pid of the job's training process of task ``procid`` (its environment says so), on this one-host cluster;
+    ``under_torchrun``: the worker torchrun started, not torchrun itself."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -819,7 +820,8 @@ def _training_pid(job_id: str, procid: int) -> int:
         except OSError:
             continue
         if env.get(b"SLURM_JOB_ID") == job_id.encode() and env.get(b"SLURM_PROCID") == str(procid).encode() \
-                and b"train.py" in argv and b"python" in argv.split(b"\0")[0]:
+                and script in argv and b"python" in argv.split(b"\0")[0] \
+                and (not under_torchrun or b"TORCHELASTIC_RUN_ID" in env):
             return int(entry.name)
     raise LookupError(f"no training process of rank {procid} in job {job_id}")
 
@@ -857,3 +859,33 @@ def test_14_a_trainer_example_loses_a_rank_and_finishes_on_the_spare_with_the_un
     assert info["JobState"] == "COMPLETED", reference.output()[-3000:]
     a, b = torch.load(tmp_path / "ref" / "w.pt"), torch.load(tmp_path / "injob" / "w.pt")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), "weights differ from the reference"
+
+
+def test_14_megatron_core_under_torchrun_loses_a_rank_and_finishes_on_the_spare_with_the_uninterrupted_weights(
+        megatron_jobs: dict[str, tuple[Job, Path]], tmp_path: Path) -> None:
+    """examples/megatron/train_core_injob.sbatch's shape on CPU: `slurmrt run --spare-nodes 1` over torchrun in each
+    task, TP=2 across 2 nodes, the master read from the step's own nodes. Rank 1's worker is SIGKILLed after the
+    first checkpoint; the step is replaced on the spare in the same job, resumes from Megatron's checkpoint, and
+    ends with the weights of the uninterrupted reference run, bit for bit."""
+    command = ("--spare-nodes 1 -- bash -c 'cd " + str(ROOT) + " && $PY -m torch.distributed.run --nnodes 2 "
+               '--nproc-per-node 1 --node-rank "$SLURM_NODEID" '
+               '--master-addr "$(scontrol show hostnames "$SLURM_STEP_NODELIST" | head -n 1)" '
+               '--master-port $((20000 + SLURM_JOB_ID % 10000 + SLURM_STEP_ID % 4)) '
+               f"examples/megatron/train_core.py --tp 2 --checkpoint-dir {tmp_path}/ckpt --steps {MEGATRON_STEPS} "
+               f"--weights-out {tmp_path}/w --losses-out {tmp_path}/losses --step-time 0.2'")
+    slurmrt_bin = Path(sys.executable).with_name("slurmrt")
+    job = submit(tmp_path, f"exec $PY -m slurmrt run {command}", "-N3", "--ntasks-per-node=1", "--cpus-per-task=2",
+                 "--no-kill", "--requeue", name="mcore-injob",
+                 exports={**INJOB_EXPORTS, "PY": sys.executable, "PATH": f"{slurmrt_bin.parent}:{os.environ['PATH']}"})
+    wait_for_file(tmp_path / "ckpt" / "latest", 900, job)  # the first periodic checkpoint: training on n1, n2
+    os.kill(_training_pid(job.id, 1, b"train_core.py", under_torchrun=True), signal.SIGKILL)
+    info = job.wait(1200)
+    out = job.output()
+    assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) == 0, out[-4000:]
+    ev = events(tmp_path, job)
+    (moved,) = [e for e in ev if e["event"] == "in_job_restart"]
+    assert moved["nodes"] == ["n2"] and not [e for e in ev if e["event"] == "requeue"], out[-3000:]
+    assert [e["step"] for e in ev if e["event"] == "resume" and e.get("attempt") == 1]
+    ref_job, ref = megatron_jobs["reference"]
+    _wait_for_reference(ref_job, ref)
+    assert _same_weights(_megatron_weights(tmp_path), _megatron_weights(ref))

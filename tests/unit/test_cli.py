@@ -106,6 +106,7 @@ def test_status_reports_runs_stops_checkpoints_and_lost_time(tmp_path: Path) -> 
     assert "1m50s of work after the checkpoint kept" in lines[2]
 
 
+@pytest.mark.stragglers  # a straggler event written by hand, not a false positive
 def test_status_shows_the_in_job_restart_which_node_left_and_why(tmp_path: Path) -> None:
     def ev(t: str, event: str, rank: int = 0, attempt: int = 0, **kw: object) -> dict[str, object]:
         return {"time": f"2026-11-21T10:{t}+00:00", "event": event, "job": "12", "restart": 0, "rank": rank,
@@ -114,6 +115,7 @@ def test_status_shows_the_in_job_restart_which_node_left_and_why(tmp_path: Path)
     _write_events(tmp_path / "events-12.jsonl", [
         ev("00:00", "init"), ev("00:05", "fresh_start"), ev("01:00", "save", step=29, seconds=0.1),
         ev("01:30", "progress", step=34),
+        ev("01:31", "straggler", step=34, straggler=3, node="n7", ratio=1.9, cost=0.45, action="name"),
         # rank 0 was the one lost: rank 1 led the response and asked for the new step
         ev("01:40", "hang", rank=1, step=34, where="all_reduce"),  # rank 1's own: not the run's
         ev("01:40", "in_job_restart", rank=1, nodes=["n1"], why="rank(s) 0 did not answer", next_attempt=1,
@@ -128,6 +130,7 @@ def test_status_shows_the_in_job_restart_which_node_left_and_why(tmp_path: Path)
     assert lines[1].startswith("  run 0: fresh start") and \
         "in-job restart without n1 (rank(s) 0 did not answer)" in lines[1] and "(at least 5 step(s))" in lines[1]
     assert "exit HUNG; reached step 34" in lines[1]
+    assert "straggler rank 3 on n7 (1.90x slower, 45% of a step)" in lines[1]
     assert lines[2].startswith("  run 0.1: resumed after step 29 from the local tier (1829 bytes from other nodes)")
     assert "exit FINISHED; reached step 79" in lines[2]
 

@@ -66,3 +66,34 @@ def test_batch_shell_has_no_step_id_and_looks_like_rank_zero() -> None:
     env = batch_env(replace(SPEC, nodes=2), 0, "/work")
     assert "SLURM_STEP_ID" not in env and env["SLURM_PROCID"] == "0" and env["SLURM_NTASKS"] == "4"
     assert from_environ(env).world_size == 1  # slurmrt's batch-shell rule
+
+
+def test_srun_places_a_step_as_slurm_does_in_the_job() -> None:
+    from slurmrt.sim.environ import StepLayout
+    from slurmrt.sim.srun import SimSrunError, layout, parse
+
+    spec = JobSpec(nodes=3, ntasks_per_node=2, node_names=("n1", "n2", "n3"))
+    argv = ["--kill-on-bad-exit=1", "--nodes=2", "--nodelist=n1,n3", "--ntasks=4", "--ntasks-per-node=2", "python"]
+    step = parse(argv)
+    assert (step.kill_on_bad_exit, step.nodes, step.nodelist, step.command) == (True, 2, ["n1", "n3"], ["python"])
+    assert layout(spec, step, down=set()) == StepLayout(("n1", "n3"), 2)
+    assert layout(spec, parse(["-N2", "x"]), down={"n1"}) == StepLayout(("n2", "n3"), 2)  # a down node is skipped
+    assert layout(spec, parse(["--exclude", "n2", "x"]), down=set()) == StepLayout(("n1", "n3"), 2)
+    assert layout(spec, parse(["--overlap", "--ntasks-per-node=1", "x"]), down=set()).per_node == 1
+    with pytest.raises(SimSrunError, match="DOWN"):
+        layout(spec, step, down={"n3"})
+    with pytest.raises(SimSrunError, match="not in the job"):
+        layout(spec, parse(["-w", "n9", "x"]), down=set())
+    with pytest.raises(SimSrunError, match="3 node"):
+        layout(spec, parse(["-N", "3", "x"]), down={"n2"})
+    env = task_env(spec, 0, 1, 3, "/w", StepLayout(("n1", "n3"), 2))
+    assert (env["SLURMD_NODENAME"], env["SLURM_NODEID"], env["SLURM_STEP_NODELIST"], env["SLURM_JOB_NODELIST"]) == \
+        ("n3", "1", "n[1,3]", "n[1-3]")
+    assert from_environ(env).nodelist == ("n1", "n3")
+
+
+def test_no_kill_is_read_from_the_batch_script(tmp_path: Path) -> None:
+    script = tmp_path / "job.sbatch"
+    script.write_text("#!/bin/bash\n#SBATCH --nodes=3 --no-kill\n#SBATCH -k\nexec slurmrt run --spare-nodes 1 -- x\n")
+    spec, ignored = parse_sbatch_script(script, JobSpec())
+    assert spec.no_kill and spec.nodes == 3 and not ignored

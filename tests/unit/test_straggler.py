@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+import os
+import textwrap
+from pathlib import Path
+from typing import Any
+
 import pytest
 
 from slurmrt import Options
+from slurmrt._comm import SoloComm
 from slurmrt._errors import ConfigError
+from slurmrt.launch.topology import from_environ
+from slurmrt.outcome import injob
+from slurmrt.outcome.conclude import conclude
+from slurmrt.outcome.policy import Outcome
+from slurmrt.record.events import EventLog, read_events
+from slurmrt.record.report import Reporter
 from slurmrt.stop import straggler as mod
-from slurmrt.stop.decision import Contribution, Reason, decode, encode
+from slurmrt.stop.decision import Contribution, Reason, StopDecision, decode, encode
 from slurmrt.stop.straggler import ComputeTimer, StragglerJudge, Timing
 
 
@@ -91,15 +103,13 @@ def test_ranks_that_time_nothing_make_no_judgement() -> None:
 
 
 def test_the_timer_closes_a_window_of_means_every_window_uses(monkeypatch: pytest.MonkeyPatch) -> None:
-    clock = iter([0.0, 0.01, 0.1, 0.13, 0.2, 0.21, 0.3, 0.33])  # sections of 10 and 30 ms, every 100 ms
-    monkeypatch.setattr(mod.time, "perf_counter", lambda: next(clock))
-    timer = ComputeTimer(window=2)
+    clock = iter([0.0, 0.01, 0.1, 0.13, 0.2, 0.21, 0.3, 0.33])  # sections of 10 and 30 ms
+    monkeypatch.setattr(mod, "_now", lambda: next(clock))
+    timer = ComputeTimer(window=2, step_s=lambda: 0.1)
     for _ in range(4):
         with timer:
             pass
-    number, mean_us, step_us = timer.published or (None, None, None)
-    assert (number, mean_us) == (1, 20_000)
-    assert step_us == 100_000  # from the end of the window before to the end of this one, over 2 sections
+    assert timer.published == (1, 20_000, 100_000)  # the second window: its mean, and the measured step time
     assert timer.timing(5).slowest == 20_000 << 24 | 5
 
 
@@ -112,3 +122,59 @@ def test_options_name_the_rule_of_a_bad_value() -> None:
         Options.resolve({}, {"SLURMRT_STRAGGLER_WINDOW": "1"})
     o = Options.resolve({}, {"SLURMRT_STRAGGLER": "Replace", "SLURMRT_STRAGGLER_MARGIN": "0.5"})
     assert (o.straggler, o.straggler_margin, o.straggler_window, o.straggler_windows) == ("replace", 0.5, 20, 3)
+
+
+# -- what the name costs the node: conclude() at the end of the run (rank 0, with Slurm's commands stood in) --------
+
+def _slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """scontrol that records its calls; a requeue makes the job pending, so that ExcNodeList is taken."""
+    calls = tmp_path / "calls"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        echo "$@" >> {calls}
+        case "$1 $2" in
+          "show job") echo "JobId=7 JobState=PENDING ExcNodeList=(null) NodeList=n[1-2]";;
+        esac
+        """))
+    (bin_dir / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    return calls
+
+
+def _conclude(tmp_path: Path, reasons: set[Reason], exclude: list[str]) -> tuple[Outcome, list[dict[str, Any]]]:
+    env = {"SLURM_JOB_ID": "7", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_NTASKS": "1",
+           "SLURM_STEP_ID": "0", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_STEP_NODELIST": "n1",
+           "SLURM_NNODES": "1", "SLURM_STEP_NUM_NODES": "1", "SLURM_TASKS_PER_NODE": "1", "SLURMD_NODENAME": "n1"}
+    topo = from_environ(env)
+    events = EventLog(tmp_path / "events.jsonl", job="7", restart=0, rank=0)
+    decision = StopDecision(40, frozenset(reasons), True)
+    outcome = conclude(decision, topology=topo, options=Options(), comm=SoloComm(), report=Reporter(events, topo),
+                       events=events.path, failed_save=False, step=40, exclude=exclude)
+    return outcome, list(read_events(events.path))
+
+
+def test_a_requeue_leaves_the_straggler_node_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _slurm(tmp_path, monkeypatch)
+    outcome, events = _conclude(tmp_path, {Reason.SIGNAL}, ["n2"])  # straggler="exclude": the time limit's requeue
+    assert outcome is Outcome.REQUEUED
+    said = calls.read_text().splitlines()
+    assert said[0] == "requeue 7" and any("ExcNodeList=n2" in line for line in said[1:]), said
+    assert [e["event"] for e in events] == ["exit", "requeue", "exclude"]
+
+
+def test_a_straggler_stop_under_slurmrt_run_asks_for_a_new_step_instead(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _slurm(tmp_path, monkeypatch)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir(mode=0o700)
+    monkeypatch.setenv(injob.DIR_ENV, str(run_dir))
+    monkeypatch.setenv(injob.SPARES_ENV, "n3")
+    monkeypatch.setenv(injob.MAX_ENV, "3")
+    outcome, events = _conclude(tmp_path, {Reason.STRAGGLER}, ["n2"])
+    assert outcome is Outcome.REQUEUED  # exit 3: stopped after its checkpoint for a restart, here in the job
+    assert not calls.exists(), "no requeue: the supervisor starts a new step"
+    assert injob.read_request(run_dir, 0) == {"attempt": 0, "exclude": ["n2"], "code": 3, "node": "n1",
+                                              "why": "stopped at step 40 (straggler): requeue"}
+    assert [(e["event"], e.get("reasons")) for e in events] == [("in_job_restart", None), ("exit", ["straggler"])]

@@ -106,7 +106,7 @@ class Reporter:
         else:
             logger.info("%s: %s", chosen.name.lower(), verdict.why)
 
-    def straggler(self, s: Straggler, *, node: str | None, action: str) -> None:
+    def straggler(self, s: Straggler, *, node: str | None, action: str, step: int | None = None) -> None:
         """A straggler named (every rank names it at the same round): rank 0 records it, the straggler says so."""
         what = {"name": "", "exclude": "; it will be left out at the next restart",
                 "replace": "; stopping to restart without it" if node else "; its node is unknown, not replaced"}
@@ -116,7 +116,7 @@ class Reporter:
         if self._lead or s.rank == self.topology.rank:
             logger.warning("%s", text)
         if self._lead:
-            self.events.emit(Event.STRAGGLER, straggler=s.rank, node=node, ratio=round(s.ratio, 3),
+            self.events.emit(Event.STRAGGLER, step=step, straggler=s.rank, node=node, ratio=round(s.ratio, 3),
                              cost=round(s.cost, 3), window=s.window, slow_s=round(s.slow_s, 6),
                              fast_s=round(s.fast_s, 6), step_s=round(s.step_s, 6), action=action)
 

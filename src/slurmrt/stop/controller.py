@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import Callable, Iterator
 
 from .. import _clock
@@ -18,6 +19,7 @@ from .._comm import Groups
 from ..hang.watchdog import Activity, PhaseTimes
 from ..launch.topology import Topology
 from ..options import Options
+from ..outcome import injob
 from ..record.report import Reporter
 from .agreement import Agreement, DistributedAgreement, LocalAgreement
 from .deadline import Budget, EndTime
@@ -60,7 +62,7 @@ class StopController:
         #: to, recorded in its exit event (its last checkpoint may be older).
         self.last_step: int | None = None
         #: ``rt.time_compute()``; the judge of the windows it closes (slurmrt.stop.straggler).
-        self.timer = ComputeTimer(options.straggler_window)
+        self.timer = ComputeTimer(options.straggler_window, budget.steps.estimate)
         self._judge = StragglerJudge(margin=options.straggler_margin, windows=options.straggler_windows)
         self._node_of = node_of
         #: The straggler named last, and its node (None when the census could not place it).
@@ -124,9 +126,22 @@ class StopController:
         node = self._node_of(named.rank)
         self.straggler, self.straggler_node = named, node
         action = self.options.straggler
-        self._report.straggler(named, node=node, action=action)
+        step = self.agreement.last_step if self.agreement is not None else None
+        self._report.straggler(named, node=node, action=action, step=step)
         if action == "replace" and node is not None:
-            self._replace_straggler = True  # every rank names it at this round: the reason is raised together
+            if self._can_restart():
+                self._replace_straggler = True  # every rank names it at this round: the reason is raised together
+            else:
+                logger.warning("straggler=replace, but no restart can leave %s out (no spare node under `slurmrt "
+                               "run`, and no requeue: requeue=False or not a Slurm job): training goes on with it",
+                               node)
+
+    def _can_restart(self) -> bool:
+        """A stop for a straggler leads to a restart without it: a spare under ``slurmrt run``, or a requeue."""
+        supervised = injob.from_environ(os.environ) if self.topology.is_slurm else None
+        if supervised is not None and supervised.spares and supervised.attempt < supervised.max_restarts:
+            return True
+        return self.options.requeue and self.topology.requeue_id is not None
 
     @property
     def exclude_nodes(self) -> list[str]:

@@ -5,8 +5,8 @@ the others wait for it in the gradient all-reduce. The time of a section without
 opt-in: ``with rt.time_compute(): loss = model(batch)`` (the forward of DDP, a pipeline stage's compute). Each use
 costs two clock reads and a few additions, on the training thread; nothing else runs there.
 
-- **Windows.** Each rank closes a window every ``window`` timed sections: the mean section time, and the mean step
-  period (time between windows over the sections in it).
+- **Windows.** Each rank closes a window every ``window`` timed sections: the mean section time, and the step time
+  the stop controller measures (the median of the recent steps).
 - **The reduction.** The agreement's rounds (:mod:`slurmrt.stop.agreement`, a MAX all-reduce) carry five more
   integers: the slowest rank's mean with its rank, the fastest mean, the range of the ranks' window numbers, and the
   longest step period. No extra collective, no extra round.
@@ -24,6 +24,7 @@ rank, as NVIDIA's resiliency extension does) is named 60 to 80 timed steps after
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
 
@@ -34,6 +35,7 @@ MIN_COST = 0.05
 _RANK_BITS = 24  # 16 M ranks
 _MAX_US = (1 << (62 - _RANK_BITS)) - 1
 _NONE = -(2**62)
+_now = time.perf_counter  # one global lookup per read, not two
 
 
 @dataclass(frozen=True)
@@ -48,7 +50,7 @@ class Timing:
     window_hi: int = -1
     #: ``-window``: reduced, the oldest window any rank reports, negated.
     neg_window_lo: int = 1
-    #: The mean step period of the window, in µs; reduced, the longest.
+    #: The step time when the window closed, in µs; reduced, the longest.
     step_us: int = 0
 
     def encode(self) -> list[int]:
@@ -79,39 +81,35 @@ class Straggler:
 
 
 class ComputeTimer:
-    """``with timer:`` around a section without collectives, once per step; one object reused (no allocation)."""
+    """``with timer:`` around a section without collectives, once per step; one object reused (no allocation).
+    ``step_s`` gives the measured step time when a window closes (the stop controller's estimate)."""
 
-    __slots__ = ("_count", "_last_close", "_start", "_sum", "_window_start", "published", "window")
+    __slots__ = ("_count", "_start", "_step_s", "_sum", "published", "window")
 
-    def __init__(self, window: int = 20) -> None:
+    def __init__(self, window: int = 20, step_s: Callable[[], float | None] = lambda: None) -> None:
         self.window = window
+        self._step_s = step_s
         self._start = 0.0
         self._sum = 0.0
         self._count = 0
-        self._window_start: float | None = None
-        self._last_close: float | None = None
-        #: (window number, mean section µs, mean step period µs) of the last closed window; read by the control
-        #: thread (one tuple, replaced whole).
+        #: (window number, mean section µs, step time µs) of the last closed window; read by the control thread
+        #: (one tuple, replaced whole).
         self.published: tuple[int, int, int] | None = None
 
     def __enter__(self) -> None:
-        self._start = time.perf_counter()
+        self._start = _now()
 
     def __exit__(self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None) -> None:
-        end = time.perf_counter()
-        if self._count == 0 and self._last_close is None:
-            self._window_start = self._start
-        self._sum += end - self._start
+        self._sum += _now() - self._start
         self._count += 1
         if self._count >= self.window:
-            self._close(end)
+            self._close()
 
-    def _close(self, end: float) -> None:
-        begin = self._last_close if self._last_close is not None else self._window_start
-        period = (end - begin) / self._count if begin is not None else 0.0
+    def _close(self) -> None:
+        step_s = self._step_s() or 0.0
         number = 0 if self.published is None else self.published[0] + 1
-        self.published = (number, round(self._sum / self._count * 1e6), round(period * 1e6))
-        self._sum, self._count, self._last_close = 0.0, 0, end
+        self.published = (number, round(self._sum / self._count * 1e6), round(step_s * 1e6))
+        self._sum, self._count = 0.0, 0
 
     def timing(self, rank: int) -> Timing:
         """This rank's part of a round."""
