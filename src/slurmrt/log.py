@@ -15,6 +15,7 @@ across clients; Lustre needs the ``flock`` mount option.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
@@ -25,7 +26,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
-from ._safefs import lock, runtime_base
+from ._safefs import runtime_base
 
 __all__ = ["FlockHandler", "default_lock_path", "install", "printflock"]
 
@@ -101,13 +102,85 @@ def _warn(message: str) -> None:
     sys.stderr.write(f"slurmrt.log: {message}\n")  # not through logging: this module may be logging's handler
 
 
+class _Waiter:
+    """Waits for a contended lock in a blocking ``flock`` on a thread of its own, so that the writer is woken the
+    moment the lock is free (a poll with sleeps left the lock idle between holders: 8 writers reached a quarter of a
+    raw flock's rate) and still gives up after a timeout. flock belongs to the open file description, so a lock this
+    thread takes is the writer's. A lock given up on is released as soon as this thread gets it."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._asked = threading.Condition()
+        self._wanted: list[tuple[threading.Event, list[bool]]] = []
+        threading.Thread(target=self._run, name="slurmrt-log-lock", daemon=True).start()
+
+    def acquire(self, timeout_s: float) -> bool:
+        got, abandoned = threading.Event(), [False]
+        with self._asked:
+            self._wanted.append((got, abandoned))
+            self._asked.notify()
+        if got.wait(timeout_s):
+            return True
+        with self._asked:  # the thread sets ``got`` or reads ``abandoned`` under this lock only
+            if got.is_set():
+                return True  # taken between the timeout and now: ours after all
+            abandoned[0] = True
+            return False
+
+    def _run(self) -> None:
+        while True:
+            with self._asked:
+                while not self._wanted:
+                    self._asked.wait()
+                got, abandoned = self._wanted.pop(0)
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+            with self._asked:
+                if abandoned[0]:
+                    fcntl.flock(self._fd, fcntl.LOCK_UN)
+                    continue
+                got.set()
+
+
+_waiters: dict[int, _Waiter] = {}
+
+
+def _after_fork_in_child() -> None:
+    """A forked child (a DataLoader worker) opens its own lock file description: flock belongs to the description,
+    so one inherited from the parent would not keep the two apart; the parent's waiter threads are not in the
+    child, and a guard held by one of its threads at the fork would never be released."""
+    global _lock_guard
+    for fd in _lock_fds.values():
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+    _lock_fds.clear()
+    _waiters.clear()
+    _lock_guard = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _acquire(fd: int, timeout_s: float) -> bool:
+    """An exclusive flock on ``fd`` within ``timeout_s``: at once when free, else through the fd's waiter thread."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        pass
+    waiter = _waiters.get(fd)
+    if waiter is None:
+        waiter = _waiters[fd] = _Waiter(fd)
+    return waiter.acquire(timeout_s)
+
+
 def write_locked(text: str, stream: IO[str], lock_path: Path) -> None:
     """Write ``text`` to ``stream`` and flush it while holding an exclusive flock on ``lock_path``. The lock is waited
     for at most LOCK_TIMEOUT_S (a line takes microseconds; a longer hold is a stuck or foreign process), then the
     line is written anyway: a log line never blocks training."""
     with _lock_guard:
         fd = _fd_for(lock_path)
-        locked = fd is not None and lock(fd, timeout_s=LOCK_TIMEOUT_S)
+        locked = fd is not None and _acquire(fd, LOCK_TIMEOUT_S)
         if fd is not None and not locked:  # held for seconds: not by a writer of ours; stop waiting for it
             _lock_fds[str(lock_path)] = None
             _warn(f"the log lock {lock_path} stayed locked for {LOCK_TIMEOUT_S:.0f} s: log lines are written without "
