@@ -102,46 +102,68 @@ def _warn(message: str) -> None:
     sys.stderr.write(f"slurmrt.log: {message}\n")  # not through logging: this module may be logging's handler
 
 
-class _Waiter:
-    """Waits for a contended lock in a blocking ``flock`` on a thread of its own, so that the writer is woken the
-    moment the lock is free (a poll with sleeps left the lock idle between holders: 8 writers reached a quarter of a
-    raw flock's rate) and still gives up after a timeout. flock belongs to the open file description, so a lock this
-    thread takes is the writer's. A lock given up on is released as soon as this thread gets it."""
+class _Writer:
+    """Writes the lines of a contended lock on a thread of its own, blocked in ``flock``: woken the moment the lock
+    is free, it holds it only for the write and the flush. The caller waits for it at most the timeout, then writes
+    unlocked. Measured with 8 writers on 2 cores: a poll with sleeps left the lock idle between holders, and handing
+    the lock (not the write) back to the caller held it across two context switches; both reached a quarter of a raw
+    flock's rate. flock belongs to the open file description: this thread's lock is the process's."""
 
     def __init__(self, fd: int) -> None:
         self._fd = fd
-        self._asked = threading.Condition()
-        self._wanted: list[tuple[threading.Event, list[bool]]] = []
+        self._cond = threading.Condition()
+        self._jobs: list[_Job] = []
         threading.Thread(target=self._run, name="slurmrt-log-lock", daemon=True).start()
 
-    def acquire(self, timeout_s: float) -> bool:
-        got, abandoned = threading.Event(), [False]
-        with self._asked:
-            self._wanted.append((got, abandoned))
-            self._asked.notify()
-        if got.wait(timeout_s):
-            return True
-        with self._asked:  # the thread sets ``got`` or reads ``abandoned`` under this lock only
-            if got.is_set():
-                return True  # taken between the timeout and now: ours after all
-            abandoned[0] = True
-            return False
+    def write(self, text: str, stream: IO[str], timeout_s: float) -> bool:
+        """True once ``text`` is written under the lock; False when the lock stayed taken for ``timeout_s`` (the
+        line is then not written here)."""
+        job = _Job(text, stream)
+        with self._cond:
+            self._jobs.append(job)
+            self._cond.notify_all()
+            if not self._cond.wait_for(lambda: job.state == "done", timeout_s):
+                if job.state == "queued":
+                    job.state = "abandoned"  # released unwritten if the thread ever gets the lock for it
+                    return False
+                self._cond.wait_for(lambda: job.state == "done")  # being written: a matter of microseconds
+        if job.error is not None:
+            raise job.error
+        return True
 
     def _run(self) -> None:
         while True:
-            with self._asked:
-                while not self._wanted:
-                    self._asked.wait()
-                got, abandoned = self._wanted.pop(0)
+            with self._cond:
+                self._cond.wait_for(lambda: bool(self._jobs))
+                job = self._jobs.pop(0)
             fcntl.flock(self._fd, fcntl.LOCK_EX)
-            with self._asked:
-                if abandoned[0]:
-                    fcntl.flock(self._fd, fcntl.LOCK_UN)
-                    continue
-                got.set()
+            with self._cond:
+                taken = job.state == "queued"
+                job.state = "writing" if taken else job.state
+            try:
+                if taken:
+                    job.stream.write(job.text)
+                    job.stream.flush()
+            except Exception as err:  # noqa: BLE001 - the caller raises it
+                job.error = err
+            finally:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+            if taken:
+                with self._cond:
+                    job.state = "done"
+                    self._cond.notify_all()
 
 
-_waiters: dict[int, _Waiter] = {}
+class _Job:
+    __slots__ = ("error", "state", "stream", "text")
+
+    def __init__(self, text: str, stream: IO[str]) -> None:
+        self.text, self.stream = text, stream
+        self.state = "queued"  # then "writing" and "done", or "abandoned"
+        self.error: Exception | None = None
+
+
+_writers: dict[int, _Writer] = {}
 
 
 def _after_fork_in_child() -> None:
@@ -154,24 +176,11 @@ def _after_fork_in_child() -> None:
             with contextlib.suppress(OSError):
                 os.close(fd)
     _lock_fds.clear()
-    _waiters.clear()
+    _writers.clear()
     _lock_guard = threading.Lock()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-def _acquire(fd: int, timeout_s: float) -> bool:
-    """An exclusive flock on ``fd`` within ``timeout_s``: at once when free, else through the fd's waiter thread."""
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return True
-    except BlockingIOError:
-        pass
-    waiter = _waiters.get(fd)
-    if waiter is None:
-        waiter = _waiters[fd] = _Waiter(fd)
-    return waiter.acquire(timeout_s)
 
 
 def write_locked(text: str, stream: IO[str], lock_path: Path) -> None:
@@ -180,18 +189,31 @@ def write_locked(text: str, stream: IO[str], lock_path: Path) -> None:
     line is written anyway: a log line never blocks training."""
     with _lock_guard:
         fd = _fd_for(lock_path)
-        locked = fd is not None and _acquire(fd, LOCK_TIMEOUT_S)
-        if fd is not None and not locked:  # held for seconds: not by a writer of ours; stop waiting for it
-            _lock_fds[str(lock_path)] = None
+        if fd is None:
+            _write(text, stream)
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # contended: the fd's writer thread waits for the lock and writes the line
+            writer = _writers.get(fd)
+            if writer is None:
+                writer = _writers[fd] = _Writer(fd)
+            if writer.write(text, stream, LOCK_TIMEOUT_S):
+                return
+            _lock_fds[str(lock_path)] = None  # held for seconds: not by a writer of ours; stop waiting for it
             _warn(f"the log lock {lock_path} stayed locked for {LOCK_TIMEOUT_S:.0f} s: log lines are written without "
                   "it from now on")
+            _write(text, stream)
+            return
         try:
-            stream.write(text)
-            stream.flush()
+            _write(text, stream)
         finally:
-            if locked:
-                assert fd is not None
-                fcntl.flock(fd, fcntl.LOCK_UN)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+
+
+def _write(text: str, stream: IO[str]) -> None:
+    stream.write(text)
+    stream.flush()
 
 
 def printflock(*args: Any, sep: str = " ", file: IO[str] | None = None, lock_path: str | Path | None = None) -> None:
