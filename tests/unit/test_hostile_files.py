@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -198,3 +199,28 @@ def test_a_lock_held_elsewhere_for_long_is_given_up_and_the_line_still_written(
     assert captured.out.split("\n")[:2] == [f"{log._prefix()} first", f"{log._prefix()} second"]
     assert captured.err.count("written without it") == 1
 
+
+
+def test_a_lock_held_briefly_elsewhere_is_waited_for_and_the_line_written_under_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    lock_file = tmp_path / "job.lock"
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, sys; f = open(sys.argv[1], 'w'); "
+                               "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); sys.stdin.readline()",
+                               str(lock_file)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        done = threading.Event()
+        writer = threading.Thread(target=lambda: (log.printflock("waited", lock_path=lock_file), done.set()))
+        writer.start()
+        assert not done.wait(0.5), "written while another process held the lock"
+        assert holder.stdin is not None
+        holder.stdin.write("\n")
+        holder.stdin.flush()  # the holder exits: its lock goes with it
+        writer.join(30)
+        assert done.is_set()
+    finally:
+        holder.kill()
+        holder.wait()
+        log._lock_fds.pop(str(lock_file), None)
+    captured = capsys.readouterr()
+    assert f"{log._prefix()} waited" in captured.out and "written without it" not in captured.err
