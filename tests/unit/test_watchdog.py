@@ -295,3 +295,27 @@ def test_once_slurm_takes_the_step_down_the_census_waits_only_briefly_for_a_dead
     events = [json.loads(line) for line in log.read_text().splitlines()]
     (suspects,) = [e for e in events if e["event"] == "suspects"]
     assert [s["rank"] for s in suspects["suspects"]] == [1] and suspects["nodes"] == ["n2"]
+
+
+def test_the_census_counts_answers_and_waits_inside_the_store() -> None:
+    """The leader polls one counter, and reads the answers once; the others wait for the verdict in the store."""
+    from torch.distributed import HashStore
+
+    from slurmrt.hang.census import Census, RankState
+
+    store = HashStore()
+    ranks = [Census(store, prefix="c/", rank=r, world=3) for r in range(3)]
+    for r, census in enumerate(ranks):
+        census.answer(RankState(r, f"n{r + 1}", 7, True, "all_reduce", 1.0))
+    ranks[2].answer(RankState(2, "n3", 8, True, "all_reduce", 1.0))  # answered again: counted once
+    assert int(store.add("c/answered", 0)) == 3
+    states = ranks[0].collect(3600.0)  # all answered: no wait
+    assert sorted(states) == [0, 1, 2] and states[2].step == 8
+    assert ranks[1].wait_finished(0.2) is None  # no verdict yet
+    ranks[0].finish("requeued")
+    assert ranks[1].wait_finished(5.0) == "requeued" and ranks[2].wait_finished(5.0) == "requeued"
+    ranks[0].wait_acknowledged(states, 5.0)
+    assert int(store.add("c/acked", 0)) == 2
+    missing = [Census(store, prefix="d/", rank=r, world=3) for r in range(3)]
+    missing[1].answer(RankState(1, "n2", 7, True, "all_reduce", 1.0))
+    assert sorted(missing[0].collect(0.3)) == [1]  # the time is up: the answers there are read one by one

@@ -123,6 +123,17 @@ class HangResponse:
                     return f"rank {e.get('rank')} ended on {e.get('error')}"
         return None
 
+    def _answered_already(self) -> str | None:
+        """The exit a leading rank recorded for this run (this restart and in-job attempt), or None."""
+        path, t = self.events.path, self.topology
+        if path is None or not path.exists():
+            return None
+        for e in read_events(path):
+            if e.get("event") == Event.EXIT.value and e.get("lead") and e.get("restart") == t.restart_count \
+                    and e.get("attempt", 0) == t.attempt:
+                return f"rank {e.get('rank')}: {e.get('why')}"
+        return None
+
     def lost_peer(self, err: BaseException) -> NoReturn:
         """The program is ending on an exception that says a peer is gone: this rank was in a collective that
         failed, a victim, not a suspect."""
@@ -154,6 +165,12 @@ class HangResponse:
             logger.error("%s: a software error, not a bad node; no exclusion, no requeue", crash)
             self._exit(ExitCode.FAILED)
         suspects, why, nodes, lead = self._suspects(census, states, store_lost)
+        answered = self._answered_already()
+        if lead and answered is not None:
+            # A rank that was frozen (SIGSTOP, a process stuck in the kernel) wakes when Slurm takes the step down
+            # (SIGCONT, SIGTERM), finds its peers gone and the store with them, and would name the leader's node.
+            logger.error("this run's response was made already (%s): not responding again", answered)
+            lead = False
         if not lead:
             if census is not None and not store_lost:
                 with contextlib.suppress(CensusError):

@@ -176,9 +176,10 @@ def _signal(procs: list[_Task], signum: int) -> None:
 
 
 def _wait(state: SimState, spec: JobSpec, step: int, procs: list[_Task], kill_on_bad_exit: bool) -> dict[int, int]:
-    """Every task's exit code, as srun reports them; with --kill-on-bad-exit, the first failure kills the step."""
+    """Every task's exit code, as srun reports them. With --kill-on-bad-exit, the first failure ends the step as
+    Slurm does (docs/slurm.md): SIGCONT and SIGTERM to the other tasks at once, SIGKILL after the kill wait."""
     codes: dict[int, int] = {}
-    killed = False
+    kill_at: float | None = None
     while len(codes) < len(procs):
         for p, node, rank in procs:
             if rank in codes or p.poll() is None:
@@ -190,10 +191,14 @@ def _wait(state: SimState, spec: JobSpec, step: int, procs: list[_Task], kill_on
                 continue
             what = f"Exited with exit code {code}" if code > 0 else (signal.strsignal(-code) or f"signal {-code}")
             print(f"srun: error: {spec.node_names[node]}: task {rank}: {what}", file=sys.stderr, flush=True)
-            if kill_on_bad_exit and not killed:
-                killed = True
+            if kill_on_bad_exit and kill_at is None:
+                kill_at = time.monotonic() + spec.kill_wait_s
                 print(f"srun: Terminating StepId={spec.job_id}.{step}", file=sys.stderr, flush=True)
-                _signal(procs, signal.SIGKILL)
+                _signal(procs, signal.SIGCONT)
+                _signal(procs, signal.SIGTERM)
+        if kill_at is not None and time.monotonic() >= kill_at:
+            _signal(procs, signal.SIGKILL)
+            kill_at = float("inf")
         time.sleep(0.02)
     return codes
 
