@@ -71,7 +71,7 @@ class Options:
     #: requeue, whatever causes it) or "replace" (also a stop now, a save, and a restart without the node: a new
     #: step on a spare under ``slurmrt run``, else a requeue with it excluded).
     straggler: str = "name"
-    #: A straggler's timed section is at least 1 + this times the fastest rank's ...
+    #: A straggler's timed section is at least 1 + this times the slowest rank's on the other nodes ...
     straggler_margin: float = 0.25
     #: ... in each of ``straggler_windows`` windows in a row, of ``straggler_window`` timed steps each.
     straggler_window: int = 20

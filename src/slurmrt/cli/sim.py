@@ -125,7 +125,8 @@ def add_parser(sub: Any) -> None:
                    help="run COMMAND under `slurmrt run --spare-nodes S`: S of the --nodes stay spare for in-job "
                         "restarts")
     p.add_argument("--slow-node", type=int, metavar="N",
-                   help="node N (0-based) is slow: its tasks run 1/K of the time (SIGSTOP/SIGCONT), until excluded")
+                   help="node N (0-based) is slow: the CPU time its tasks run is charged K-1 times over as a stop "
+                        "(SIGSTOP/SIGCONT), until excluded")
     p.add_argument("--slow-factor", type=float, default=4.0, metavar="K", help="how much slower (default 4)")
     p.add_argument("--max-restarts", type=int, default=5)
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ARGS..., or a batch script")

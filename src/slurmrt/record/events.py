@@ -54,7 +54,7 @@ class Event(str, enum.Enum):
     HEALTH = "health"  # ok, failed [what], node (a rank whose node failed the health check)
     IN_JOB_RESTART = "in_job_restart"  # nodes, spares, why, next_attempt (`slurmrt run` starts a step without nodes)
     IN_JOB_REFUSED = "in_job_refused"  # nodes, why (no in-job restart: the requeue takes over)
-    STRAGGLER = "straggler"  # step, straggler (rank), node, ratio, cost, window, slow_s, fast_s, step_s, action
+    STRAGGLER = "straggler"  # step, straggler (rank), node, ratio, cost, window, slow_s, others_s, step_s, action
 
 
 class EventLog:

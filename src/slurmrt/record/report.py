@@ -110,15 +110,15 @@ class Reporter:
         """A straggler named (every rank names it at the same round): rank 0 records it, the straggler says so."""
         what = {"name": "", "exclude": "; it will be left out at the next restart",
                 "replace": "; stopping to restart without it" if node else "; its node is unknown, not replaced"}
-        text = (f"straggler: rank {s.rank} on {node or 'an unknown node'} is {s.ratio:.2f}x slower than the fastest "
-                f"rank in its timed sections ({s.slow_s * 1e3:.1f} ms against {s.fast_s * 1e3:.1f} ms, "
+        text = (f"straggler: rank {s.rank} on {node or 'an unknown node'} is {s.ratio:.2f}x slower than the slowest "
+                f"rank elsewhere in its timed sections ({s.slow_s * 1e3:.1f} ms against {s.others_s * 1e3:.1f} ms, "
                 f"{s.cost:.0%} of a {s.step_s * 1e3:.1f} ms step){what[action]}")
         if self._lead or s.rank == self.topology.rank:
             logger.warning("%s", text)
         if self._lead:
             self.events.emit(Event.STRAGGLER, step=step, straggler=s.rank, node=node, ratio=round(s.ratio, 3),
                              cost=round(s.cost, 3), window=s.window, slow_s=round(s.slow_s, 6),
-                             fast_s=round(s.fast_s, 6), step_s=round(s.step_s, 6), action=action)
+                             others_s=round(s.others_s, 6), step_s=round(s.step_s, 6), action=action)
 
     def requeue(self, done: bool, message: str) -> None:
         self.events.emit(Event.REQUEUE, done=done, message=message, restart_count=self.topology.restart_count)

@@ -10,7 +10,7 @@ import os
 
 import psutil
 
-__all__ = ["become_subreaper", "descendants", "keep", "reap", "release"]
+__all__ = ["become_subreaper", "descendants", "family", "keep", "reap", "release", "run_ns"]
 
 _PR_SET_CHILD_SUBREAPER = 36
 _KEEP: set[int] = set()  # children whose exit status a Popen object still has to collect
@@ -37,6 +37,35 @@ def descendants() -> list[psutil.Process]:
         return [p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
     except psutil.Error:
         return []
+
+
+def family(pids: list[int]) -> list[int]:
+    """The processes ``pids`` and all their descendants that are alive."""
+    found = []
+    for pid in pids:
+        try:
+            root = psutil.Process(pid)
+            found += [root.pid, *(p.pid for p in root.children(recursive=True))]
+        except psutil.Error:
+            continue
+    return found
+
+
+def run_ns(pid: int) -> int:
+    """The CPU time ``pid``'s main thread has run, in ns (``/proc/PID/schedstat``; the user and system times, in
+    clock ticks, where the kernel keeps no schedstat); 0 for a process that is gone."""
+    try:
+        with open(f"/proc/{pid}/schedstat", "rb") as f:
+            return int(f.read().split()[0])
+    except FileNotFoundError:
+        pass  # gone, or a kernel without schedstat
+    except (OSError, ValueError, IndexError):
+        return 0
+    try:
+        t = psutil.Process(pid).cpu_times()
+        return round((t.user + t.system) * 1e9)
+    except psutil.Error:
+        return 0
 
 
 def reap() -> None:

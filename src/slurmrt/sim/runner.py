@@ -37,6 +37,9 @@ from .state import ENV, SimState
 
 __all__ = ["RunRecord", "SimInterrupted", "simulate"]
 
+#: ``--slow-node``: how often the slowed node's CPU time is charged.
+SLOW_TICK_S = 0.002
+
 
 
 @dataclass
@@ -119,20 +122,34 @@ class _Run:
             (os.killpg if group else os.kill)(self.batch.pid, sig)
 
     def _throttle(self) -> None:
-        """``--slow-node``: the node's tasks run one ``slow_factor``-th of every 100 ms (SIGCONT, then SIGSTOP to
-        each task's process group), so everything they do takes about that many times longer, as on a node with a
-        slow GPU, a throttled CPU or a bad link. The tasks of later steps on the node are found as they start."""
+        """``--slow-node``: every :data:`SLOW_TICK_S`, the CPU time the node's processes ran since the last tick is
+        charged ``slow_factor - 1`` times over as a stop (SIGSTOP to each task's process group, SIGCONT after). So
+        the work they do takes about ``slow_factor`` times as long, as on a node with a slow GPU or a throttled
+        CPU, and their sleeps and their waits for the other ranks do not. Charging the CPU time, not a share of
+        the wall clock, keeps the slowdown when the machine's cores are shared: a node stopped for a fixed part of
+        each period was hardly slowed when it would have waited for a core anyway. The tasks of later steps on the
+        node are found as they start."""
         spec = self.spec
-        period = 0.1
-        running = period / spec.slow_factor
-        while not self._unthrottled.is_set():
-            node = spec.node_names.index(spec.slow_name) if spec.slow_name in spec.node_names else None
-            pids = [pid for pid, n, _ in self.state.tasks() if n == node]
-            self._group_signal(pids, signal.SIGCONT)
-            if self._unthrottled.wait(running):
-                break
-            self._group_signal(pids, signal.SIGSTOP)
-            self._unthrottled.wait(period - running)
+        extra = spec.slow_factor - 1
+        ran: dict[int, int] = {}
+        groups: list[int] = []
+        watched: list[int] = []
+        refreshed = 0.0
+        while not self._unthrottled.wait(SLOW_TICK_S):
+            if time.monotonic() - refreshed > 0.25:
+                node = spec.node_names.index(spec.slow_name) if spec.slow_name in spec.node_names else None
+                groups = [pid for pid, n, _ in self.state.tasks() if n == node]
+                watched = processes.family(groups)
+                refreshed = time.monotonic()
+            used = 0
+            for pid in watched:
+                now = processes.run_ns(pid)
+                used += max(0, now - ran.get(pid, now))  # a process counts from its first reading
+                ran[pid] = now
+            if used:
+                self._group_signal(groups, signal.SIGSTOP)
+                self._unthrottled.wait(used * extra / 1e9)
+                self._group_signal(groups, signal.SIGCONT)
         self._group_signal([pid for pid, _, _ in self.state.tasks()], signal.SIGCONT)
 
     @staticmethod

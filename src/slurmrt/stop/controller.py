@@ -64,6 +64,8 @@ class StopController:
         #: ``rt.time_compute()``; the judge of the windows it closes (slurmrt.stop.straggler).
         self.timer = ComputeTimer(options.straggler_window, budget.steps.estimate)
         self._judge = StragglerJudge(margin=options.straggler_margin, windows=options.straggler_windows)
+        #: What a straggler is compared across: nodes (a restart leaves a node out), ranks in a job on one node.
+        self._unit = topology.node_rank if topology.nnodes > 1 else topology.rank
         self._node_of = node_of
         #: The straggler named last, and its node (None when the census could not place it).
         self.straggler: Straggler | None = None
@@ -116,7 +118,7 @@ class StopController:
                             signals=dict(self._signals.first_seen), kill_switch_seen=self._switch_seen(),
                             own_end=self._end.value, agreed_end=agreed_end, budget=self.budget,
                             deadline=self.options.deadline, straggler=self._replace_straggler,
-                            timing=self.timer.timing(self.topology.rank))
+                            timing=self.timer.timing(self.topology.rank, self._unit, self._judge.suspect))
 
     def _observe(self, timing: Timing) -> None:
         """Each round's reduced timing (the control thread): a straggler named, reported, and maybe replaced."""

@@ -44,7 +44,7 @@ class Contribution:
     save_unfit: bool = False
     #: This rank left its training loop (its last step is done): the rounds end.
     leaving: bool = False
-    #: This rank's last window of timed sections (reduced: the slowest and fastest ranks'), for stragglers.
+    #: This rank's last window of timed sections (reduced: the slowest rank, the slowest elsewhere), for stragglers.
     timing: Timing = Timing()
 
 

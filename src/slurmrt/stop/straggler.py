@@ -7,18 +7,26 @@ costs two clock reads and a few additions, on the training thread; nothing else 
 
 - **Windows.** Each rank closes a window every ``window`` timed sections: the mean section time, and the step time
   the stop controller measures (the median of the recent steps).
-- **The reduction.** The agreement's rounds (:mod:`slurmrt.stop.agreement`, a MAX all-reduce) carry five more
-  integers: the slowest rank's mean with its rank, the fastest mean, the range of the ranks' window numbers, and the
-  longest step period. No extra collective, no extra round.
-- **The judgement.** A round whose ranks all report the same window, newer than the last judged, judges it. The
-  slowest rank is slow in that window when its mean is at least ``1 + margin`` times the fastest rank's and the
-  difference costs at least :data:`MIN_COST` of a step (a rank that is 2x slower in a section that is 1 % of the
-  step does not slow the job). It is named after ``windows`` judged windows in a row with the same rank slow.
-- **Everyone agrees.** The judgement reads only reduced values, so every rank names the same straggler at the
-  same round, and with ``straggler="replace"`` every rank raises the stop reason together.
+- **The reduction.** The agreement's rounds (:mod:`slurmrt.stop.agreement`, a MAX all-reduce) carry six more
+  integers: the slowest rank's mean with its rank, and with its node; the slowest mean of the ranks *outside the
+  suspect's node* (below); the range of the ranks' window numbers; and the longest step period. No extra collective,
+  no extra round.
+- **Against the rest, not against the fastest.** The suspect is the node of the slowest rank of the last judged
+  window (the rank, in a job on one node). A window is slow when its slowest rank is on the suspect's node again,
+  its mean is at least ``1 + margin`` times the slowest mean elsewhere, and the difference costs at least
+  :data:`MIN_COST` of a step (a rank that is 2x slower in a section that is 1 % of the step does not slow the job).
+  That difference is what leaving the node out would save: the job steps at its slowest rank's pace, and without
+  the suspect that is the slowest rank elsewhere. Comparing with the fastest rank instead named ranks of a
+  machine whose cores were shared: two ranks starved of CPU by turns, each 1.5-2x the luckiest, one named.
+- **The judgement.** A round whose ranks all report the same window, newer than the last judged, judges it. A rank
+  is named after ``windows`` judged windows in a row are slow with it slowest (after the window that made its node
+  the suspect).
+- **Everyone agrees.** The judgement reads only reduced values, and each rank's part of a round depends only on
+  the judgements of earlier rounds, so every rank names the same straggler at the same round, and with
+  ``straggler="replace"`` every rank raises the stop reason together.
 
-Defaults: margin 0.25, windows of 20 timed steps, 3 windows: a rank 25 % slower (comparing against the fastest
-rank, as NVIDIA's resiliency extension does) is named 60 to 80 timed steps after it slowed down.
+Defaults: margin 0.25, windows of 20 timed steps, 3 windows: a node 25 % slower than the slowest other node is named
+80 to 100 timed steps after it slowed down (the suspect's window and 3 more).
 """
 
 from __future__ import annotations
@@ -34,7 +42,6 @@ __all__ = ["MIN_COST", "ComputeTimer", "Straggler", "StragglerJudge", "Timing"]
 MIN_COST = 0.05
 _RANK_BITS = 24  # 16 M ranks
 _MAX_US = (1 << (62 - _RANK_BITS)) - 1
-_NONE = -(2**62)
 _now = time.perf_counter  # one global lookup per read, not two
 
 
@@ -44,8 +51,10 @@ class Timing:
 
     #: ``mean_us << 24 | rank``: the MAX is the slowest rank's mean, with its rank.
     slowest: int = -1
-    #: ``-mean_us``: the MAX is the fastest rank's mean, negated.
-    neg_fastest: int = _NONE
+    #: ``mean_us << 24 | node``: the MAX is the slowest rank's mean, with its node (the unit a restart leaves out).
+    slowest_node: int = -1
+    #: ``mean_us`` outside the suspect's node, else -1: the MAX is the slowest mean elsewhere.
+    others: int = -1
     #: This rank's window number (-1: no window yet); reduced, the newest.
     window_hi: int = -1
     #: ``-window``: reduced, the oldest window any rank reports, negated.
@@ -54,7 +63,7 @@ class Timing:
     step_us: int = 0
 
     def encode(self) -> list[int]:
-        return [self.slowest, self.neg_fastest, self.window_hi, self.neg_window_lo, self.step_us]
+        return [self.slowest, self.slowest_node, self.others, self.window_hi, self.neg_window_lo, self.step_us]
 
     @classmethod
     def decode(cls, values: list[int]) -> Timing:
@@ -65,19 +74,19 @@ class Timing:
 class Straggler:
     rank: int
     window: int
-    #: The straggler's mean section time, the fastest rank's, and the step period, in seconds.
+    #: The straggler's mean section time, the slowest mean on the other nodes, and the step period, in seconds.
     slow_s: float
-    fast_s: float
+    others_s: float
     step_s: float
 
     @property
     def ratio(self) -> float:
-        return self.slow_s / self.fast_s if self.fast_s > 0 else float("inf")
+        return self.slow_s / self.others_s if self.others_s > 0 else float("inf")
 
     @property
     def cost(self) -> float:
-        """The part of a step the difference costs the job."""
-        return (self.slow_s - self.fast_s) / self.step_s if self.step_s > 0 else 0.0
+        """The part of a step the difference costs the job: what leaving the straggler's node out would save."""
+        return (self.slow_s - self.others_s) / self.step_s if self.step_s > 0 else 0.0
 
 
 class ComputeTimer:
@@ -111,24 +120,30 @@ class ComputeTimer:
         self.published = (number, round(self._sum / self._count * 1e6), round(step_s * 1e6))
         self._sum, self._count = 0.0, 0
 
-    def timing(self, rank: int) -> Timing:
-        """This rank's part of a round."""
+    def timing(self, rank: int, node: int, suspect: int | None) -> Timing:
+        """This rank's part of a round: ``node`` is its node (its rank, in a job on one node), ``suspect`` the
+        judge's (the same on every rank at every round)."""
         last = self.published
         if last is None:
             return Timing()
         number, mean_us, step_us = last
         mean_us = min(max(mean_us, 0), _MAX_US)
-        return Timing(mean_us << _RANK_BITS | rank, -mean_us, number, -number, step_us)
+        return Timing(mean_us << _RANK_BITS | rank, mean_us << _RANK_BITS | node,
+                      -1 if node == suspect else mean_us, number, -number, step_us)
 
 
-def slow_in(t: Timing, margin: float) -> Straggler | None:
+def _split(packed: int) -> tuple[int, int]:
+    return packed >> _RANK_BITS, packed & ((1 << _RANK_BITS) - 1)
+
+
+def slow_in(t: Timing, margin: float, suspect: int | None) -> Straggler | None:
     """The slowest rank of one reduced window when it is slow by the rules above, else None."""
-    slow_us, rank = t.slowest >> _RANK_BITS, t.slowest & ((1 << _RANK_BITS) - 1)
-    fast_us = -t.neg_fastest
-    if fast_us <= 0 and slow_us <= 0:
-        return None
-    s = Straggler(rank, t.window_hi, slow_us / 1e6, fast_us / 1e6, t.step_us / 1e6)
-    if slow_us < (1 + margin) * fast_us or s.cost < MIN_COST:
+    slow_us, rank = _split(t.slowest)
+    node = _split(t.slowest_node)[1]
+    if suspect is None or node != suspect or t.others <= 0:
+        return None  # no suspect yet, a new one, or no rank elsewhere to compare with
+    s = Straggler(rank, t.window_hi, slow_us / 1e6, t.others / 1e6, t.step_us / 1e6)
+    if slow_us < (1 + margin) * t.others or s.cost < MIN_COST:
         return None
     return s
 
@@ -139,7 +154,8 @@ class StragglerJudge:
     def __init__(self, *, margin: float = 0.25, windows: int = 3) -> None:
         self.margin, self.windows = margin, windows
         self._judged = -1
-        self._rank: int | None = None
+        #: The node (the rank, in a job on one node) of the slowest rank of the last judged window.
+        self.suspect: int | None = None
         self._count = 0
         #: The straggler named last (None: none yet).
         self.named: Straggler | None = None
@@ -149,13 +165,10 @@ class StragglerJudge:
         if t.window_hi < 0 or -t.neg_window_lo != t.window_hi or t.window_hi <= self._judged:
             return None  # no window yet, ranks on different windows (a round at a window's edge), or judged already
         self._judged = t.window_hi
-        slow = slow_in(t, self.margin)
-        if slow is None:
-            self._rank, self._count = None, 0
-            return None
-        self._count = self._count + 1 if slow.rank == self._rank else 1
-        self._rank = slow.rank
-        if self._count < self.windows or (self.named is not None and self.named.rank == slow.rank):
+        slow = slow_in(t, self.margin, self.suspect)
+        self.suspect = _split(t.slowest_node)[1] if t.slowest_node >= 0 else None
+        self._count = 0 if slow is None else self._count + 1
+        if slow is None or self._count < self.windows or (self.named is not None and self.named.rank == slow.rank):
             return None
         self.named = slow
         return slow
