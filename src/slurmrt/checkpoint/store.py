@@ -48,6 +48,7 @@ from ._files import (
 )
 from .background import PendingSave, SaveResult, Staged
 from .manifest import MANIFEST, check_files, complete_steps, read_manifest, verify
+from .parts import read_state, write_parts
 from .retention import Retention
 
 __all__ = ["CheckpointStore", "Loaded", "PendingSave", "SaveFn", "SaveResult", "Staged", "verify"]
@@ -153,8 +154,7 @@ class CheckpointStore:
             files = sharded.save_dcp(state, tmp, group=getattr(self.comm, "group", None), threads=self.threads)
             kind = "dcp"
         else:
-            name = f"rank_{rank:05d}.pt"
-            files = {name: write_state(tmp / name, state)}
+            files = write_parts(tmp, f"rank_{rank:05d}.pt", state, threads=self.threads)
             kind = "state"
         if local is not None:
             (tmp / sharded.LOCAL_DIR).mkdir(exist_ok=True)
@@ -378,7 +378,7 @@ class CheckpointStore:
             return into
         if manifest["kind"] == "dir":
             return path
-        return _torch_load(path / f"rank_{self.comm.rank:05d}.pt")
+        return read_state(path / f"rank_{self.comm.rank:05d}.pt")
 
 
 def _torch_load(file: Path) -> Any:
