@@ -129,3 +129,14 @@ def test_an_ordered_dict_subclass_keeps_its_type(tmp_path: Path) -> None:
     back = parts.read_state(tmp_path / "rank_00000.pt")
     assert type(back["od"]) is collections.OrderedDict and list(back["od"]) == ["a", "b"]
     _same(state, back)
+
+
+def test_a_main_file_that_names_parts_elsewhere_is_refused(tmp_path: Path) -> None:
+    from slurmrt import CheckpointError
+
+    outside = tmp_path / "outside.pt"
+    torch.save({"k": torch.zeros(2)}, outside)
+    (tmp_path / "step").mkdir()
+    torch.save(parts.Parts({"w": parts.Ref(0, "k")}, ["../outside.pt"]), tmp_path / "step" / "rank_00000.pt")
+    with pytest.raises(CheckpointError, match="not a file slurmrt wrote"):
+        parts.read_state(tmp_path / "step" / "rank_00000.pt")

@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from .._errors import CheckpointError
 from ._files import FileInfo, write_state
 
 __all__ = ["SPLIT_MIN_BYTES", "Parts", "Ref", "read_state", "write_parts"]
@@ -146,6 +147,10 @@ def read_state(file: Path) -> Any:
     main = _load(file)
     if not isinstance(main, Parts):
         return main
+    stem = file.name.removesuffix(".pt")
+    expected = [f"{stem}.part{i + 1}.pt" for i in range(len(main.files))]
+    if main.files != expected:  # only files beside it, named as write_parts names them: never a path elsewhere
+        raise CheckpointError(f"{file}: names part files {main.files!r}, not {expected!r}: not a file slurmrt wrote")
     with ThreadPoolExecutor(len(main.files) or 1, thread_name_prefix="slurmrt-load") as pool:
         parts = list(pool.map(lambda n: _load(file.with_name(n)), main.files))
     return _map(main.state, lambda obj: parts[obj.part][obj.key] if isinstance(obj, Ref) else None)
