@@ -184,9 +184,8 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 def write_locked(text: str | bytes, stream: IO[str] | int, lock_path: Path) -> None:
     """Write ``text`` to ``stream`` (a text stream, or a descriptor opened with O_APPEND) and flush it while holding
-    an exclusive flock on ``lock_path``. The lock is waited
-    for at most LOCK_TIMEOUT_S (a line takes microseconds; a longer hold is a stuck or foreign process), then the
-    line is written anyway: a log line never blocks training."""
+    an exclusive flock on ``lock_path``. The lock is waited for at most LOCK_TIMEOUT_S (a line takes microseconds; a
+    longer hold is a stuck or foreign process), then the line is written anyway: a log line never blocks training."""
     with _lock_guard:
         fd = _lock_fds[key] if (key := str(lock_path)) in _lock_fds else _fd_for(lock_path)
         if fd is None:

@@ -140,3 +140,20 @@ def test_a_main_file_that_names_parts_elsewhere_is_refused(tmp_path: Path) -> No
     torch.save(parts.Parts({"w": parts.Ref(0, "k")}, ["../outside.pt"]), tmp_path / "step" / "rank_00000.pt")
     with pytest.raises(CheckpointError, match="not a file slurmrt wrote"):
         parts.read_state(tmp_path / "step" / "rank_00000.pt")
+
+
+def test_a_main_file_whose_entry_is_missing_from_its_part_is_refused(tmp_path: Path) -> None:
+    from slurmrt import CheckpointError
+
+    torch.save({"0": torch.zeros(2)}, tmp_path / "rank_00000.part1.pt")
+    torch.save(parts.Parts({"w": parts.Ref(0, "7")}, ["rank_00000.part1.pt"]), tmp_path / "rank_00000.pt")
+    with pytest.raises(CheckpointError, match="not in its part file"):
+        parts.read_state(tmp_path / "rank_00000.pt")
+
+
+def test_a_defaultdict_keeps_its_factory(tmp_path: Path) -> None:
+    state = {"d": collections.defaultdict(list, a=torch.zeros(400))}
+    parts.write_parts(tmp_path, "rank_00000.pt", state, threads=2)
+    back = parts.read_state(tmp_path / "rank_00000.pt")
+    assert type(back["d"]) is collections.defaultdict and back["d"].default_factory is list
+    assert torch.equal(back["d"]["a"], torch.zeros(400))

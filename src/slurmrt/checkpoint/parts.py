@@ -18,6 +18,8 @@ storage with a tensor that went to a part, the two are no longer shared after th
 
 from __future__ import annotations
 
+import copy
+import itertools
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -74,14 +76,13 @@ def _map(obj: Any, leaf: Callable[[Any], Any | None]) -> Any:
 
 
 def _rebuilt(original: dict[Any, Any], items: dict[Any, Any]) -> Any:
-    """A dict subclass (an OrderedDict, a model's state_dict with ``_metadata``) with new values."""
+    """A dict subclass with new values: a shallow copy keeps its type and attributes (an OrderedDict's order, a
+    ``state_dict()``'s ``_metadata``, a defaultdict's factory)."""
     try:
-        out = type(original)()
+        out = copy.copy(original)
         out.update(items)
-    except Exception:  # noqa: BLE001 - a subclass that cannot be built empty: a plain dict of the same items
+    except Exception:  # noqa: BLE001 - a subclass that cannot be copied: a plain dict of the same items
         return items
-    if hasattr(original, "_metadata"):  # nn.Module.state_dict() keeps its version information here
-        out._metadata = original._metadata  # type: ignore[attr-defined]
     return out
 
 
@@ -96,28 +97,13 @@ def _storage(obj: Any) -> tuple[tuple[str, int], int] | None:
     return (str(obj.device), s.data_ptr()), s.nbytes()
 
 
-def _tensor_bytes(state: Any) -> int:
-    seen: dict[tuple[str, int], int] = {}
-
-    def count(obj: Any) -> None:
-        found = _storage(obj)
-        if found is not None:
-            seen[found[0]] = found[1]
-        return None
-
-    _map(state, count)
-    return sum(seen.values())
-
-
 def write_parts(directory: Path, name: str, state: dict[str, Any], *, threads: int) -> dict[str, FileInfo]:
     """Write ``state`` as ``directory/name`` (in parts when it is large, see the module); each file written with
     its checksum, by name."""
-    if threads <= 1 or _tensor_bytes(state) < SPLIT_MIN_BYTES:
-        return {name: write_state(directory / name, state)}
-    stem = name.removesuffix(".pt")
     storages: dict[tuple[str, int], int] = {}  # storage -> part
-    loads = [0] * threads
-    groups: list[dict[str, Any]] = [{} for _ in range(threads)]
+    loads = [0] * max(threads, 1)
+    groups: list[dict[str, Any]] = [{} for _ in loads]
+    keys = itertools.count()
 
     def place(obj: Any) -> Ref | None:
         found = _storage(obj)
@@ -128,11 +114,14 @@ def write_parts(directory: Path, name: str, state: dict[str, Any], *, threads: i
         if part is None:  # the part with the fewest bytes so far takes a new storage
             part = storages[where] = loads.index(min(loads))
             loads[part] += size
-        key = str(sum(len(g) for g in groups))
+        key = str(next(keys))
         groups[part][key] = obj
         return Ref(part, key)
 
-    skeleton = _map(state, place)
+    skeleton = _map(state, place)  # references only: no tensor's bytes are copied
+    if threads <= 1 or sum(loads) < SPLIT_MIN_BYTES:
+        return {name: write_state(directory / name, state)}
+    stem = name.removesuffix(".pt")
     names = [f"{stem}.part{i + 1}.pt" for i in range(threads) if groups[i]]
     used = [g for g in groups if g]
     with ThreadPoolExecutor(len(used), thread_name_prefix="slurmrt-save") as pool:
@@ -153,7 +142,11 @@ def read_state(file: Path) -> Any:
         raise CheckpointError(f"{file}: names part files {main.files!r}, not {expected!r}: not a file slurmrt wrote")
     with ThreadPoolExecutor(len(main.files) or 1, thread_name_prefix="slurmrt-load") as pool:
         parts = list(pool.map(lambda n: _load(file.with_name(n)), main.files))
-    return _map(main.state, lambda obj: parts[obj.part][obj.key] if isinstance(obj, Ref) else None)
+    try:
+        return _map(main.state, lambda obj: parts[obj.part][obj.key] if isinstance(obj, Ref) else None)
+    except (IndexError, KeyError, TypeError) as err:
+        raise CheckpointError(f"{file}: a tensor's entry is not in its part file ({err!r}): not a file slurmrt "
+                              "wrote") from err
 
 
 def _load(file: Path) -> Any:

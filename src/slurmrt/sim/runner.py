@@ -41,7 +41,6 @@ __all__ = ["RunRecord", "SimInterrupted", "simulate"]
 SLOW_TICK_S = 0.002
 
 
-
 @dataclass
 class RunRecord:
     restart: int
