@@ -18,7 +18,7 @@ from pathlib import Path
 from ._common import HERE, machine
 
 NAMES = ["stop_check", "stop_latency", "time_limit", "checkpoint", "logging", "startup", "hostlist",
-         "integrations", "hang", "recovery", "straggler"]
+         "integrations", "hang", "recovery", "straggler", "scale"]
 
 
 def main() -> int:

@@ -1,10 +1,13 @@
 """slurmrt's own gloo process groups, and the few collectives checkpoints and the exit need on them.
 
 Two groups, created together by :func:`open_groups` (collectively: every rank reaches it at the same point of its
-program): the *control* group belongs to the agreement thread alone, the *work* group (a :class:`GlooComm`) to
-whichever thread saves, loads or exits -- one at a time: a background save holds it until it is joined, and the
-training thread joins it before its next collective. Two threads issuing collectives on one group could pair them
-up differently on different ranks; hence two groups.
+program): the *control* group (a :class:`~slurmrt._tree.Tree`: O(log N) hops and connections) belongs to the
+agreement thread alone, the *work* group (a :class:`GlooComm`) to whichever thread saves, loads or exits -- one at
+a time: a background save holds it until it is joined, and the training thread joins it before its next
+collective. Two threads issuing collectives on one group could pair them up differently on different ranks; hence
+two groups. The work group connects lazily (``TORCH_GLOO_LAZY_INIT``): a process holds sockets only to the ranks
+it has exchanged with -- its neighbours on the ring of an all-gather, and rank 0, which coordinates DCP's saves and
+broadcasts -- not to all N - 1 of them.
 
 Every collective here runs on tensors this module owns and returns only once gloo's worker thread has dropped its
 reference to them (:func:`run_collective`). The reason is a crash at interpreter exit, seen as
@@ -20,16 +23,19 @@ frees a Python object at all.
 
 from __future__ import annotations
 
+import os
 import pickle
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ._errors import ConfigError
+from ._tree import Tree, wait_released
 
 __all__ = ["Comm", "GlooComm", "Groups", "SoloComm", "open_groups", "run_collective", "wait_released"]
+
+LAZY_INIT = "TORCH_GLOO_LAZY_INIT"
 
 
 class Comm(Protocol):
@@ -67,16 +73,6 @@ def run_collective(issue: Callable[[], Any], *tensors: Any) -> None:
     work.wait()
     del work
     wait_released(*tensors)
-
-
-def wait_released(*tensors: Any, timeout_s: float = 5.0) -> None:
-    """Wait until nothing but Python references ``tensors`` (no finished work object holds them any more)."""
-    deadline = time.monotonic() + timeout_s
-    pause = 0.00005
-    # Python's references to a tensor count once in its use count, however many there are; the rest are C++'s.
-    while any(t._use_count() > 1 for t in tensors) and time.monotonic() < deadline:
-        time.sleep(pause)  # releases the GIL, which the worker may need for its own bookkeeping
-        pause = min(pause * 2, 0.002)
 
 
 class GlooComm:
@@ -134,16 +130,18 @@ def _decode(t: Any) -> Any:
 class Groups:
     """What :func:`open_groups` made: ``control`` is None for one process, where nothing needs agreeing."""
 
-    control: Any
+    control: Tree | None
     work: Comm
 
-    def destroy(self) -> None:
-        """Destroy the two groups (a local call); the default group stays the user's."""
+    def destroy(self, *, peers_alive: bool = True) -> None:
+        """Destroy the two groups (a local call); the default group stays the user's. When a peer may be gone
+        (``peers_alive`` False), leave them as they are: tearing them down could wait for it."""
         dist = torch_distributed()
         if self.control is None or dist is None or not dist.is_initialized():
             return
-        for group in (self.control, getattr(self.work, "group", None)):
-            dist.destroy_process_group(group)
+        self.control.close(destroy=peers_alive)
+        if peers_alive:
+            dist.destroy_process_group(getattr(self.work, "group", None))
 
 
 def open_groups(world_size: int = 1) -> Groups:
@@ -155,9 +153,9 @@ def open_groups(world_size: int = 1) -> Groups:
     """
     dist = torch_distributed()
     if dist is not None and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        control = dist.new_group(backend="gloo")
-        work = dist.new_group(backend="gloo")
-        return Groups(control, GlooComm(work, dist.get_rank(), dist.get_world_size()))
+        rank, size = dist.get_rank(), dist.get_world_size()
+        control = Tree(rank, size)
+        return Groups(control, GlooComm(_lazy_gloo_group(dist), rank, size))
     if world_size > 1:
         raise ConfigError(
             f"the launch has {world_size} processes but torch.distributed is not initialized: should_stop(), save() "
@@ -166,6 +164,18 @@ def open_groups(world_size: int = 1) -> Groups:
             "initializes it inside its train() call (Lightning) needs slurmrt's integration for it",
             world_size=world_size)
     return Groups(None, SoloComm())
+
+
+def _lazy_gloo_group(dist: Any) -> Any:
+    """A gloo group of all ranks whose connections are made on first use (gloo reads the variable as the group is
+    made; a value the user set is left as it is)."""
+    before = os.environ.get(LAZY_INIT)
+    os.environ.setdefault(LAZY_INIT, "1")
+    try:
+        return dist.new_group(backend="gloo")
+    finally:
+        if before is None:
+            os.environ.pop(LAZY_INIT, None)
 
 
 def torch_distributed() -> Any:

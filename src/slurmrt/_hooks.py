@@ -45,7 +45,7 @@ class ProcessHooks:
         self._installed = False
         #: Called with the exception that ends the program, if any (the hang response names a lost peer).
         self.on_uncaught: Callable[[BaseException | None], None] | None = None
-        #: Called with the control group once the groups are open (every rank at the same point of its program).
+        #: Called with the work group once the groups are open (every rank at the same point of its program).
         self.on_groups: Callable[[Any], None] | None = None
 
     def install(self) -> None:
@@ -59,11 +59,12 @@ class ProcessHooks:
 
     def groups(self) -> Groups:
         """The control and work groups, made on first use (collectively: see the module docstring); then
-        :attr:`on_groups` is told the control group (the hang monitor's census and start-up barrier)."""
+        :attr:`on_groups` is told the work group (the hang monitor's census and start-up barrier), None for one
+        process."""
         if self._groups is None:
             self._groups = open_groups(self._world_size)
             if self.on_groups is not None:
-                self.on_groups(self._groups.control)
+                self.on_groups(getattr(self._groups.work, "group", None))
         return self._groups
 
     def reclaim_signals(self) -> None:
@@ -85,8 +86,8 @@ class ProcessHooks:
         self._shield.close()
         self.signals.close()
         unregister_process(self._registration)
-        if self._groups is not None and destroy_groups:
-            self._groups.destroy()
+        if self._groups is not None:
+            self._groups.destroy(peers_alive=destroy_groups)
 
     def _at_exit(self) -> None:
         """The program ends without finish(), normally or by an uncaught exception.

@@ -7,7 +7,7 @@ from slurmrt.stop.decision import Contribution, Reason, decode, encode
 
 
 def _agreement() -> DistributedAgreement:
-    return DistributedAgreement(lambda step, ahead, end: Contribution(step=step), group=None)
+    return DistributedAgreement(lambda step, ahead, end: Contribution(step=step), None)  # type: ignore[arg-type]
 
 
 def test_encode_then_max_then_decode_is_the_union_and_the_extremes() -> None:

@@ -9,7 +9,7 @@ ROOT = Path(__file__).resolve().parents[2] / "src" / "slurmrt"  # read, not impo
 
 #: Bottom first. A module not listed here fails the test: a new module must say where it belongs.
 FLOORS = [
-    ["_errors", "_clock", "_env", "_slurm", "_safefs"],
+    ["_errors", "_clock", "_env", "_slurm", "_safefs", "_tree"],
     ["_comm", "log", "launch.hostlist", "launch.launcher", "launch.ports", "stop.signals", "stop.pidfiles",
      "stop.straggler", "checkpoint._files", "checkpoint.sharded"],
     ["launch.parallel", "launch.topology", "stop.deadline", "stop.watcher", "stop.killswitch",

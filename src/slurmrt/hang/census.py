@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 
 #: A training thread whose innermost frame (outside the standard library's threading) is in one of these waits
 #: for its peers.
-_WAITING_IN = ("torch/distributed/", "slurmrt/_comm.py", "slurmrt/stop/agreement.py")
+_WAITING_IN = ("torch/distributed/", "slurmrt/_comm.py", "slurmrt/_tree.py", "slurmrt/stop/agreement.py")
 
 
 class CensusError(SlurmrtError, RuntimeError):

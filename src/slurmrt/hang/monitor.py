@@ -126,7 +126,7 @@ class HangMonitor:
             self._response.lost_peer(err)
         self._response.crashed(err)
 
-    def first_collective(self, control: Any) -> None:
+    def first_collective(self, group: Any) -> None:
         """slurmrt's groups were just opened (every rank at the same point): place this rank's node in the census,
         and with the health check, pass a barrier over every rank within the floor."""
         census = self.census()
@@ -135,8 +135,8 @@ class HangMonitor:
                 census.register(self.topology.hostname)
             except CensusError as err:
                 logger.warning("%s", err)
-        if self.options.health_check and control is not None:
-            self._barrier(control, census)
+        if self.options.health_check and group is not None:
+            self._barrier(group, census)
 
     def _barrier(self, group: Any, census: Census | None) -> None:
         import torch.distributed as dist

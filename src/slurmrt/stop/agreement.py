@@ -1,6 +1,6 @@
 """Every rank stops at the same step, and the per-step check costs almost nothing.
 
-Protocol (one control thread per rank, a private gloo group, a MAX all-reduce per round):
+Protocol (one control thread per rank, a MAX all-reduce per round over :class:`slurmrt._tree.Tree`):
 
 - Each round, every rank contributes its reasons to stop (signal seen, deadline near, kill switch), the last step it
   reached, and a few numbers the decision needs (end time, first SIGTERM, whether a save still fits).
@@ -32,24 +32,18 @@ from __future__ import annotations
 import logging
 import math
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
 
 from .. import _clock
-from .._comm import wait_released
 from .._errors import AgreementError
+from .._tree import Tree
 from .decision import ContributeFn, Contribution, StopDecision, decode, encode
 from .straggler import Timing
 
 __all__ = ["Agreement", "DistributedAgreement", "LocalAgreement"]
 
 logger = logging.getLogger(__name__)
-
-#: Tensors of rounds abandoned at exit while gloo may still hold them (see _wait_in_python).
-_abandoned: list[Any] = []
-
 
 class LocalAgreement:
     """One process: the decision is this process's own, taken at the step it is seen."""
@@ -80,15 +74,15 @@ class LocalAgreement:
 
 
 class DistributedAgreement:
-    """The clearance protocol above, over ``group`` (a gloo process group of all ranks)."""
+    """The clearance protocol above, over ``tree`` (a MAX all-reduce over all ranks in O(log N) hops)."""
 
-    def __init__(self, contribute: ContributeFn, group: Any, *, min_interval_s: float = 0.5,
+    def __init__(self, contribute: ContributeFn, tree: Tree, *, min_interval_s: float = 0.5,
                  max_interval_s: float = 1.0, step_estimate: Callable[[], float | None] = lambda: None,
                  observe: Callable[[Timing], None] = lambda timing: None) -> None:
         """``observe`` is told each round's reduced timing (:mod:`slurmrt.stop.straggler`), on the control thread."""
         self._contribute = contribute
         self._observe = observe
-        self._group = group
+        self._tree = tree
         self._min_interval = min_interval_s
         self._max_interval = max_interval_s
         self._step_estimate = step_estimate
@@ -181,7 +175,6 @@ class DistributedAgreement:
     # -- control thread --------------------------------------------------------------------------------------------
     def _run(self) -> None:
         import torch
-        import torch.distributed as dist
 
         last = _clock.mono()
         try:
@@ -189,9 +182,7 @@ class DistributedAgreement:
                 c = self._contribute(self._published, self.window + 1, self.end_time)
                 c = replace(c, window=self._proposed_window(), leaving=self._leaving)
                 tensor = torch.tensor(encode(c), dtype=torch.int64)
-                # No local name for the work object: _wait_in_python must hold the last reference to drop it.
-                if not self._wait_in_python(dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self._group,
-                                                            async_op=True), tensor):
+                if not self._tree.all_reduce_max(tensor, self._abandon):
                     return
                 verdict = decode(tensor.tolist())
                 self._judge(verdict.timing)
@@ -209,23 +200,6 @@ class DistributedAgreement:
             with self._cond:
                 self._error = err
                 self._cond.notify_all()
-
-    def _wait_in_python(self, work: Any, tensor: Any) -> bool:
-        """Wait for ``work`` with short sleeps rather than inside C++; False when told to abandon it.
-
-        Returns once gloo's worker thread has dropped ``tensor`` too, so that it never frees a Python object (see
-        :mod:`slurmrt._comm`: doing so while the interpreter finalizes aborts the process)."""
-        pause = 0.0001
-        while not work.is_completed():
-            if self._abandon.is_set():
-                _abandoned.append(tensor)  # the worker still holds it: never let the worker own the last reference
-                return False
-            time.sleep(pause)
-            pause = min(pause * 2, 0.005)
-        work.wait()  # completed: returns at once, or raises the round's error
-        del work
-        wait_released(tensor)
-        return True
 
     def _judge(self, timing: Timing) -> None:
         try:

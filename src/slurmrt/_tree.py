@@ -1,0 +1,127 @@
+"""The agreement's all-reduce in O(log N) hops over O(log N) connections per process.
+
+A gloo group of all ranks (``new_group``) connects every process to every other one when it is made (N - 1
+sockets each, about N² store reads in all) and reduces along a ring: a round of the agreement took 2(N - 1)
+latency-bound hops. At 16,384 ranks that is 16,383 sockets per process, beyond the usual open-file limit, and a
+round of about a second.
+
+Here the ranks reduce by *recursive doubling*: at hop ``k`` each rank exchanges its running MAX with the rank whose
+number differs in bit ``k``, so after ``log2(P)`` hops every one of the ``P`` ranks (the largest power of two up to
+N) holds the MAX of all. The other ``N - P`` ranks first fold their value into rank ``r - P`` and get the result
+back from it at the end: two hops more. Each hop runs on a gloo group of just those two ranks, made here from the
+default group's store under a prefix of its own (not registered with ``torch.distributed``: no name to collide with
+a user's group, nothing to destroy in its registry). All of a process's pairs share one gloo device: one listening
+socket and one event loop, whatever the number of pairs.
+
+MAX is idempotent, which is what makes the folded ranks' second hop correct and lets the same pair group serve both.
+"""
+
+from __future__ import annotations
+
+import datetime
+import threading
+import time
+from typing import Any
+
+__all__ = ["Tree", "partners", "wait_released"]
+
+#: gloo's own default timeout: a peer that is alive but silent (a hang) is the hang monitor's business.
+TIMEOUT = datetime.timedelta(minutes=30)
+
+#: Tensors of hops abandoned at exit while gloo may still hold them: never let gloo's worker own the last reference.
+_abandoned: list[Any] = []
+#: Trees left open because a peer may be gone (their teardown could wait for it); kept until the process exits.
+_kept: list[Tree] = []
+
+_generation = 0
+_generation_lock = threading.Lock()
+
+
+def partners(rank: int, size: int) -> list[int]:
+    """The rank this rank exchanges with at each hop, in order (the same pair may come twice)."""
+    if not 0 <= rank < size:
+        raise ValueError(f"rank {rank} is not in a group of {size}")
+    p = 1 << (size.bit_length() - 1)  # the largest power of two up to size
+    if rank >= p:
+        return [rank - p, rank - p]
+    levels = [rank ^ (1 << k) for k in range(p.bit_length() - 1)]
+    return [rank + p, *levels, rank + p] if rank + p < size else levels
+
+
+class Tree:
+    """This rank's pairs. Made collectively: every rank of the default group, at the same point of its program."""
+
+    def __init__(self, rank: int, size: int, store: Any = None, *, timeout: datetime.timedelta = TIMEOUT) -> None:
+        import torch.distributed as dist
+        from torch.distributed import PrefixStore, ProcessGroupGloo
+
+        global _generation
+        with _generation_lock:  # every rank makes its trees in the same order, so the same number names the same
+            _generation += 1
+            generation = _generation
+        if store is None:
+            store = dist.distributed_c10d._get_default_store()
+        self.rank, self.size = rank, size
+        self._schedule = partners(rank, size)
+        device = ProcessGroupGloo.create_default_device()
+        self._pairs: dict[int, Any] = {}
+        # In the order of the hops: a rank and its partner at hop k have both made the pairs of their hops before k.
+        for peer in self._schedule:
+            if peer in self._pairs:
+                continue
+            lo, hi = min(rank, peer), max(rank, peer)
+            options = ProcessGroupGloo._Options()  # type: ignore[attr-defined]
+            options._devices = [device]
+            options._threads = 1
+            options._timeout = timeout
+            prefix = f"slurmrt/tree/{generation}/{lo}-{hi}"
+            self._pairs[peer] = ProcessGroupGloo(PrefixStore(prefix, store), 0 if rank == lo else 1, 2, options)
+        self._options = dist.AllreduceOptions()
+        self._options.reduceOp = dist.ReduceOp.MAX  # type: ignore[assignment]
+
+    @property
+    def hops(self) -> int:
+        return len(self._schedule)
+
+    @property
+    def peers(self) -> list[int]:
+        """The ranks this rank holds a connection to."""
+        return list(self._pairs)
+
+    def all_reduce_max(self, tensor: Any, abandon: threading.Event | None = None) -> bool:
+        """``tensor`` (int64, CPU) becomes the element-wise MAX over every rank; False if ``abandon`` was set
+        first (the tensor is then kept alive here, as gloo may still hold it). Raises what gloo raises when a
+        peer is gone."""
+        for peer in self._schedule:
+            # No local name for the work object beyond this loop: the wait below must drop the last reference.
+            work = self._pairs[peer].allreduce([tensor], self._options)
+            pause = 0.00005
+            while not work.is_completed():
+                if abandon is not None and abandon.is_set():
+                    _abandoned.append(tensor)
+                    return False
+                time.sleep(pause)
+                pause = min(pause * 2, 0.002)
+            work.wait()  # completed: returns at once, or raises the hop's error
+            del work
+            wait_released(tensor)
+        return True
+
+    def close(self, *, destroy: bool = True) -> None:
+        """Shut the pairs down; with ``destroy`` False (a peer may be gone), keep them as they are until exit."""
+        if not destroy:
+            _kept.append(self)
+            return
+        for pair in self._pairs.values():
+            pair.shutdown()
+        self._pairs.clear()
+
+
+def wait_released(*tensors: Any, timeout_s: float = 5.0) -> None:
+    """Wait until nothing but Python references ``tensors`` (no finished work object holds them any more)."""
+    deadline = time.monotonic() + timeout_s
+    pause = 0.00005
+    # Python's references to a tensor count once in its use count, however many there are; the rest are C++'s.
+    while any(t._use_count() > 1 for t in tensors) and time.monotonic() < deadline:
+        time.sleep(pause)  # releases the GIL, which the worker may need for its own bookkeeping
+        pause = min(pause * 2, 0.002)

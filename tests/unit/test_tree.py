@@ -1,0 +1,110 @@
+"""The agreement's all-reduce: recursive doubling over pairs, checked as a schedule and with real gloo pairs."""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import socket
+import threading
+from typing import Any
+
+import pytest
+
+from slurmrt._tree import partners
+
+
+def _run_schedule(size: int, values: list[int]) -> list[int]:
+    """Every rank follows its schedule; a hop happens when two ranks are both next in line for each other (as a
+    2-rank gloo group pairs its operations in order). Fails on a deadlock."""
+    held = list(values)
+    todo = {r: partners(r, size) for r in range(size)}
+    while any(todo.values()):
+        ready = [(r, todo[r][0]) for r in range(size) if todo[r] and todo[todo[r][0]] and todo[todo[r][0]][0] == r]
+        assert ready, f"size {size}: no pair can proceed: {todo}"
+        r, p = ready[0]
+        held[r] = held[p] = max(held[r], held[p])
+        todo[r].pop(0)
+        todo[p].pop(0)
+    return held
+
+
+@pytest.mark.parametrize("size", [*range(1, 34), 100, 257])
+def test_every_rank_ends_with_the_max_without_a_deadlock(size: int) -> None:
+    for top in range(size):  # the max on each rank in turn
+        values = [0] * size
+        values[top] = 7
+        assert _run_schedule(size, values) == [7] * size
+
+
+@pytest.mark.parametrize("size", [2, 3, 8, 12, 1024, 1000, 16384])
+def test_hops_and_peers_grow_as_log2(size: int) -> None:
+    p = 1 << (size.bit_length() - 1)
+    levels = p.bit_length() - 1
+    for rank in {0, 1, size // 2, size - 1}:
+        hops = partners(rank, size)
+        assert len(hops) <= levels + 2
+        assert len(set(hops)) <= levels + 1
+        assert rank not in hops and all(0 <= h < size for h in hops)
+
+
+def test_a_rank_outside_the_group_is_refused() -> None:
+    with pytest.raises(ValueError, match="rank 4 is not in a group of 4"):
+        partners(4, 4)
+
+
+def _sockets() -> int:
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            count += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
+    return count
+
+
+def _worker(rank: int, size: int, port: int, out: Any) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from slurmrt._tree import Tree
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size)
+    before = _sockets()
+    tree = Tree(rank, size)
+    made = _sockets() - before
+    t = torch.tensor([rank, -rank, 10 * rank], dtype=torch.int64)
+    assert tree.all_reduce_max(t)
+    again = torch.tensor([0, 0, 0], dtype=torch.int64)
+    if rank == size - 1:
+        again[0] = 99
+    assert tree.all_reduce_max(again)
+    dist.barrier()
+    # A round that one rank never joins: the others' waits end when told to abandon, not in gloo.
+    abandon = threading.Event()
+    abandon.set()
+    abandoned = True if rank == 0 else tree.all_reduce_max(torch.zeros(1, dtype=torch.int64), abandon)
+    out.put((rank, t.tolist(), int(again[0]), made, tree.peers, abandoned))
+    out.close()
+    out.join_thread()  # the queue's feeder thread has sent the result
+    os._exit(0)  # the abandoned round is still pending in gloo: leave without its teardown
+
+
+@pytest.mark.parametrize("size", [5])
+def test_real_gloo_pairs_reduce_over_few_sockets(size: int) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_worker, args=(r, size, port, out)) for r in range(size)]
+    for p in procs:
+        p.start()
+    results = sorted(out.get(timeout=300) for _ in range(size))
+    for p in procs:
+        p.join(60)
+    for rank, reduced, again, made, peers, abandoned in results:
+        assert reduced == [size - 1, 0, 10 * (size - 1)]
+        assert again == 99
+        assert sorted(peers) == sorted(set(partners(rank, size)))
+        # One listening socket for all the pairs, and one connection per peer: not one per rank of the job.
+        assert made <= len(peers) + 1, (rank, made, peers)
+        assert abandoned is False or rank == 0
