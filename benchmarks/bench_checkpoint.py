@@ -87,18 +87,14 @@ def run(quick: bool = False) -> Section:
         def add(name: str, seconds: float) -> None:
             t.setdefault(name, []).append(seconds)
 
-        def one_round(d: Path) -> None:
-            add("raw", _timed(lambda: _raw(d / "raw.bin", plain)))
-            add("raw, 4 writer threads", _timed(lambda: _raw_threads(d / "raw4", plain)))
-            add("torch.save", _timed(lambda: _torch_save(d / "t.pt", plain)))
-            add("dcp.save (tensors)", _timed(lambda: dcp.save(plain, storage_writer=fs(d / "dcp-plain"))))
-            add("dcp.save (DTensors)", _timed(lambda: dcp.save(sharded, storage_writer=fs(d / "dcp-dt"))))
+        def async_save(d: Path) -> None:
             t0 = time.perf_counter()
             future = dcp.async_save(sharded, storage_writer=fs(d / "dcp-async"))
             add("dcp.async_save: stall", time.perf_counter() - t0)
             future.result()
             add("dcp.async_save: until written", time.perf_counter() - t0)
-            _slurmrt_saves(d, plain, sharded, add)
+
+        def checksum(d: Path) -> None:
             blob = b"".join(memoryview(v.numpy()).cast("B") for v in plain.values())
 
             class Null:
@@ -107,12 +103,31 @@ def run(quick: bool = False) -> Section:
 
             add("checksum (XXH3-64 of the same bytes)", _timed(lambda: Hashing(Null()).write(blob)))
 
+        variants: list[Callable[[Path], None]] = [
+            lambda d: add("raw", _timed(lambda: _raw(d / "raw.bin", plain))),
+            lambda d: add("raw, 4 writer threads", _timed(lambda: _raw_threads(d / "raw4", plain))),
+            lambda d: add("torch.save", _timed(lambda: _torch_save(d / "t.pt", plain))),
+            lambda d: add("dcp.save (tensors)", _timed(lambda: dcp.save(plain, storage_writer=fs(d / "dcp-plain")))),
+            lambda d: add("dcp.save (DTensors)", _timed(lambda: dcp.save(sharded, storage_writer=fs(d / "dcp-dt")))),
+            async_save,
+            lambda d: _slurmrt_saves(d, plain, sharded, add),
+            checksum,
+        ]
+
+        def one_round(d: Path, i: int) -> None:
+            # Each round in another order: on a disk whose speed moves, no variant always follows the same one.
+            for variant in variants[i % len(variants):] + variants[:i % len(variants)]:
+                variant(d)
+                os.sync()  # what one variant left for the kernel to write back is not charged to the next
+
         for i in range(repeats):
             d = base / f"r{i}"
             d.mkdir()
-            one_round(d)
+            one_round(d, i)
             shutil.rmtree(d)
-        m = {k: statistics.median(v) for k, v in t.items()}
+        order = ["raw", "raw, 4 writer threads", "torch.save", "dcp.save (tensors)", "dcp.save (DTensors)",
+                 "dcp.async_save: stall", "dcp.async_save: until written"]
+        m = {k: statistics.median(t[k]) for k in [*order, *(k for k in t if k not in order)]}
         gib = size / 2**30
         raw = min(m["raw"], m["raw, 4 writer threads"])  # the best raw writer of those bytes
         rows = [[k, f"{v:.2f}", f"{gib / v:.2f}" if "stall" not in k and "checksum" not in k else "-",

@@ -20,7 +20,7 @@ from .._safefs import open_new
 
 __all__ = ["HASH", "FileInfo", "Hashing", "checksum_files", "failure_advice", "free_space", "fsync_dir", "fsync_tree",
            "hash_file",
-           "leftover_tmp_files", "replace_text", "write_state", "write_text"]
+           "leftover_tmp_files", "no_zip_crc", "replace_text", "write_state", "write_text"]
 
 #: The manifest's name for the checksum, the key of its value in each file's entry.
 HASH = "xxh3_64"
@@ -68,7 +68,7 @@ def write_state(path: Path, state: dict[str, Any]) -> FileInfo:
 
     with open(path, "wb") as f:
         out = Hashing(f)
-        with _no_zip_crc():
+        with no_zip_crc():
             torch.save(state, out)  # type: ignore[arg-type]  # any object with write()
         f.flush()
         os.fsync(f.fileno())
@@ -81,7 +81,7 @@ _crc_saved = True  # torch's option as the first of them found it
 
 
 @contextlib.contextmanager
-def _no_zip_crc() -> Iterator[None]:
+def no_zip_crc() -> Iterator[None]:
     """torch.save without its zip CRC-32 of every record (a quarter of its time): slurmrt's XXH3 of the same bytes,
     in the manifest, already tells a damaged file. torch.load reads such a file as any other. The option is
     torch's global: it is turned off while any slurmrt write runs and put back after the last one, so a torch.save

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ._files import FileInfo, Hashing
+from ._files import FileInfo, Hashing, no_zip_crc
 
 __all__ = ["Stager", "is_sharded", "load_dcp", "save_dcp"]
 
@@ -60,14 +60,17 @@ def is_sharded(obj: Any) -> bool:
 
 def save_dcp(state: dict[str, Any], directory: Path, *, group: Any, threads: int) -> dict[str, FileInfo]:
     """Write this rank's shards (and, on the coordinator, DCP's ``.metadata``) with ``threads`` writer threads;
-    the files this rank wrote, with their checksums, hashed as DCP writes them."""
+    the files this rank wrote, with their checksums, hashed as DCP writes them. DCP writes each item with
+    ``torch.save``, here without torch's zip CRC-32 of every record, as :func:`~._files.write_state` (the XXH3 of each
+    file, in the manifest, is the check); ``dcp.load`` reads such files as any other."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import FileSystemWriter
 
     writer = FileSystemWriter(directory, single_file_per_rank=True, sync_files=True, thread_count=max(1, threads))
     fs = _hashing_file_system()()
     writer.fs = fs
-    dcp.save(state, storage_writer=writer, process_group=group)
+    with no_zip_crc():
+        dcp.save(state, storage_writer=writer, process_group=group)
     files = dict(fs.written)
     if ".metadata.tmp" in files:  # written under that name, then renamed
         files[".metadata"] = files.pop(".metadata.tmp")
