@@ -4,8 +4,9 @@
 along gloo's ring. "tree": :class:`slurmrt._tree.Tree`, recursive doubling over 2-rank pairs. Both are made here
 from the default group's store through a counting wrapper, so the store requests of their set-up are counted; both
 reduce the agreement's 17 int64 with MAX, waited for the same way (polled, as the agreement thread does). Rounds
-alternate between the two, so that the machine's noise falls on both alike. Then the work group as slurmrt now makes
-it (lazily connected): its sockets after the collectives of a save and a resume (all_ok, all_gather, broadcast).
+alternate between the two, so that the machine's noise falls on both alike. Then what slurmrt opens now
+(``open_groups``): its sockets as made, and after the collectives of a save and a resume (all_ok, all_gather,
+broadcast).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import PrefixStore, ProcessGroupGloo
 
-from slurmrt._comm import GlooComm, _lazy_gloo_group
+from slurmrt._comm import open_groups
 from slurmrt._tree import Tree
 
 
@@ -124,16 +125,20 @@ def main() -> None:
     out["ring_round_s"], out["tree_round_s"] = median(ring_s), median(tree_s)
     out["tree_samples_s"], out["ring_samples_s"] = tree_s, ring_s
 
-    before = sockets()
-    work = GlooComm(_lazy_gloo_group(dist), rank, size)
-    out["work_sockets_made"] = sockets() - before
-    work.all_ok(True)
-    work.all_gather({"rank": rank, "problem": None})
-    work.broadcast([1, 2, 3] if rank == 0 else None)
-    out["work_sockets_used"] = sockets() - before
-    dist.barrier()
     full.shutdown()
     tree.close()
+    # What slurmrt opens (open_groups: the agreement's tree, the work group's tree and its lazy gloo group), then
+    # the work group's collectives of a save and a resume.
+    dist.barrier()
+    before = sockets()
+    groups = open_groups(size)
+    out["groups_sockets_made"] = sockets() - before
+    groups.work.all_ok(True)
+    groups.work.all_gather({"rank": rank, "problem": None})
+    groups.work.broadcast([1, 2, 3] if rank == 0 else None)
+    out["groups_sockets_used"] = sockets() - before
+    dist.barrier()
+    groups.destroy()
     print(json.dumps(out), flush=True)
 
 

@@ -79,19 +79,20 @@ def run(quick: bool = False) -> Section:
     rows = []
     for size, results in measured.items():
         top = {k: max(r[k] for r in results) for k in ("full_sockets", "full_requests", "tree_sockets",
-                                                        "tree_requests", "tree_hops", "work_sockets_used")}
+                                                        "tree_requests", "tree_hops", "groups_sockets_used")}
         ring = max(r["ring_round_s"] for r in results)
         tree = max(r["tree_round_s"] for r in results)
         rows.append([size, 2 * (size - 1), top["tree_hops"], f"{ring * 1e3:.2f}", f"{tree * 1e3:.2f}",
-                     2 * top["full_sockets"], top["tree_sockets"] + top["work_sockets_used"],
+                     2 * top["full_sockets"], top["groups_sockets_used"],
                      2 * top["full_requests"], top["tree_requests"]])
     body = table(["ranks", "ring hops", "tree hops (most of any rank)", "ring round ms", "tree round ms",
-                  "sockets before (2 full groups)", "sockets now (tree + lazy work group)",
-                  "store requests before", "store requests now (tree)"], rows)
-    body += ("\n\nMeasured, per process, the most of any rank. Round: median of the rounds, the slowest rank's; both "
-             "designs polled alike, alternating. Sockets now: the tree's, plus the work group's after one all_ok, "
-             "all_gather and broadcast. With more processes than the 2 cores, a hop also waits for its partner to "
-             "be scheduled: the measured rounds here say more about the machine than about the designs.\n\n")
+                  "sockets before (2 full groups)", "sockets now (2 trees + lazy work group)",
+                  "store requests before", "store requests now (one tree)"], rows)
+    body += ("\n\nMeasured, per process, the most of any rank. Round: median of the rounds, the slowest rank's; "
+             "both designs polled alike, alternating. Sockets now: all that slurmrt opens (the agreement's tree, "
+             "the work group's tree and its lazy gloo group), after one all_ok, all_gather and broadcast. With "
+             "more processes than the 2 cores, a hop also waits for its partner to be scheduled: the measured "
+             "rounds here say more about the machine than about the designs.\n\n")
 
     # The model, from the 2-rank hop.
     samples = torch.tensor(sum((r["tree_samples_s"] for r in measured[2]), []), dtype=torch.float64)
@@ -108,19 +109,20 @@ def run(quick: bool = False) -> Section:
         ring_s = _model_ring(size, ring_steps, gen) if size <= (1024 if quick else 16384) else float("nan")
         figures[f"model_{size}"] = {"tree_s": tree_s, "ring_s": ring_s, "hops": hops, "peers": peers}
         model_rows.append([size, 2 * (size - 1), hops, f"{ring_s * 1e3:.1f}", f"{tree_s * 1e3:.2f}",
-                           f"{ring_s / tree_s:.0f}x", 2 * size, peers + 1 + 3,
-                           f"{2 * size * (2 * size + 1):,}", f"{int(size * peers * per_peer):,}"])
+                           f"{ring_s / tree_s:.0f}x", 2 * size, 2 * (peers + 1) + 3,
+                           f"{2 * size * (2 * size + 1):,}", f"{int(2 * size * peers * per_peer):,}"])
     body += table(["ranks", "ring hops", "tree hops", "ring round ms (model)", "tree round ms (model)",
                    "ring / tree", "sockets per process before", "sockets per process now (non-coordinator)",
-                   "store requests to set up, before (all ranks)", "now (all ranks)"], model_rows)
+                   "store requests to set up, before (all ranks)", "now (all ranks, 2 trees)"], model_rows)
     body += (f"\n\nModel: a tree hop takes {float(samples.median()) * 1e6:.0f} µs (the median of the 2-rank tree "
              f"rounds measured above, {len(samples)} of them: one hop each), a ring step "
              f"{float(ring_steps.median()) * 1e6:.0f} µs (half a 2-rank ring round: two steps inside one "
-             "collective); each exchange draws its latency from those rounds. Sockets before: two "
-             "groups of every rank (N - 1 connections and a listener each). Now: the tree's peers (at most "
-             "log2(N) + 1) and one listener, and the work group's listener and its ring neighbours (3 here, an "
-             "assumption the measured rows bear out); rank 0, which coordinates DCP's saves and broadcasts, "
-             "connects to every rank the first time it does. Store requests: before, each rank of each eager "
-             f"group made 2N + 1 (measured: {full_per_rank}); now {per_peer:.0f} per peer of the tree, and the "
-             "work group's lazy connections ask the store only for the peers they reach.")
+             "collective); each exchange draws its latency from those rounds. Sockets before: two groups of every "
+             "rank (N - 1 connections and a listener each). Now: two trees (the agreement's, and the work group's "
+             "for its agreements and broadcasts), each with its peers (at most log2(N) + 1) and one listener, and "
+             "the lazy gloo group's listener and its ring neighbours (3; the measured rows bear it out). Rank 0, "
+             "DCP's coordinator, connects to every rank at the first save, as `dcp.save` on any group does. Store "
+             f"requests: before, each rank of each eager group made 2N + 1 (measured: {full_per_rank}); now "
+             f"{per_peer:.0f} per peer of a tree, and the lazy group's connections ask the store only for the peers "
+             "they reach.")
     return Section("The control plane at scale", body, figures)

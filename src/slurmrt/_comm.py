@@ -5,9 +5,10 @@ program): the *control* group (a :class:`~slurmrt._tree.Tree`: O(log N) hops and
 agreement thread alone, the *work* group (a :class:`GlooComm`) to whichever thread saves, loads or exits -- one at
 a time: a background save holds it until it is joined, and the training thread joins it before its next
 collective. Two threads issuing collectives on one group could pair them up differently on different ranks; hence
-two groups. The work group connects lazily (``TORCH_GLOO_LAZY_INIT``): a process holds sockets only to the ranks
-it has exchanged with -- its neighbours on the ring of an all-gather, and rank 0, which coordinates DCP's saves and
-broadcasts -- not to all N - 1 of them.
+two groups. The work group's agreements and broadcasts run over a tree of its own too; its gloo group, for
+all-gathers and DCP's collectives, connects lazily (``TORCH_GLOO_LAZY_INIT``): a process holds sockets only to
+the ranks it has exchanged with -- its neighbours on the ring of an all-gather, and rank 0, DCP's coordinator -- not
+to all N - 1 of them.
 
 Every collective here runs on tensors this module owns and returns only once gloo's worker thread has dropped its
 reference to them (:func:`run_collective`). The reason is a crash at interpreter exit, seen as
@@ -76,17 +77,25 @@ def run_collective(issue: Callable[[], Any], *tensors: Any) -> None:
 
 
 class GlooComm:
-    def __init__(self, group: Any, rank: int, world_size: int) -> None:
+    """The work group's collectives. With a ``tree`` (its own, never the agreement's), ``all_ok`` and ``broadcast``
+    run over it in O(log N) hops; ``all_gather`` (a manifest needs every rank's files) and DCP's own collectives run
+    on ``group``."""
+
+    def __init__(self, group: Any, rank: int, world_size: int, tree: Tree | None = None) -> None:
         self.group = group
         self.rank = rank
         self.world_size = world_size
+        self.tree = tree
 
     def all_ok(self, ok: bool) -> bool:
         import torch
         import torch.distributed as dist
 
         t = torch.tensor([0 if ok else 1], dtype=torch.int64)
-        run_collective(lambda: dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group, async_op=True), t)
+        if self.tree is not None:
+            self.tree.all_reduce_max(t)
+        else:
+            run_collective(lambda: dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group, async_op=True), t)
         return int(t.item()) == 0
 
     def all_gather(self, obj: Any) -> list[Any]:
@@ -108,6 +117,14 @@ class GlooComm:
         import torch
         import torch.distributed as dist
 
+        if self.tree is not None:
+            # Rank 0's bytes, zeros elsewhere: their MAX is rank 0's bytes on every rank.
+            payload = _encode(obj) if self.rank == 0 else None
+            size = torch.tensor([payload.numel() if payload is not None else 0], dtype=torch.int64)
+            self.tree.all_reduce_max(size)
+            buf = payload.clone() if payload is not None else torch.zeros(int(size.item()), dtype=torch.uint8)
+            self.tree.all_reduce_max(buf)
+            return _decode(buf)
         payload = _encode(obj) if self.rank == 0 else None
         size = torch.tensor([payload.numel() if payload is not None else 0], dtype=torch.int64)
         run_collective(lambda: dist.broadcast(size, src=0, group=self.group, async_op=True), size)
@@ -140,6 +157,9 @@ class Groups:
         if self.control is None or dist is None or not dist.is_initialized():
             return
         self.control.close(destroy=peers_alive)
+        tree = getattr(self.work, "tree", None)
+        if tree is not None:
+            tree.close(destroy=peers_alive)
         if peers_alive:
             dist.destroy_process_group(getattr(self.work, "group", None))
 
@@ -155,7 +175,7 @@ def open_groups(world_size: int = 1) -> Groups:
     if dist is not None and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         rank, size = dist.get_rank(), dist.get_world_size()
         control = Tree(rank, size)
-        return Groups(control, GlooComm(_lazy_gloo_group(dist), rank, size))
+        return Groups(control, GlooComm(_lazy_gloo_group(dist), rank, size, Tree(rank, size)))
     if world_size > 1:
         raise ConfigError(
             f"the launch has {world_size} processes but torch.distributed is not initialized: should_stop(), save() "

@@ -89,7 +89,7 @@ class Tree:
         return list(self._pairs)
 
     def all_reduce_max(self, tensor: Any, abandon: threading.Event | None = None) -> bool:
-        """``tensor`` (int64, CPU) becomes the element-wise MAX over every rank; False if ``abandon`` was set
+        """``tensor`` (on the CPU) becomes the element-wise MAX over every rank; False if ``abandon`` was set
         first (the tensor is then kept alive here, as gloo may still hold it). Raises what gloo raises when a
         peer is gone."""
         for peer in self._schedule:

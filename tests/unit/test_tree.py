@@ -65,6 +65,7 @@ def _worker(rank: int, size: int, port: int, out: Any) -> None:
     import torch
     import torch.distributed as dist
 
+    from slurmrt._comm import GlooComm
     from slurmrt._tree import Tree
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size)
@@ -77,19 +78,23 @@ def _worker(rank: int, size: int, port: int, out: Any) -> None:
     if rank == size - 1:
         again[0] = 99
     assert tree.all_reduce_max(again)
+    # The work group's collectives over a tree of their own (no process group behind them here).
+    comm = GlooComm(None, rank, size, Tree(rank, size))
+    sent = comm.broadcast({"step": 7, "ranks": list(range(size))} if rank == 0 else None)
+    agreed, refused = comm.all_ok(True), comm.all_ok(rank != size // 2)
     dist.barrier()
     # A round that one rank never joins: the others' waits end when told to abandon, not in gloo.
     abandon = threading.Event()
     abandon.set()
     abandoned = True if rank == 0 else tree.all_reduce_max(torch.zeros(1, dtype=torch.int64), abandon)
-    out.put((rank, t.tolist(), int(again[0]), made, tree.peers, abandoned))
+    out.put((rank, t.tolist(), int(again[0]), made, tree.peers, abandoned, sent, agreed, refused))
     out.close()
     out.join_thread()  # the queue's feeder thread has sent the result
     os._exit(0)  # the abandoned round is still pending in gloo: leave without its teardown
 
 
 @pytest.mark.parametrize("size", [5])
-def test_real_gloo_pairs_reduce_over_few_sockets(size: int) -> None:
+def test_real_gloo_pairs_reduce_and_broadcast_over_few_sockets(size: int) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -101,7 +106,9 @@ def test_real_gloo_pairs_reduce_over_few_sockets(size: int) -> None:
     results = sorted(out.get(timeout=300) for _ in range(size))
     for p in procs:
         p.join(60)
-    for rank, reduced, again, made, peers, abandoned in results:
+    for rank, reduced, again, made, peers, abandoned, sent, agreed, refused in results:
+        assert sent == {"step": 7, "ranks": list(range(size))}
+        assert agreed is True and refused is False  # one rank's "no" is every rank's
         assert reduced == [size - 1, 0, 10 * (size - 1)]
         assert again == 99
         assert sorted(peers) == sorted(set(partners(rank, size)))
