@@ -34,7 +34,7 @@ from typing import Any, Protocol
 from ._errors import ConfigError
 from ._tree import Tree, wait_released
 
-__all__ = ["Comm", "GlooComm", "Groups", "SoloComm", "open_groups", "run_collective", "wait_released"]
+__all__ = ["Comm", "GlooComm", "Groups", "SoloComm", "open_groups", "problems", "run_collective", "wait_released"]
 
 LAZY_INIT = "TORCH_GLOO_LAZY_INIT"
 
@@ -65,6 +65,14 @@ class SoloComm:
 
     def broadcast(self, obj: Any) -> Any:
         return obj
+
+
+def problems(comm: Comm, problem: Any) -> list[Any]:
+    """Every rank's ``problem`` that is not None, the same list on every rank. One agreement when there is none (a
+    tree's O(log N) hops); every rank's value only when some rank has one."""
+    if comm.all_ok(problem is None):
+        return []
+    return [p for p in comm.all_gather(problem) if p is not None]
 
 
 def run_collective(issue: Callable[[], Any], *tensors: Any) -> None:

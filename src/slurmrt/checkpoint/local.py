@@ -38,6 +38,7 @@ from typing import Any
 
 from .. import _clock
 from .._comm import Comm, wait_released
+from .._comm import problems as gather_problems
 from .._errors import CheckpointError
 from .._safefs import private_dir
 from ._files import HASH, write_state
@@ -127,7 +128,7 @@ class LocalTier:
                     self._commit(directory, source, world, step, {"size": len(got), HASH: got_hash})
                 except Exception as err:
                     error = f"rank {rank} keeping rank {source}'s replica: {err}"
-        problems = [p for p in self.comm.all_gather(error) if p]
+        problems = gather_problems(self.comm, error)
         if problems:
             raise CheckpointError(f"local checkpoint of step {step} failed: {'; '.join(problems)}", step=step)
         self._prune(step)
@@ -252,7 +253,7 @@ class LocalTier:
         except Exception as err:
             error = f"rank {rank}: {err}"
             state = None
-        problems = [p for p in self.comm.all_gather(error) if p]
+        problems = gather_problems(self.comm, error)
         if problems:
             if rank == 0:
                 logger.warning("the local tier cannot serve step %d (%s): reading the shared tier", step,

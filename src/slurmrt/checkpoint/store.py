@@ -33,6 +33,7 @@ from typing import Any
 
 from .. import _clock
 from .._comm import Comm
+from .._comm import problems as gather_problems
 from .._errors import CheckpointError
 from . import sharded
 from ._files import (
@@ -329,7 +330,7 @@ class CheckpointStore:
             problem = (True, str(err))
         except Exception as err:
             problem = (False, f"rank {self.comm.rank}: {err}")
-        return value, [p for p in self.comm.all_gather(problem) if p]
+        return value, gather_problems(self.comm, problem)
 
     def _load(self, path: Path, manifest: dict[str, Any], into: dict[str, Any] | None) -> Loaded:
         state = self._read(path, manifest, into)
