@@ -135,7 +135,7 @@ def run(quick: bool = False) -> Section:
         raw = min(m["raw"], m["raw, 4 writer threads"])  # the best raw writer of those bytes
         rows = [[k, f"{v:.2f}", f"{gib / v:.2f}" if "stall" not in k and "checksum" not in k else "-",
                  f"{raw / v * 100:.0f} % of the best raw" if "stall" not in k and "checksum" not in k else "-"]
-                for k, v in m.items() if "busy loop" not in k]
+                for k, v in m.items() if "busy loop" not in k and "pair" not in k]
         blocking = m["slurmrt blocking (DTensors, DCP)"]
         dip = 1 - m["busy loop, steps/s during the background write"] / m["busy loop, steps/s alone"]
         stall = m["slurmrt non-blocking (DTensors): stall"]
@@ -156,7 +156,10 @@ def run(quick: bool = False) -> Section:
                  f"{stall / blocking * 100:.0f} % (target 5 %), background write {background / blocking:.2f}x "
                  f"(target 1.3x), checksum {checksum / blocking * 100:.0f} % of the save time (target 10 %). "
                  f"slurmrt blocking (DTensors) against dcp.save (DTensors): "
-                 f"{m['dcp.save (DTensors)'] / blocking * 100:.0f} %. Throughput dip: a loop of 1 ms busy-Python "
+                 f"{m['dcp.save (DTensors)'] / blocking * 100:.0f} % of the medians; of each save against a "
+                 f"dcp.save of the same DTensors next to it (6 pairs): {_spread(t['pair: DTensors / dcp.save'])}. "
+                 f"The per-rank save against 4 raw writer threads next to it: "
+                 f"{_spread(t['pair: per-rank dict / raw 4 threads'])}. Throughput dip: a loop of 1 ms busy-Python "
                  f"steps ran {m['busy loop, steps/s during the background write']:.0f} steps/s while the background "
                  f"write ran, against {m['busy loop, steps/s alone']:.0f} alone: {dip * 100:.0f} % fewer "
                  "(target 10 %). Both run in one process on this machine's 2 cores: the dip is the GIL and the "
@@ -164,7 +167,8 @@ def run(quick: bool = False) -> Section:
         figures = {"raw_s": raw, "blocking_dcp_s": blocking, "stall_ratio": stall / blocking,
                    "background_ratio": background / blocking, "checksum_ratio": checksum / blocking,
                    "throughput_ratio_state": raw / m["slurmrt blocking (per-rank dict)"],
-                   "throughput_ratio_dcp": raw / blocking, "dip": dip}
+                   "throughput_ratio_dcp": raw / blocking, "dip": dip,
+                   "pairs_dcp": t["pair: DTensors / dcp.save"], "pairs_raw": t["pair: per-rank dict / raw 4 threads"]}
         return Section("Checkpoint write and resume", body, figures)
     finally:
         if own_group:
@@ -174,21 +178,43 @@ def run(quick: bool = False) -> Section:
 
 
 def _slurmrt_saves(d: Path, plain: dict[str, Any], sharded: dict[str, Any], add: Callable[[str, float], None]) -> None:
+    import torch.distributed.checkpoint as dcp
+
     from slurmrt._comm import SoloComm
     from slurmrt.checkpoint.store import CheckpointStore, SaveResult
 
     # As a run saves: the default keep_last=3, so from the fourth save on each one prunes the oldest.
+    # Each of the timed saves is paired with its comparator, right before or right after it (by turns), on bytes the
+    # disk sees in the same moment: this disk's speed moves by 2-3x within a minute, so unpaired medians compare
+    # the disk's moods. The pairs' ratios are reported besides the medians.
     store = CheckpointStore(d / "srt-state", SoloComm())
     for step in range(1, 6):
-        seconds = _timed(lambda: store.save(plain, step))  # noqa: B023 - called at once
         if step > 3:
+            first = step % 2 == 0
+            if first:
+                comparator = _timed(lambda: _raw_threads(d / f"pair-raw{step}", plain))  # noqa: B023
+            seconds = _timed(lambda: store.save(plain, step))  # noqa: B023 - called at once
+            if not first:
+                comparator = _timed(lambda: _raw_threads(d / f"pair-raw{step}", plain))  # noqa: B023
             add("slurmrt blocking (per-rank dict)", seconds)
+            add("pair: per-rank dict / raw 4 threads", comparator / seconds)
+        else:
+            store.save(plain, step)
     store.close()
     store = CheckpointStore(d / "srt-dcp", SoloComm())
+    writer = lambda p: dcp.FileSystemWriter(p, thread_count=4, sync_files=True)  # noqa: E731
     for step in range(1, 6):
-        seconds = _timed(lambda: store.save(sharded, step))  # noqa: B023 - called at once
         if step > 3:
+            first = step % 2 == 0
+            if first:
+                comparator = _timed(lambda: dcp.save(sharded, storage_writer=writer(d / f"pair-dcp{step}")))  # noqa: B023
+            seconds = _timed(lambda: store.save(sharded, step))  # noqa: B023 - called at once
+            if not first:
+                comparator = _timed(lambda: dcp.save(sharded, storage_writer=writer(d / f"pair-dcp{step}")))  # noqa: B023
             add("slurmrt blocking (DTensors, DCP)", seconds)
+            add("pair: DTensors / dcp.save", comparator / seconds)
+        else:
+            store.save(sharded, step)
     # Non-blocking: the second and third saves of one store (the first allocates the host buffers it reuses).
     for step in (6, 7, 8):
         t0 = time.perf_counter()
@@ -209,6 +235,11 @@ def _slurmrt_saves(d: Path, plain: dict[str, Any], sharded: dict[str, Any], add:
         add("busy loop, steps/s alone", alone / alone_s)
         add("busy loop, steps/s during the background write", steps / seconds)
     store.close()
+
+
+def _spread(ratios: list[float]) -> str:
+    ordered = sorted(ratios)
+    return f"median {statistics.median(ordered) * 100:.0f} % ({ordered[0] * 100:.0f}-{ordered[-1] * 100:.0f} %)"
 
 
 def _busy_step() -> int:
