@@ -85,11 +85,10 @@ def run_collective(issue: Callable[[], Any], *tensors: Any) -> None:
 
 
 class GlooComm:
-    """The work group's collectives. With a ``tree`` (its own, never the agreement's), ``all_ok`` and ``broadcast``
-    run over it in O(log N) hops; ``all_gather`` (a manifest needs every rank's files) and DCP's own collectives run
-    on ``group``."""
+    """The work group's collectives: ``all_ok`` and ``broadcast`` over ``tree`` (its own, never the agreement's) in
+    O(log N) hops; ``all_gather`` (a manifest needs every rank's files) and DCP's own collectives on ``group``."""
 
-    def __init__(self, group: Any, rank: int, world_size: int, tree: Tree | None = None) -> None:
+    def __init__(self, group: Any, rank: int, world_size: int, tree: Tree) -> None:
         self.group = group
         self.rank = rank
         self.world_size = world_size
@@ -97,13 +96,9 @@ class GlooComm:
 
     def all_ok(self, ok: bool) -> bool:
         import torch
-        import torch.distributed as dist
 
         t = torch.tensor([0 if ok else 1], dtype=torch.int64)
-        if self.tree is not None:
-            self.tree.all_reduce_max(t)
-        else:
-            run_collective(lambda: dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group, async_op=True), t)
+        self.tree.all_reduce_max(t)
         return int(t.item()) == 0
 
     def all_gather(self, obj: Any) -> list[Any]:
@@ -123,21 +118,13 @@ class GlooComm:
 
     def broadcast(self, obj: Any) -> Any:
         import torch
-        import torch.distributed as dist
 
-        if self.tree is not None:
-            # Rank 0's bytes, zeros elsewhere: their MAX is rank 0's bytes on every rank.
-            payload = _encode(obj) if self.rank == 0 else None
-            size = torch.tensor([payload.numel() if payload is not None else 0], dtype=torch.int64)
-            self.tree.all_reduce_max(size)
-            buf = payload.clone() if payload is not None else torch.zeros(int(size.item()), dtype=torch.uint8)
-            self.tree.all_reduce_max(buf)
-            return _decode(buf)
+        # Rank 0's bytes, zeros elsewhere: their MAX is rank 0's bytes on every rank.
         payload = _encode(obj) if self.rank == 0 else None
         size = torch.tensor([payload.numel() if payload is not None else 0], dtype=torch.int64)
-        run_collective(lambda: dist.broadcast(size, src=0, group=self.group, async_op=True), size)
-        buf = payload if payload is not None else torch.empty(int(size.item()), dtype=torch.uint8)
-        run_collective(lambda: dist.broadcast(buf, src=0, group=self.group, async_op=True), buf)
+        self.tree.all_reduce_max(size)
+        buf = payload.clone() if payload is not None else torch.zeros(int(size.item()), dtype=torch.uint8)
+        self.tree.all_reduce_max(buf)
         return _decode(buf)
 
 
@@ -165,9 +152,8 @@ class Groups:
         if self.control is None or dist is None or not dist.is_initialized():
             return
         self.control.close(destroy=peers_alive)
-        tree = getattr(self.work, "tree", None)
-        if tree is not None:
-            tree.close(destroy=peers_alive)
+        if isinstance(self.work, GlooComm):
+            self.work.tree.close(destroy=peers_alive)
         if peers_alive:
             dist.destroy_process_group(getattr(self.work, "group", None))
 
