@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -150,9 +151,59 @@ def test_a_staged_save_snapshots_on_the_calling_thread_and_writes_in_the_backgro
     store.save(Staged(snapshot, write), 4, blocking=False)
     live["w"] = 2  # training goes on: the snapshot was taken
     store.wait()
-    assert threads == {"snapshot": threading.current_thread().name, "write": "slurmrt-save"}
+    assert threads == {"snapshot": threading.current_thread().name, "write": "slurmrt-save-write"}
     step, path = _loaded(store)
     assert step == 4 and json.loads((path / "w.json").read_text()) == {"w": 1}
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a per-thread nice value is Linux's")
+def test_a_background_write_and_the_writers_it_starts_run_below_the_trainings_priority_its_commit_does_not(
+        tmp_path: Path) -> None:
+    import os
+    import threading
+
+    from slurmrt.checkpoint.background import NICE
+
+    def nice() -> int:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    seen: dict[str, int] = {}
+
+    def write(snap: None, directory: Path) -> None:
+        seen["write"] = nice()
+        writer = threading.Thread(target=lambda: seen.setdefault("writer", nice()))  # as DCP's writer threads
+        writer.start()
+        writer.join()
+        (directory / "x").write_text("x")
+
+    training = nice()
+    lowered = min(19, training + NICE)
+    store = _store(tmp_path)
+    commit = store._commit
+
+    def spy(*args: Any) -> bool:
+        seen["commit"] = nice()
+        return commit(*args)
+
+    store._commit = spy  # type: ignore[method-assign]
+    store.save(Staged(lambda: None, write), 1, blocking=False)
+    store.wait()
+    assert seen == {"write": lowered, "writer": lowered, "commit": training}
+    assert nice() == training  # the training thread's own is untouched
+    seen.clear()
+    store.save(Staged(lambda: None, write), 2)  # blocking: on the calling thread, at its priority
+    assert seen == {"write": training, "writer": training, "commit": training}
+
+
+def test_a_background_write_error_reaches_the_training_thread_as_the_write_raised_it(tmp_path: Path) -> None:
+    def broken(snap: None, directory: Path) -> None:
+        raise ValueError("unpicklable")
+
+    store = _store(tmp_path)
+    store.save(Staged(lambda: None, broken), 1, blocking=False)
+    with pytest.raises(CheckpointError, match="unpicklable"):
+        store.wait()
+    assert store.load_latest() is None
 
 
 def test_a_checkpoint_from_another_world_size_is_refused(tmp_path: Path) -> None:

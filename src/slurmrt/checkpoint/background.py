@@ -2,19 +2,37 @@
 
 A background save runs on the ``slurmrt-save`` thread; its result (or its error) is a :class:`PendingSave` the
 training thread takes when it is ready. Nothing the save learns is pushed anywhere.
+
+Its write runs at a lower CPU priority than training (nice +:data:`NICE`, Linux, where the nice value is each
+thread's own): on a thread of its own, ``slurmrt-save-write``, whose priority the writer threads it starts (DCP's,
+slurmrt's) inherit. The commit, on ``slurmrt-save``, runs at the training's priority, and so does any long-lived
+thread it starts (a log writer): a thread cannot raise its priority again. A save's writers are several threads of
+serialization, hashing and copies into the page cache: at the training's priority they took the cores from a
+busy-Python training loop, which ran 52-60 % slower while they wrote (2 cores, 1 GiB, 4 writers); at +10, 9-17 %
+slower (``benchmarks/RESULTS.md``). The GIL was not the cause: one writer thread at the training's priority cost it
+2-11 %, and the same 4 writers in another process cost it as much as in this one. Whenever the training thread
+waits for the save (the next save, the stop, ``wait()``), it leaves the cores to it, and the save runs at full speed.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from .._errors import CheckpointError
 
-__all__ = ["PendingSave", "SaveResult", "Staged"]
+__all__ = ["NICE", "PendingSave", "SaveResult", "Staged", "lower_priority", "run_below_training"]
+
+_T = TypeVar("_T")
+
+#: How much lower than the training's the CPU priority of a background save's threads is (nice increment).
+NICE = 10
 
 
 @dataclass(frozen=True)
@@ -67,3 +85,35 @@ class PendingSave:
             raise CheckpointError(f"background checkpoint save failed: {self._error!r}") from self._error
         assert self._result is not None
         return self._result
+
+
+def run_below_training(work: Callable[[], _T]) -> _T:
+    """``work()`` on a new thread at :data:`NICE` below this one's priority (with every thread it starts); its
+    value, or its error raised here."""
+    out: list[_T] = []
+    error: list[BaseException] = []
+
+    def run() -> None:
+        lower_priority(NICE)
+        try:
+            out.append(work())
+        except BaseException as err:  # noqa: BLE001 - raised on the calling thread below
+            error.append(err)
+
+    thread = threading.Thread(target=run, name="slurmrt-save-write", daemon=True)
+    thread.start()
+    thread.join()
+    if error:
+        raise error[0]
+    return out[0]
+
+
+def lower_priority(increment: int) -> None:
+    """This thread's nice value raised by ``increment`` (its CPU priority lowered), and so that of every thread it
+    starts. Linux only (elsewhere the nice value is the whole process's, and training's must not drop); a refusal
+    (a seccomp filter) leaves the priority as it was."""
+    if not sys.platform.startswith("linux") or increment <= 0:
+        return
+    tid = threading.get_native_id()
+    with contextlib.suppress(OSError):
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + increment))

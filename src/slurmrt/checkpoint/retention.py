@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ._files import fsync_dir, leftover_tmp_files
+from .background import NICE, lower_priority
 from .manifest import complete_steps
 
 __all__ = ["Retention"]
@@ -68,6 +69,11 @@ class Retention:
             self._deleter = threading.Thread(target=_remove, args=(doomed,), name="slurmrt-prune", daemon=True)
             self._deleter.start()
 
+    def deleting(self) -> bool:
+        """True while pruned checkpoints are being deleted in the background."""
+        deleter = self._deleter
+        return deleter is not None and deleter.is_alive()
+
     def join_deletions(self, timeout_s: float | None = None) -> None:
         """Wait for the background deletion, if one runs (at most ``timeout_s``)."""
         deleter = self._deleter
@@ -108,5 +114,6 @@ class Retention:
 
 
 def _remove(entries: list[Path]) -> None:
+    lower_priority(NICE)  # never urgent: it leaves the cores to training
     for entry in entries:
         shutil.rmtree(entry, ignore_errors=True)

@@ -47,7 +47,7 @@ from ._files import (
     write_state,
     write_text,
 )
-from .background import PendingSave, SaveResult, Staged
+from .background import PendingSave, SaveResult, Staged, run_below_training
 from .manifest import MANIFEST, check_files, complete_steps, read_manifest, verify
 from .parts import read_state, write_parts
 from .retention import Retention
@@ -123,7 +123,7 @@ class CheckpointStore:
         if not callable(work):
             work = self._stager.stage(work)
         local = copy.deepcopy(local) if local is not None else None
-        self.pending = PendingSave(lambda: self._save(work, step, tmp, local))
+        self.pending = PendingSave(lambda: self._save(work, step, tmp, local, background=True))
         return self.pending
 
     def wait(self) -> SaveResult | None:
@@ -163,13 +163,17 @@ class CheckpointStore:
             files[name] = write_state(tmp / name, {"local": local})
         return kind, files
 
-    def _save(self, state: dict[str, Any] | SaveFn, step: int, tmp: Path, local: Any = None) -> SaveResult:
+    def _save(self, state: dict[str, Any] | SaveFn, step: int, tmp: Path, local: Any = None, *,
+              background: bool = False) -> SaveResult:
         start, started = _clock.mono(), _clock.wall()
         rank = self.comm.rank
         error: str | None = None
         kind, files = "state", dict[str, FileInfo]()
         try:
-            kind, files = self._write(state, tmp, local)
+            if background:  # below the training's CPU priority: it leaves the cores to the training loop
+                kind, files = run_below_training(lambda: self._write(state, tmp, local))
+            else:
+                kind, files = self._write(state, tmp, local)
         except Exception as err:  # disk full, permission denied, an unpicklable object: all ranks must hear of it
             # torch.save reports a failed write as "unexpected pos ...", hiding ENOSPC/EFBIG: show the free space.
             error = f"rank {rank}: {err!r} ({free_space(self.root)}){failure_advice(err, self.root)}"
