@@ -185,10 +185,8 @@ def _slurmrt_saves(d: Path, plain: dict[str, Any], sharded: dict[str, Any], add:
     import torch.distributed.checkpoint as dcp
 
     from slurmrt._comm import SoloComm
-    from slurmrt.checkpoint import background
+    from slurmrt.checkpoint.background import NICE as nice
     from slurmrt.checkpoint.store import CheckpointStore, SaveResult
-
-    nice = background.NICE
 
     # As a run saves: the default keep_last=3, so from the fourth save on each one prunes the oldest.
     # Each of the timed saves is paired with its comparator, right before or right after it (by turns), on bytes the
@@ -235,14 +233,11 @@ def _slurmrt_saves(d: Path, plain: dict[str, Any], sharded: dict[str, Any], add:
     # the deletion of the checkpoint it pruned), against the same loop right after for as long without one. The
     # save's threads at slurmrt's lowered priority, and, for comparison in the same run, at the training's.
     for step in (9, 10, 11, 12):
-        background.NICE = 0 if step % 2 else nice
-        try:
-            pending = store.save(sharded, step, blocking=False)
-            assert not isinstance(pending, SaveResult)
-            steps, seconds = _busy_loop(lambda: pending.done() and not store.retention.deleting())  # noqa: B023
-            store.wait()
-        finally:
-            background.NICE = nice
+        store.nice = store.retention.nice = 0 if step % 2 else nice
+        pending = store.save(sharded, step, blocking=False)
+        assert not isinstance(pending, SaveResult)
+        steps, seconds = _busy_loop(lambda: pending.done() and not store.retention.deleting())  # noqa: B023
+        store.wait()
         store.retention.join_deletions()
         os.sync()
         alone, alone_s = _busy_loop(lambda: False, seconds)  # noqa: B023 - called at once

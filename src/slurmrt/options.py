@@ -39,6 +39,9 @@ class Options:
     keep_every: int | None = None
     #: Threads that write (and checksum) one rank's part of a checkpoint.
     save_threads: int = 4
+    #: How much lower than the training's the CPU priority of a background save's write is (a nice increment,
+    #: 0-19; Linux). 0: the training's own.
+    save_nice: int = 10
     signals: tuple[signal.Signals, ...] = DEFAULT_SIGNALS
     requeue: bool = True
     max_restarts: int | None = None
@@ -138,7 +141,7 @@ def unknown_variables(env: Mapping[str, str]) -> list[str]:
 
 _PATHS = {"checkpoint_dir", "kill_switch", "event_log", "local_checkpoint_dir"}
 #: Integers and the least value each takes.
-_INTS = {"keep_last": 1, "local_keep": 1, "keep_every": 1, "save_threads": 1, "max_restarts": 0,
+_INTS = {"keep_last": 1, "local_keep": 1, "keep_every": 1, "save_threads": 1, "save_nice": 0, "max_restarts": 0,
          "max_excluded_nodes": 0, "max_futile_runs": 1, "straggler_window": 2,
          "straggler_windows": 1, "nnodes": 1, "gpus_per_node": 0, "tp": 1, "pp": 1, "cp": 1}
 #: Seconds and the least value each takes (a poll of 0 s burns a core; a negative margin or save time turns the

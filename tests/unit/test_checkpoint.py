@@ -195,6 +195,29 @@ def test_a_background_write_and_the_writers_it_starts_run_below_the_trainings_pr
     assert seen == {"write": training, "writer": training, "commit": training}
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a per-thread nice value is Linux's")
+def test_save_nice_0_leaves_a_background_write_at_the_trainings_priority_and_the_default_is_the_stores(
+        tmp_path: Path) -> None:
+    import os
+    import threading
+
+    from slurmrt.checkpoint.background import NICE
+    from slurmrt.options import Options
+
+    seen: list[int] = []
+
+    def write(snap: None, directory: Path) -> None:
+        seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        (directory / "x").write_text("x")
+
+    store = CheckpointStore(tmp_path, SoloComm(), nice=0)
+    store.save(Staged(lambda: None, write), 1, blocking=False)
+    store.wait()
+    assert seen == [os.getpriority(os.PRIO_PROCESS, threading.get_native_id())]
+    assert Options().save_nice == NICE
+    assert Options.resolve({}, {"SLURMRT_SAVE_NICE": "3"}).save_nice == 3
+
+
 def test_a_background_write_error_reaches_the_training_thread_as_the_write_raised_it(tmp_path: Path) -> None:
     def broken(snap: None, directory: Path) -> None:
         raise ValueError("unpicklable")

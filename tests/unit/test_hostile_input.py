@@ -64,6 +64,7 @@ def _no_launch(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     ({"keep_last": 0}, r"keep_last=0 .*at least 1"),
     ({"keep_last": 1.5}, r"keep_last=1.5 .*whole number"),
     ({"save_threads": True}, r"save_threads=True .*whole number"),
+    ({"save_nice": -5}, r"save_nice=-5 .*at least 0"),
     ({"max_futile_runs": 0}, r"max_futile_runs=0"),
 ])
 def test_a_malformed_option_is_refused_with_its_value_and_rule(given_: dict[str, Any], match: str) -> None:
@@ -241,7 +242,7 @@ def test_events_of_any_shape_are_read_or_skipped_and_status_never_raises(
 
 # -- every parser: a value, or its own error ------------------------------------------------------------------
 
-_OPTION_NAMES = sorted({"checkpoint_dir", "kill_switch", "keep_last", "keep_every", "save_threads", "signals",
+_OPTION_NAMES = sorted({"checkpoint_dir", "kill_switch", "keep_last", "keep_every", "save_threads", "save_nice", "signals",
                         "requeue", "max_restarts", "deadline", "deadline_margin_s", "save_time_s", "kill_wait_s",
                         "kill_switch_poll_s", "end_time_refresh_s", "watchdog", "hang_timeout_s", "hang_floor_s",
                         "startup_timeout_s", "max_excluded_nodes", "max_futile_runs", "health_check", "progress_s",

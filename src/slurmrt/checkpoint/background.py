@@ -31,7 +31,8 @@ __all__ = ["NICE", "PendingSave", "SaveResult", "Staged", "lower_priority", "run
 
 _T = TypeVar("_T")
 
-#: How much lower than the training's the CPU priority of a background save's threads is (nice increment).
+#: How much lower than the training's the CPU priority of a background save's write is, by default (a nice
+#: increment; option ``save_nice``).
 NICE = 10
 
 
@@ -87,14 +88,14 @@ class PendingSave:
         return self._result
 
 
-def run_below_training(work: Callable[[], _T]) -> _T:
-    """``work()`` on a new thread at :data:`NICE` below this one's priority (with every thread it starts); its
-    value, or its error raised here."""
+def run_below_training(work: Callable[[], _T], nice: int = NICE) -> _T:
+    """``work()`` on a new thread ``nice`` below this one's priority (with every thread it starts); its value, or
+    its error raised here."""
     out: list[_T] = []
     error: list[BaseException] = []
 
     def run() -> None:
-        lower_priority(NICE)
+        lower_priority(nice)
         try:
             out.append(work())
         except BaseException as err:  # noqa: BLE001 - raised on the calling thread below

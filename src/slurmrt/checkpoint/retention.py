@@ -30,12 +30,13 @@ logger = logging.getLogger(__name__)
 
 class Retention:
     def __init__(self, root: Path, *, keep_last: int, keep_every: int | None,
-                 guard: Callable[[], None] | None = None) -> None:
+                 guard: Callable[[], None] | None = None, nice: int = NICE) -> None:
         if keep_last < 1:
             raise ValueError(f"keep_last={keep_last}: keep at least the newest checkpoint (>= 1)")
         if keep_every is not None and keep_every < 1:
             raise ValueError(f"keep_every={keep_every}: a number of steps (>= 1), or None for no milestones")
         self.root, self.keep_last, self.keep_every = root, keep_last, keep_every
+        self.nice = nice  # the deletions' priority below the training's: never urgent
         #: Raises when this job no longer holds the directory (:mod:`slurmrt.checkpoint.lease`): called before
         #: anything is deleted.
         self.guard = guard
@@ -66,7 +67,8 @@ class Retention:
         if renamed:
             fsync_dir(self.root)  # the renames are on disk before any file is unlinked
         if doomed:
-            self._deleter = threading.Thread(target=_remove, args=(doomed,), name="slurmrt-prune", daemon=True)
+            self._deleter = threading.Thread(target=_remove_below_training, args=(doomed, self.nice),
+                                             name="slurmrt-prune", daemon=True)
             self._deleter.start()
 
     def deleting(self) -> bool:
@@ -113,7 +115,12 @@ class Retention:
         _remove(self._leftovers())
 
 
+def _remove_below_training(entries: list[Path], nice: int) -> None:
+    """The deleter thread: never urgent, it leaves the cores to training."""
+    lower_priority(nice)
+    _remove(entries)
+
+
 def _remove(entries: list[Path]) -> None:
-    lower_priority(NICE)  # never urgent: it leaves the cores to training
     for entry in entries:
         shutil.rmtree(entry, ignore_errors=True)

@@ -47,7 +47,7 @@ from ._files import (
     write_state,
     write_text,
 )
-from .background import PendingSave, SaveResult, Staged, run_below_training
+from .background import NICE, PendingSave, SaveResult, Staged, run_below_training
 from .manifest import MANIFEST, check_files, complete_steps, read_manifest, verify
 from .parts import read_state, write_parts
 from .retention import Retention
@@ -72,10 +72,13 @@ class Loaded:
 
 class CheckpointStore:
     def __init__(self, root: Path, comm: Comm, *, keep_last: int = 3, keep_every: int | None = None,
-                 token: str = "0", threads: int = 4, guard: Callable[[], None] | None = None) -> None:
+                 token: str = "0", threads: int = 4, nice: int = NICE,
+                 guard: Callable[[], None] | None = None) -> None:
         self.root = root
         self.comm = comm
         self.threads = threads
+        #: How much below the training's priority a background save's write runs (see :mod:`.background`).
+        self.nice = nice
         self._token = token  # job id and restart: a temp dir name no earlier attempt used
         self._seq = 0
         self._stager = sharded.Stager()
@@ -83,7 +86,7 @@ class CheckpointStore:
         self.pending: PendingSave | None = None
         #: ``guard``: rank 0 calls it before it changes what is in the directory (commit, pruning, clearing
         #: leftovers); it raises when this job no longer holds the directory (:mod:`slurmrt.checkpoint.lease`).
-        self.retention = Retention(root, keep_last=keep_last, keep_every=keep_every, guard=guard)
+        self.retention = Retention(root, keep_last=keep_last, keep_every=keep_every, guard=guard, nice=nice)
         self._committed: set[int] = set()  # steps this store committed: sound, written by this run
 
     # -- saving ----------------------------------------------------------------------------------------------------
@@ -171,7 +174,7 @@ class CheckpointStore:
         kind, files = "state", dict[str, FileInfo]()
         try:
             if background:  # below the training's CPU priority: it leaves the cores to the training loop
-                kind, files = run_below_training(lambda: self._write(state, tmp, local))
+                kind, files = run_below_training(lambda: self._write(state, tmp, local), self.nice)
             else:
                 kind, files = self._write(state, tmp, local)
         except Exception as err:  # disk full, permission denied, an unpicklable object: all ranks must hear of it
