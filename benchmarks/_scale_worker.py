@@ -5,7 +5,7 @@ along gloo's ring. "tree": :class:`slurmrt._tree.Tree`, recursive doubling over 
 from the default group's store through a counting wrapper, so the store requests of their set-up are counted; both
 reduce the agreement's 17 int64 with MAX, waited for the same way (polled, as the agreement thread does). Rounds
 alternate between the two, so that the machine's noise falls on both alike. Then what slurmrt opens now
-(``open_groups``): its sockets as made, and after the collectives of a save and a resume (all_ok, all_gather,
+(``open_groups``): its sockets as made, and after the collectives of a save and a resume (all_ok, gather,
 broadcast).
 """
 
@@ -134,7 +134,7 @@ def main() -> None:
     groups = open_groups(size)
     out["groups_sockets_made"] = sockets() - before
     groups.work.all_ok(True)
-    groups.work.all_gather({"rank": rank, "problem": None})
+    groups.work.gather({"rank": rank, "files": {f"rank_{rank}.pt": {"size": 1}}})
     groups.work.broadcast([1, 2, 3] if rank == 0 else None)
     out["groups_sockets_used"] = sockets() - before
     dist.barrier()

@@ -90,7 +90,9 @@ def run(quick: bool = False) -> Section:
                   "store requests before", "store requests now (one tree)"], rows)
     body += ("\n\nMeasured, per process, the most of any rank. Round: median of the rounds, the slowest rank's; "
              "both designs polled alike, alternating. Sockets now: all that slurmrt opens (the agreement's tree, "
-             "the work group's tree and its lazy gloo group), after one all_ok, all_gather and broadcast. With "
+             "the work group's tree and its lazy gloo group), after one all_ok, "
+             "gather and broadcast (a save's and a resume's; not DCP's own collectives, which gather to rank 0 on "
+             "the lazy group). With "
              "more processes than the 2 cores, a hop also waits for its partner to be scheduled: the measured "
              "rounds here say more about the machine than about the designs.\n\n")
 

@@ -5,13 +5,12 @@ program): the *control* group (a :class:`~slurmrt._tree.Tree`: O(log N) hops and
 agreement thread alone, the *work* group (a :class:`GlooComm`) to whichever thread saves, loads or exits -- one at
 a time: a background save holds it until it is joined, and the training thread joins it before its next
 collective. Two threads issuing collectives on one group could pair them up differently on different ranks; hence
-two groups. The work group's agreements and broadcasts run over a tree of its own too; its gloo group, for
-all-gathers and DCP's collectives, connects lazily (``TORCH_GLOO_LAZY_INIT``): a process holds sockets only to
-the ranks it has exchanged with -- its neighbours on the ring of an all-gather, and rank 0, DCP's coordinator -- not
-to all N - 1 of them.
+two groups. The work group's agreements, broadcasts and gathers run over a tree of its own too; its gloo group, for
+DCP's collectives, connects lazily (``TORCH_GLOO_LAZY_INIT``): a process holds sockets only to the ranks it has
+exchanged with -- rank 0, DCP's coordinator, for most -- not to all N - 1 of them.
 
-Every collective here runs on tensors this module owns and returns only once gloo's worker thread has dropped its
-reference to them (:func:`run_collective`). The reason is a crash at interpreter exit, seen as
+Every collective here runs on tensors slurmrt owns and returns only once gloo's worker thread has dropped its
+reference to them (:func:`~slurmrt._tree.wait_released`). The reason is a crash at interpreter exit, seen as
 ``terminate called without an active exception`` and SIGABRT in about 1 of 50 finished torchrun runs: a gloo
 worker thread (``ProcessGroupGloo::runLoop``) releases a finished work item a moment after ``wait()`` returned. If
 that work held the last reference to a Python tensor -- the temporaries of ``broadcast_object_list`` do -- the
@@ -27,14 +26,13 @@ from __future__ import annotations
 import os
 import pickle
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ._errors import ConfigError
 from ._tree import Tree, wait_released
 
-__all__ = ["Comm", "GlooComm", "Groups", "SoloComm", "open_groups", "problems", "run_collective", "wait_released"]
+__all__ = ["Comm", "GlooComm", "Groups", "SoloComm", "open_groups", "problems", "wait_released"]
 
 LAZY_INIT = "TORCH_GLOO_LAZY_INIT"
 
@@ -46,11 +44,11 @@ class Comm(Protocol):
     def all_ok(self, ok: bool) -> bool:
         """True on every rank iff ``ok`` on every rank."""
 
-    def all_gather(self, obj: Any) -> list[Any]:
-        """Every rank's ``obj``, by rank."""
-
     def broadcast(self, obj: Any) -> Any:
         """Rank 0's ``obj`` on every rank."""
+
+    def gather(self, obj: Any) -> list[Any] | None:
+        """Every rank's ``obj``, by rank, on rank 0; None on the others."""
 
 
 class SoloComm:
@@ -60,33 +58,25 @@ class SoloComm:
     def all_ok(self, ok: bool) -> bool:
         return ok
 
-    def all_gather(self, obj: Any) -> list[Any]:
-        return [obj]
-
     def broadcast(self, obj: Any) -> Any:
         return obj
+
+    def gather(self, obj: Any) -> list[Any] | None:
+        return [obj]
 
 
 def problems(comm: Comm, problem: Any) -> list[Any]:
     """Every rank's ``problem`` that is not None, the same list on every rank. One agreement when there is none (a
-    tree's O(log N) hops); every rank's value only when some rank has one."""
+    tree's O(log N) hops); every rank's value only when some rank has one, gathered to rank 0 and sent back."""
     if comm.all_ok(problem is None):
         return []
-    return [p for p in comm.all_gather(problem) if p is not None]
-
-
-def run_collective(issue: Callable[[], Any], *tensors: Any) -> None:
-    """Run ``issue()`` (an ``async_op=True`` collective on ``tensors``), wait for it, then wait until gloo's worker
-    thread no longer references ``tensors``: from then on only Python owns them (see the module docstring)."""
-    work = issue()
-    work.wait()
-    del work
-    wait_released(*tensors)
+    got = comm.gather(problem)
+    return list(comm.broadcast([p for p in got if p is not None] if got is not None else None))
 
 
 class GlooComm:
-    """The work group's collectives: ``all_ok`` and ``broadcast`` over ``tree`` (its own, never the agreement's) in
-    O(log N) hops; ``all_gather`` (a manifest needs every rank's files) and DCP's own collectives on ``group``."""
+    """The work group's collectives: ``all_ok``, ``broadcast`` and ``gather`` (a manifest's every rank's files, to
+    rank 0) over ``tree`` (its own, never the agreement's) in O(log N) hops; DCP's own collectives on ``group``."""
 
     def __init__(self, group: Any, rank: int, world_size: int, tree: Tree) -> None:
         self.group = group
@@ -101,20 +91,9 @@ class GlooComm:
         self.tree.all_reduce_max(t)
         return int(t.item()) == 0
 
-    def all_gather(self, obj: Any) -> list[Any]:
-        import torch
-        import torch.distributed as dist
-
-        payload = _encode(obj)
-        size = torch.tensor([payload.numel()], dtype=torch.int64)
-        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world_size)]
-        run_collective(lambda: dist.all_gather(sizes, size, group=self.group, async_op=True), size, *sizes)
-        longest = max(int(s.item()) for s in sizes)
-        padded = torch.zeros(longest, dtype=torch.uint8)
-        padded[: payload.numel()] = payload
-        out = [torch.empty(longest, dtype=torch.uint8) for _ in range(self.world_size)]
-        run_collective(lambda: dist.all_gather(out, padded, group=self.group, async_op=True), padded, *out)
-        return [_decode(t[: int(s.item())]) for t, s in zip(out, sizes, strict=True)]
+    def gather(self, obj: Any) -> list[Any] | None:
+        got = self.tree.gather(pickle.dumps(obj))
+        return None if got is None else [pickle.loads(b) for b in got]
 
     def broadcast(self, obj: Any) -> Any:
         import torch

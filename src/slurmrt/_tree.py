@@ -14,16 +14,24 @@ a user's group, nothing to destroy in its registry). All of a process's pairs sh
 socket and one event loop, whatever the number of pairs.
 
 MAX is idempotent, which is what makes the folded ranks' second hop correct and lets the same pair group serve both.
+
+The same pairs gather every rank's bytes to rank 0 (:meth:`Tree.gather`, a save's file lists for its manifest) along
+a binomial tree: the folded ranks first hand theirs to rank ``r - P``, then at hop ``k`` each rank still holding
+bytes whose bit ``k`` is set hands all it holds to the rank without that bit, and is done. Rank 0 has everything
+after ``log2(P) + 1`` hops at most; each rank's bytes cross at most that many links, where a ring's all-gather
+passes every rank's bytes through every rank in ``N - 1`` steps.
 """
 
 from __future__ import annotations
 
 import datetime
+import pickle
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
-__all__ = ["Tree", "partners", "wait_released"]
+__all__ = ["Tree", "gather_schedule", "partners", "wait_released"]
 
 #: gloo's own default timeout: a peer that is alive but silent (a hang) is the hang monitor's business.
 TIMEOUT = datetime.timedelta(minutes=30)
@@ -46,6 +54,23 @@ def partners(rank: int, size: int) -> list[int]:
         return [rank - p, rank - p]
     levels = [rank ^ (1 << k) for k in range(p.bit_length() - 1)]
     return [rank + p, *levels, rank + p] if rank + p < size else levels
+
+
+def gather_schedule(rank: int, size: int) -> list[tuple[int, bool]]:
+    """The gather's hops for this rank, in order: (peer, True to hand it all this rank holds and stop / False to
+    receive what the peer holds). Every peer is one of :func:`partners`'s: the same pairs serve both."""
+    if not 0 <= rank < size:
+        raise ValueError(f"rank {rank} is not in a group of {size}")
+    p = 1 << (size.bit_length() - 1)
+    if rank >= p:
+        return [(rank - p, True)]
+    hops = [(rank + p, False)] if rank + p < size else []
+    for k in range(p.bit_length() - 1):
+        bit = 1 << k
+        if rank & bit:
+            return [*hops, (rank ^ bit, True)]
+        hops.append((rank | bit, False))
+    return hops
 
 
 class Tree:
@@ -93,19 +118,45 @@ class Tree:
         first (the tensor is then kept alive here, as gloo may still hold it). Raises what gloo raises when a
         peer is gone."""
         for peer in self._schedule:
-            # No local name for the work object beyond this loop: the wait below must drop the last reference.
-            work = self._pairs[peer].allreduce([tensor], self._options)
-            pause = 0.00005
-            while not work.is_completed():
-                if abandon is not None and abandon.is_set():
-                    _abandoned.append(tensor)
-                    return False
-                time.sleep(pause)
-                pause = min(pause * 2, 0.002)
-            work.wait()  # completed: returns at once, or raises the hop's error
-            del work
-            wait_released(tensor)
+            pair = self._pairs[peer]
+            if not _run(lambda: pair.allreduce([tensor], self._options), tensor, abandon):  # noqa: B023 - at once
+                return False
         return True
+
+    def gather(self, data: bytes) -> list[bytes] | None:
+        """Every rank's ``data``, by rank, on rank 0; None on the others. Collective: every rank calls it."""
+        held = {self.rank: data}
+        for peer, hand_over in gather_schedule(self.rank, self.size):
+            if hand_over:
+                self._send(peer, pickle.dumps(held, protocol=pickle.HIGHEST_PROTOCOL))
+                return None
+            held.update(pickle.loads(self._receive(peer)))
+        return [held[r] for r in range(self.size)]
+
+    def _send(self, peer: int, data: bytes) -> None:
+        import torch
+
+        payload = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.zeros(0, dtype=torch.uint8)
+        size = torch.tensor([payload.numel()], dtype=torch.int64)
+        self._broadcast(peer, size, root=self.rank)
+        self._broadcast(peer, payload, root=self.rank)
+
+    def _receive(self, peer: int) -> bytes:
+        import torch
+
+        size = torch.zeros(1, dtype=torch.int64)
+        self._broadcast(peer, size, root=peer)
+        payload = torch.empty(int(size.item()), dtype=torch.uint8)
+        self._broadcast(peer, payload, root=peer)
+        return payload.numpy().tobytes()
+
+    def _broadcast(self, peer: int, tensor: Any, *, root: int) -> None:
+        import torch.distributed as dist
+
+        options = dist.BroadcastOptions()
+        options.rootRank = 0 if root == min(self.rank, peer) else 1  # a pair's ranks: the lower rank is its 0
+        pair = self._pairs[peer]
+        _run(lambda: pair.broadcast([tensor], options), tensor)
 
     def close(self, *, destroy: bool = True) -> None:
         """Shut the pairs down; with ``destroy`` False (a peer may be gone), keep them as they are until exit."""
@@ -115,6 +166,23 @@ class Tree:
         for pair in self._pairs.values():
             pair.shutdown()
         self._pairs.clear()
+
+
+def _run(issue: Callable[[], Any], tensor: Any, abandon: threading.Event | None = None) -> bool:
+    """Issue one operation of a pair on ``tensor`` and wait for it by polling; False (the tensor kept alive) if
+    ``abandon`` is set first. Raises what gloo raises when a peer is gone."""
+    work = issue()  # the only reference: once dropped below, gloo's worker no longer holds the tensor
+    pause = 0.00005
+    while not work.is_completed():
+        if abandon is not None and abandon.is_set():
+            _abandoned.append(tensor)
+            return False
+        time.sleep(pause)
+        pause = min(pause * 2, 0.002)
+    work.wait()  # completed: returns at once, or raises the hop's error
+    del work
+    wait_released(tensor)
+    return True
 
 
 def wait_released(*tensors: Any, timeout_s: float = 5.0) -> None:

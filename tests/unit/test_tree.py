@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from slurmrt._tree import partners
+from slurmrt._tree import gather_schedule, partners
 
 
 def _run_schedule(size: int, values: list[int]) -> list[int]:
@@ -51,6 +51,41 @@ def test_hops_and_peers_grow_as_log2(size: int) -> None:
 def test_a_rank_outside_the_group_is_refused() -> None:
     with pytest.raises(ValueError, match="rank 4 is not in a group of 4"):
         partners(4, 4)
+    with pytest.raises(ValueError, match="rank 4 is not in a group of 4"):
+        gather_schedule(4, 4)
+
+
+def _run_gather(size: int) -> list[set[int]]:
+    """Every rank follows its gather schedule; a hand-over happens when the sender and its receiver are both next
+    in line for each other. Fails on a deadlock, or on a rank acting after it handed its bytes over."""
+    held = [{r} for r in range(size)]
+    todo = {r: gather_schedule(r, size) for r in range(size)}
+    done: set[int] = set()
+    while any(todo.values()):
+        ready = [r for r in range(size) if todo[r] and todo[r][0][1] and todo[todo[r][0][0]]
+                 and todo[todo[r][0][0]][0] == (r, False)]
+        assert ready, f"size {size}: no hand-over can proceed: {todo}"
+        sender = ready[0]
+        receiver = todo[sender][0][0]
+        assert sender not in done and receiver not in done
+        held[receiver] |= held[sender]
+        held[sender] = set()
+        done.add(sender)
+        todo[sender].pop(0)
+        todo[receiver].pop(0)
+        assert not todo[sender], f"rank {sender} has hops after handing its bytes over"
+    return held
+
+
+@pytest.mark.parametrize("size", [*range(1, 34), 100, 257, 1000])
+def test_the_gather_brings_every_ranks_bytes_to_rank_0_once_over_the_trees_pairs(size: int) -> None:
+    held = _run_gather(size)
+    assert held[0] == set(range(size))
+    assert all(not h for h in held[1:])
+    for rank in range(size):
+        hops = gather_schedule(rank, size)
+        assert {peer for peer, _ in hops} <= set(partners(rank, size))  # no connection beyond the tree's
+        assert len(hops) <= (size.bit_length() - 1) + 1  # log2 P hops, and the fold
 
 
 def _sockets() -> int:
@@ -82,19 +117,21 @@ def _worker(rank: int, size: int, port: int, out: Any) -> None:
     comm = GlooComm(None, rank, size, Tree(rank, size))
     sent = comm.broadcast({"step": 7, "ranks": list(range(size))} if rank == 0 else None)
     agreed, refused = comm.all_ok(True), comm.all_ok(rank != size // 2)
+    gathered = comm.gather({"rank": rank, "files": {f"rank_{rank}.pt": rank * 1000}} if rank != 2 else {})
+    empty = tree.gather(b"" if rank % 2 else bytes([rank]) * (rank + 1))
     dist.barrier()
     # A round that one rank never joins: the others' waits end when told to abandon, not in gloo.
     abandon = threading.Event()
     abandon.set()
     abandoned = True if rank == 0 else tree.all_reduce_max(torch.zeros(1, dtype=torch.int64), abandon)
-    out.put((rank, t.tolist(), int(again[0]), made, tree.peers, abandoned, sent, agreed, refused))
+    out.put((rank, t.tolist(), int(again[0]), made, tree.peers, abandoned, sent, agreed, refused, gathered, empty))
     out.close()
     out.join_thread()  # the queue's feeder thread has sent the result
     os._exit(0)  # the abandoned round is still pending in gloo: leave without its teardown
 
 
 @pytest.mark.parametrize("size", [5])
-def test_real_gloo_pairs_reduce_and_broadcast_over_few_sockets(size: int) -> None:
+def test_real_gloo_pairs_reduce_broadcast_and_gather_over_few_sockets(size: int) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -106,8 +143,14 @@ def test_real_gloo_pairs_reduce_and_broadcast_over_few_sockets(size: int) -> Non
     results = sorted(out.get(timeout=300) for _ in range(size))
     for p in procs:
         p.join(60)
-    for rank, reduced, again, made, peers, abandoned, sent, agreed, refused in results:
+    for rank, reduced, again, made, peers, abandoned, sent, agreed, refused, gathered, empty in results:
         assert sent == {"step": 7, "ranks": list(range(size))}
+        if rank == 0:
+            assert gathered == [{"rank": r, "files": {f"rank_{r}.pt": r * 1000}} if r != 2 else {}
+                                for r in range(size)]
+            assert empty == [b"" if r % 2 else bytes([r]) * (r + 1) for r in range(size)]
+        else:
+            assert gathered is None and empty is None
         assert agreed is True and refused is False  # one rank's "no" is every rank's
         assert reduced == [size - 1, 0, 10 * (size - 1)]
         assert again == 99

@@ -238,8 +238,9 @@ class LocalTier:
         except OSError as err:
             logger.warning("rank %d: local checkpoint tier %s unreadable: %s", rank, self.directory, err)
             mine = {}
-        everyone: list[dict[int, dict[int, dict[str, Any]]]] = self.comm.all_gather(mine)
-        plan = _choose(everyone, world, floor)
+        # Rank 0 chooses from every node's holdings and tells every rank (trees: O(log N) hops, not a ring).
+        everyone: list[dict[int, dict[int, dict[str, Any]]]] | None = self.comm.gather(mine)
+        plan = self.comm.broadcast(_choose(everyone, world, floor) if everyone is not None else None)
         if plan is None:
             return None
         step, holder, metas = plan

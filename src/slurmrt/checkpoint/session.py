@@ -161,9 +161,9 @@ class CheckpointSession:
         if got is not None and got.local_lost is not None:
             logger.warning("rank %d: %s", rank, got.local_lost)
         self.loaded = True
-        total = store.comm.all_gather(received) if tier is not None else [0]
+        total = store.comm.gather(received) if tier is not None else None  # rank 0 reports it
         self._report.loaded((got.step, got.state) if got is not None else None, tier=where,
-                            from_peers=sum(total) if tier is not None else None)
+                            from_peers=None if tier is None else sum(total or [0]))
         return got
 
     def clear_local(self) -> None:

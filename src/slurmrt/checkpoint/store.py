@@ -181,8 +181,7 @@ class CheckpointStore:
             # torch.save reports a failed write as "unexpected pos ...", hiding ENOSPC/EFBIG: show the free space.
             error = f"rank {rank}: {err!r} ({free_space(self.root)}){failure_advice(err, self.root)}"
             logger.exception("checkpoint step %d: writing failed on rank %d: %s", step, rank, err)
-        reports: list[tuple[str | None, str, dict[str, FileInfo]]] = self.comm.all_gather((error, kind, files))
-        errors = [e for e, _, _ in reports if e]
+        errors: list[str] = gather_problems(self.comm, error)  # one tree all_ok when every rank wrote its part
         if errors:
             if rank == 0:
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -191,16 +190,19 @@ class CheckpointStore:
                 f"{'; '.join(errors)}. The traceback is in the failing rank's log",
                 step=step, errors=errors,
             )
-        kinds = {k for _, k, _ in reports}
-        if len(kinds) != 1:
-            raise CheckpointError(f"checkpoint of step {step}: the ranks saved different kinds of state "
-                                  f"({sorted(kinds)}); every rank must pass the same kind", step=step)
+        # Every rank's files to rank 0, for the manifest, along a tree: O(log N) hops, not a ring's N - 1.
+        reports: list[tuple[str, dict[str, FileInfo]]] | None = self.comm.gather((kind, files))
         final = self.root / f"step_{step:09d}"
         outcome: tuple[str | None, int] = (None, 0)
         committed = False
         if rank == 0:
+            assert reports is not None
             try:
-                size = self._prepare(tmp, step, kind, [f for _, _, f in reports])
+                kinds = {k for k, _ in reports}
+                if len(kinds) != 1:
+                    raise CheckpointError(f"the ranks saved different kinds of state ({sorted(kinds)}); every rank "
+                                          "must pass the same kind", step=step)
+                size = self._prepare(tmp, step, kind, [f for _, f in reports])
                 committed = self._commit(tmp, final, step)
                 outcome = (None, size)
             except Exception as err:

@@ -215,10 +215,16 @@ class StopController:
 
     def stopped(self, reasons: frozenset[Reason], *, step: int, term_time: float | None = None) -> StopDecision:
         self.last_step = step
-        gathered = self._groups().work.all_gather((sorted(r.value for r in reasons), term_time))
-        union = frozenset(Reason(v) for values, _ in gathered for v in values)
-        terms = [t for _, t in gathered if t is not None]
-        decision = StopDecision(step, union, True, self.end_time, min(terms) if terms else None)
+        work = self._groups().work
+        # Gathered to rank 0 and its union sent back: two trees' O(log N) hops, where an all-gather is a ring.
+        gathered = work.gather((sorted(r.value for r in reasons), term_time))
+        merged: tuple[list[str], float | None] | None = None
+        if gathered is not None:
+            terms = [t for _, t in gathered if t is not None]
+            merged = (sorted({v for values, _ in gathered for v in values}), min(terms) if terms else None)
+        values, first_term = work.broadcast(merged)
+        union = frozenset(Reason(v) for v in values)
+        decision = StopDecision(step, union, True, self.end_time, first_term)
         if union:
             self._decided(decision)
         return decision
