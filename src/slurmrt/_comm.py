@@ -147,8 +147,14 @@ def open_groups(world_size: int = 1) -> Groups:
     dist = torch_distributed()
     if dist is not None and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         rank, size = dist.get_rank(), dist.get_world_size()
-        control = Tree(rank, size)
-        return Groups(control, GlooComm(_lazy_gloo_group(dist), rank, size, Tree(rank, size)))
+        group = _lazy_gloo_group(dist)
+        # One gloo device (a listening socket and an event loop thread) for both trees. Not the lazy group's:
+        # pairs made on a lazily connecting group's device never connected (seen here).
+        from torch.distributed import ProcessGroupGloo
+
+        device = ProcessGroupGloo.create_default_device()
+        control = Tree(rank, size, device=device)
+        return Groups(control, GlooComm(group, rank, size, Tree(rank, size, device=device)))
     if world_size > 1:
         raise ConfigError(
             f"the launch has {world_size} processes but torch.distributed is not initialized: should_stop(), save() "

@@ -11,7 +11,8 @@ N) holds the MAX of all. The other ``N - P`` ranks first fold their value into r
 back from it at the end: two hops more. Each hop runs on a gloo group of just those two ranks, made here from the
 default group's store under a prefix of its own (not registered with ``torch.distributed``: no name to collide with
 a user's group, nothing to destroy in its registry). All of a process's pairs share one gloo device: one listening
-socket and one event loop, whatever the number of pairs.
+socket and one event loop, whatever the number of pairs. (A gloo event loop wakes every 10 ms even when idle: about
+0.2 % of a core here, each. slurmrt's two trees share one.)
 
 MAX is idempotent, which is what makes the folded ranks' second hop correct and lets the same pair group serve both.
 
@@ -78,7 +79,8 @@ def gather_schedule(rank: int, size: int) -> list[tuple[int, bool]]:
 class Tree:
     """This rank's pairs. Made collectively: every rank of the default group, at the same point of its program."""
 
-    def __init__(self, rank: int, size: int, store: Any = None, *, timeout: datetime.timedelta = TIMEOUT) -> None:
+    def __init__(self, rank: int, size: int, store: Any = None, *, timeout: datetime.timedelta = TIMEOUT,
+                 device: Any = None) -> None:
         import torch.distributed as dist
         from torch.distributed import PrefixStore, ProcessGroupGloo
 
@@ -90,7 +92,8 @@ class Tree:
             store = dist.distributed_c10d._get_default_store()
         self.rank, self.size = rank, size
         self._schedule = partners(rank, size)
-        device = ProcessGroupGloo.create_default_device()
+        if device is None:
+            device = ProcessGroupGloo.create_default_device()
         self._pairs: dict[int, Any] = {}
         # In the order of the hops: a rank and its partner at hop k have both made the pairs of their hops before k.
         for peer in self._schedule:
