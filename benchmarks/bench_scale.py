@@ -111,7 +111,7 @@ def run(quick: bool = False) -> Section:
         ring_s = _model_ring(size, ring_steps, gen) if size <= (1024 if quick else 16384) else float("nan")
         figures[f"model_{size}"] = {"tree_s": tree_s, "ring_s": ring_s, "hops": hops, "peers": peers}
         model_rows.append([size, 2 * (size - 1), hops, f"{ring_s * 1e3:.1f}", f"{tree_s * 1e3:.2f}",
-                           f"{ring_s / tree_s:.0f}x", 2 * size, 2 * (peers + 1) + 2,
+                           f"{ring_s / tree_s:.0f}x", 2 * size, 2 * peers + 3,
                            f"{2 * size * (2 * size + 1):,}", f"{int(2 * size * peers * per_peer):,}"])
     body += table(["ranks", "ring hops", "tree hops", "ring round ms (model)", "tree round ms (model)",
                    "ring / tree", "sockets per process before", "sockets per process now (non-coordinator)",
@@ -121,9 +121,10 @@ def run(quick: bool = False) -> Section:
              f"{float(ring_steps.median()) * 1e6:.0f} µs (half a 2-rank ring round: two steps inside one "
              "collective); each exchange draws its latency from those rounds. Sockets before: two groups of every "
              "rank (N - 1 connections and a listener each). Now: two trees (the agreement's, and the work group's "
-             "for its agreements, broadcasts and gathers), each with its peers (at most log2(N) + 1) and one "
-             "listener, and the lazy gloo group's listener and its connection to rank 0 once DCP plans a sharded "
-             "save (the measured rows, where no DCP save ran, have the listener alone). Rank 0, DCP's "
+             "for its agreements, broadcasts and gathers), each with its peers (at most log2(N) + 1), one listener "
+             "for both (they share a gloo device), and the lazy gloo group's listener and its connection to rank 0 "
+             "once DCP plans a sharded save (the measured rows, where no DCP save ran, have the listener alone). "
+             "Rank 0, DCP's "
              "coordinator, connects to every rank at the first sharded save, as `dcp.save` on any group does. Store "
              f"requests: before, each rank of each eager group made 2N + 1 (measured: {full_per_rank}); now "
              f"{per_peer:.0f} per peer of a tree, and the lazy group's connections ask the store only for the peers "
