@@ -37,8 +37,6 @@ __all__ = ["Tree", "gather_schedule", "partners", "wait_released"]
 #: gloo's own default timeout: a peer that is alive but silent (a hang) is the hang monitor's business.
 TIMEOUT = datetime.timedelta(minutes=30)
 
-#: How long a hop's wait runs before it looks at its ``abandon`` event.
-ABANDON_POLL = datetime.timedelta(milliseconds=20)
 #: Tensors of hops abandoned at exit while gloo may still hold them: never let gloo's worker own the last reference.
 _abandoned: list[Any] = []
 #: Trees left open because a peer may be gone (their teardown could wait for it); kept until the process exits.
@@ -174,23 +172,17 @@ class Tree:
 
 
 def _run(issue: Callable[[], Any], tensor: Any, abandon: threading.Event | None = None) -> bool:
-    """Issue one operation of a pair on ``tensor`` and wait for it, ``ABANDON_POLL`` at a time without the GIL;
-    False (the tensor kept alive) if ``abandon`` is set first. Raises what gloo raises when a peer is gone.
-
-    A wait with a timeout wakes this thread once when the hop completes. Polling ``is_completed`` with short sleeps
-    woke it (and took the GIL from the training thread) several times a hop."""
+    """Issue one operation of a pair on ``tensor`` and wait for it by polling; False (the tensor kept alive) if
+    ``abandon`` is set first. Raises what gloo raises when a peer is gone."""
     work = issue()  # the only reference: once dropped below, gloo's worker no longer holds the tensor
-    while True:
-        try:
-            work.wait(ABANDON_POLL)
-            break
-        except RuntimeError:
-            if work.is_completed():  # failed, or done just after the timeout: this answers which, at once
-                work.wait()
-                break
-            if abandon is not None and abandon.is_set():
-                _abandoned.append(tensor)
-                return False
+    pause = 0.00005
+    while not work.is_completed():
+        if abandon is not None and abandon.is_set():
+            _abandoned.append(tensor)
+            return False
+        time.sleep(pause)
+        pause = min(pause * 2, 0.002)
+    work.wait()  # completed: returns at once, or raises the hop's error
     del work
     wait_released(tensor)
     return True
