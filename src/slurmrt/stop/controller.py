@@ -216,7 +216,7 @@ class StopController:
     def stopped(self, reasons: frozenset[Reason], *, step: int, term_time: float | None = None) -> StopDecision:
         self.last_step = step
         work = self._groups().work
-        # Gathered to rank 0 and its union sent back: two trees' O(log N) hops, where an all-gather is a ring.
+        # Gathered to rank 0 and its union sent back, both over the work group's tree: O(log N) hops each, not a ring.
         gathered = work.gather((sorted(r.value for r in reasons), term_time))
         merged: tuple[list[str], float | None] | None = None
         if gathered is not None:
