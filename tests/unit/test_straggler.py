@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -136,6 +140,7 @@ def test_ranks_that_time_nothing_make_no_judgement() -> None:
 def test_the_timer_closes_a_window_of_means_every_window_uses(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = iter([0.0, 0.01, 0.1, 0.13, 0.2, 0.21, 0.3, 0.33])  # sections of 10 and 30 ms
     monkeypatch.setattr(mod, "_now", lambda: next(clock))
+    monkeypatch.setattr(mod, "SCHEDSTAT", "/nonexistent/schedstat")  # no run-queue figures: the wall time is used
     timer = ComputeTimer(window=2, step_s=lambda: 0.1)
     for _ in range(4):
         with timer:
@@ -144,6 +149,79 @@ def test_the_timer_closes_a_window_of_means_every_window_uses(monkeypatch: pytes
     t = timer.timing(5, 2, suspect=2)
     assert (t.slowest, t.slowest_node, t.others) == (20_000 << 24 | 5, 20_000 << 24 | 2, -1)
     assert timer.timing(5, 2, suspect=1).others == 20_000
+
+
+_SCHEDSTAT = Path(mod.SCHEDSTAT)
+needs_schedstat = pytest.mark.skipif(not _SCHEDSTAT.exists() or len(_SCHEDSTAT.read_text().split()) < 2,
+                                     reason="the kernel keeps no per-thread scheduler statistics here")
+_TIMED = """
+import os, subprocess, sys, time
+from pathlib import Path
+from slurmrt.stop.straggler import ComputeTimer
+timer, cpu, wall = ComputeTimer(window=4), 0.0, 0.0
+for _ in range(4):
+    c0, w0 = time.thread_time(), time.perf_counter()
+    with timer:
+        section()
+    cpu += time.thread_time() - c0
+    wall += time.perf_counter() - w0
+print(timer.published[1] / 1e6, cpu / 4, wall / 4, flush=True)
+"""
+
+
+def _timed(setup: str) -> subprocess.Popen[str]:
+    """A process that runs ``setup`` (which defines ``section()``), times four sections, and prints the timer's
+    mean, the CPU time and the wall time of a section."""
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(setup) + _TIMED], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(Path(mod.__file__).parents[2])})
+
+
+@needs_schedstat
+def test_the_time_a_rank_waits_for_a_core_is_not_its_own() -> None:
+    # The timing process and a spinning one share one core: each section lasts about twice its CPU time, the other
+    # half waiting in the run queue. The timer's mean is the rank's own time, not the wall time.
+    p = _timed("""
+        import atexit, os, subprocess, sys
+        core = min(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {core})
+        spin = subprocess.Popen([sys.executable, "-c", "import os; os.sched_setaffinity(0, {%d}); "
+                                 "print(1, flush=True)\\nwhile True: pass" % core], stdout=subprocess.PIPE)
+        atexit.register(spin.kill)
+        spin.stdout.readline()  # spinning on the core
+
+        def section():
+            sum(range(3_000_000))
+    """)
+    out, _ = p.communicate(timeout=300)
+    mean, cpu, wall = map(float, out.split())
+    assert wall > 1.3 * cpu, (mean, cpu, wall)  # the core was shared
+    assert abs(mean - cpu) < abs(mean - wall), (mean, cpu, wall)
+
+
+@needs_schedstat
+def test_the_time_a_rank_is_stopped_is_its_own(tmp_path: Path) -> None:
+    # A stopped process waits for nothing in the run queue (a throttled node, or the simulator's --slow-node): each
+    # section is stopped for 0.2 s while it runs, and the timer keeps that time.
+    flag = tmp_path / "go"
+    p = _timed(f"""
+        import os
+
+        def section():
+            print("in", flush=True)
+            while not os.path.exists({str(flag)!r}):
+                pass
+            os.unlink({str(flag)!r})
+    """)
+    assert p.stdout is not None
+    for _ in range(4):
+        assert p.stdout.readline() == "in\n"
+        os.kill(p.pid, signal.SIGSTOP)
+        time.sleep(0.2)
+        os.kill(p.pid, signal.SIGCONT)
+        flag.touch()
+    out, _ = p.communicate(timeout=300)
+    mean, cpu, wall = map(float, out.split())
+    assert mean >= 0.2 and wall >= 0.2, (mean, cpu, wall)
 
 
 def test_options_name_the_rule_of_a_bad_value() -> None:

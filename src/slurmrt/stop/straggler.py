@@ -3,7 +3,15 @@
 Step times cannot name a slow rank: in lockstep training every rank's step lasts as long as the slowest one's, since
 the others wait for it in the gradient all-reduce. The time of a section without collectives can, so the measure is
 opt-in: ``with rt.time_compute(): loss = model(batch)`` (the forward of DDP, a pipeline stage's compute). Each use
-costs two clock reads and a few additions, on the training thread; nothing else runs there.
+costs two clock reads, two reads of the thread's scheduler statistics (about 2 µs each) and a few additions, on the
+training thread; nothing else runs there.
+
+- **A rank's own time, not its turn for a core.** The time the thread waited in the run queue during the section
+  (``run_delay`` of ``/proc/thread-self/schedstat``: runnable, but a core was busy with another process) is taken out
+  of the section's time. A slow node still shows (a throttled CPU or GPU, a process stopped by a debugger or by the
+  simulator's ``--slow-node``: none of that is a wait in the run queue), but a rank starved of CPU on a machine
+  whose cores are shared out among more busy processes than it has does not: leaving its node out would not help.
+  Where the statistics cannot be read (not Linux, or the kernel keeps none), the section's wall time is used.
 
 - **Windows.** Each rank closes a window every ``window`` timed sections: the mean section time, and the step time
   the stop controller measures (the median of the recent steps).
@@ -31,6 +39,7 @@ Defaults: margin 0.25, windows of 20 timed steps, 3 windows: a node 25 % slower 
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,6 +52,25 @@ MIN_COST = 0.05
 _RANK_BITS = 24  # 16 M ranks
 _MAX_US = (1 << (62 - _RANK_BITS)) - 1
 _now = time.perf_counter  # one global lookup per read, not two
+_pread = os.pread
+#: This thread's scheduler statistics: time on a core, time waiting in the run queue, time slices (ns, ns, count).
+SCHEDSTAT = "/proc/thread-self/schedstat"
+
+
+def _open_schedstat() -> int:
+    """A descriptor of the calling thread's scheduler statistics (``/proc/thread-self`` names the thread that
+    opens it), or -1 where they cannot be read or are not kept (all zeros)."""
+    try:
+        fd = os.open(SCHEDSTAT, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return -1
+    try:
+        if len(_pread(fd, 64, 0).split()) >= 2:
+            return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return -1
 
 
 @dataclass(frozen=True)
@@ -91,9 +119,10 @@ class Straggler:
 
 class ComputeTimer:
     """``with timer:`` around a section without collectives, once per step; one object reused (no allocation).
-    ``step_s`` gives the measured step time when a window closes (the stop controller's estimate)."""
+    ``step_s`` gives the measured step time when a window closes (the stop controller's estimate). The thread
+    that times the first section is the one whose run-queue waits are taken out (the training thread)."""
 
-    __slots__ = ("_count", "_start", "_step_s", "_sum", "published", "window")
+    __slots__ = ("_count", "_fd", "_queued", "_start", "_step_s", "_sum", "published", "window")
 
     def __init__(self, window: int = 20, step_s: Callable[[], float | None] = lambda: None) -> None:
         self.window = window
@@ -101,15 +130,36 @@ class ComputeTimer:
         self._start = 0.0
         self._sum = 0.0
         self._count = 0
+        self._fd: int | None = None  # opened at the first section, by the thread that times it
+        self._queued = 0
         #: (window number, mean section µs, step time µs) of the last closed window; read by the control thread
         #: (one tuple, replaced whole).
         self.published: tuple[int, int, int] | None = None
 
+    def _waited_ns(self) -> int:
+        """The timing thread's run-queue wait so far, in ns (0 where it cannot be read)."""
+        fd = self._fd
+        if fd is None:
+            fd = self._fd = _open_schedstat()
+        if fd < 0:
+            return 0
+        try:
+            return int(_pread(fd, 64, 0).split()[1])
+        except (OSError, ValueError, IndexError):  # the thread is gone, or the format is not the one known
+            self._fd = -1
+            os.close(fd)
+            return 0
+
     def __enter__(self) -> None:
+        self._queued = self._waited_ns()
         self._start = _now()
 
     def __exit__(self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None) -> None:
-        self._sum += _now() - self._start
+        wall = _now() - self._start
+        waited = self._waited_ns() - self._queued
+        if waited > 0:
+            wall = max(wall - waited / 1e9, 0.0)
+        self._sum += wall
         self._count += 1
         if self._count >= self.window:
             self._close()
