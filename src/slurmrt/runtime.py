@@ -175,8 +175,8 @@ class Runtime:
     def time_compute(self) -> contextlib.AbstractContextManager[None]:
         """``with rt.time_compute(): loss = model(batch)``: time this rank's own work, a section without collectives,
         once per step, so that a rank consistently slower than the others is named a straggler, with its node
-        (``straggler`` options; docs/guides/in-job.md). About 5 µs per use (clocks and the thread's
-        run-queue wait); nothing is sent per step."""
+        (``straggler`` options; docs/guides/in-job.md). Two clock reads per use; nothing is sent per
+        step."""
         return self.stop.timer
 
     @property

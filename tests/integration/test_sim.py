@@ -285,22 +285,26 @@ def _finals(out: Path, world: int) -> list[dict[str, Any]]:
 #: next to the simulator's 2 ms charging tick.
 SLOW = ("--slow-node", "1", "--slow-factor", "8")
 COMPUTE = "300000"
+#: The straggler tests name at 2.5x, not at the default 1.25x: on this machine's 2 virtual cores under the suite's
+#: load, a healthy node's rank ran its section up to 1.85x slower than the others in CPU time (run-queue waits taken
+#: out), for 10 s and more, and was named in a requeued run. The slowed node measures 4x and more.
+MARGIN = {"SLURMRT_STRAGGLER_MARGIN": "1.5"}
 
 
 @pytest.mark.stragglers
 def test_a_slowed_node_is_named_and_replaced_by_a_spare_in_the_same_run(tmp_path: Path) -> None:
     # Node 1's work takes 8x as long from the start; a run of 300 steps is long enough to be judged (the suspect's
     # window and 3 more, of 20 timed steps) on a machine of any speed: the judgement counts steps, not seconds. The
-    # factor is well above what sharing this machine's cores with other processes does to a rank (up to 2x).
+    # factor is well above what sharing this machine's cores with other processes does to a rank (MARGIN).
     out = sim(tmp_path, "-N", "3", "--ntasks-per-node", "1", "--spare-nodes", "1", *SLOW, "--requeue",
               "--", sys.executable, str(WORKER), "--out", str(tmp_path / "out"), "--steps", "300",
               "--step-time", "0.02", "--compute", COMPUTE,
-              env={"SLURMRT_CHECKPOINT_DIR": str(tmp_path / "ckpt"), "SLURMRT_STRAGGLER": "replace"})
+              env={"SLURMRT_CHECKPOINT_DIR": str(tmp_path / "ckpt"), "SLURMRT_STRAGGLER": "replace", **MARGIN})
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     events = _events(tmp_path / "ckpt")
     (named,) = [e for e in events if e["event"] == "straggler"]
     slow = named["node"]
-    assert named["straggler"] == 1 and named["ratio"] >= 1.25 and named["action"] == "replace"
+    assert named["straggler"] == 1 and named["ratio"] >= 2.5 and named["action"] == "replace"
     (moved,) = [e for e in events if e["event"] == "in_job_restart"]
     assert moved["nodes"] == [slow]
     decision = next(e for e in events if e["event"] == "decision")
@@ -318,7 +322,7 @@ def test_without_a_spare_the_straggler_is_left_out_of_the_requeued_run(tmp_path:
     out = sim(tmp_path, "-N", "2", "--ntasks-per-node", "1", *SLOW, "--requeue", "--",
               sys.executable, str(WORKER), "--out", str(tmp_path / "out"), "--steps", "300", "--step-time", "0.02",
               "--compute", COMPUTE,
-              env={"SLURMRT_CHECKPOINT_DIR": str(tmp_path / "ckpt"), "SLURMRT_STRAGGLER": "replace"})
+              env={"SLURMRT_CHECKPOINT_DIR": str(tmp_path / "ckpt"), "SLURMRT_STRAGGLER": "replace", **MARGIN})
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     events = _events(tmp_path / "ckpt")
     (named,) = [e for e in events if e["event"] == "straggler"]
