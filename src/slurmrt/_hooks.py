@@ -113,6 +113,9 @@ class ProcessHooks:
 def exit_now(code: int) -> NoReturn:
     """Flush what the logs hold and end the process at once: a stuck thread cannot be joined, and gloo's teardown
     under failed collectives would abort the process instead of letting it exit with ``code``."""
+    from . import log
+
+    log.flush()  # the lines queued behind a taken log lock
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):
             stream.flush()

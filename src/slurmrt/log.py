@@ -6,6 +6,10 @@ filesystem so does every node). When writing to a stream (stdout under srun), a 
 default, so it is a filesystem every node of the job can reach. Outside SLURM, a file in this user's private
 runtime directory (one machine). ``SLURMRT_LOCK_FILE`` overrides both.
 
+A line never waits for the lock: when it is free the line is written at once; when it is taken the line is queued,
+and a thread of the process writes all the queued lines as soon as the lock is free, in one hold of it (ordered, and
+written before the process exits: at exit, ``logging.shutdown()`` and slurmrt's own exits flush them).
+
 No other user can make a log line wait: a lock file that is a symlink or another user's is not used, and a lock held
 for more than ``LOCK_TIMEOUT_S`` is given up (with one warning on stderr); the lines are then written unlocked.
 
@@ -15,6 +19,7 @@ across clients; Lustre needs the ``flock`` mount option.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import fcntl
 import logging
@@ -22,19 +27,21 @@ import os
 import socket
 import sys
 import threading
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
 from ._safefs import runtime_base
 
-__all__ = ["FlockHandler", "default_lock_path", "install", "printflock"]
+__all__ = ["FlockHandler", "default_lock_path", "flush", "install", "printflock"]
 
 _lock_fds: dict[str, int | None] = {}
 _private_lock: dict[tuple[str | None, str | None], Path] = {}
 #: The longest wait for the lock before a line is written without it.
 LOCK_TIMEOUT_S = 10.0
 _lock_guard = threading.Lock()  # flock is per open file description: threads of one process share it
+_monotonic = time.monotonic
 
 
 def default_lock_path(env: Mapping[str, str] | None = None) -> Path:
@@ -102,80 +109,110 @@ def _warn(message: str) -> None:
     sys.stderr.write(f"slurmrt.log: {message}\n")  # not through logging: this module may be logging's handler
 
 
-class _Writer:
-    """Writes the lines of a contended lock on a thread of its own, blocked in ``flock``: woken the moment the lock
-    is free, it holds it only for the write and the flush. The caller waits for it at most the timeout, then writes
-    unlocked. Measured with 8 writers on 2 cores: a poll with sleeps left the lock idle between holders, and handing
-    the lock (not the write) back to the caller held it across two context switches; both reached a quarter of a raw
-    flock's rate. flock belongs to the open file description: this thread's lock is the process's."""
+class _Queue:
+    """The lines that found the lock taken, written in order by a thread of their own: blocked in ``flock``, it is
+    woken the moment the lock is free and writes every line waiting by then, one write per stream, under one hold of
+    the lock. The caller does not wait: a log line never holds up a training step, whoever holds the lock.
 
-    def __init__(self, fd: int) -> None:
-        self._fd = fd
+    While lines wait here, the process's next lines join them (its lines stay in order). A line that waited more
+    than ``LOCK_TIMEOUT_S`` means the lock is held by something that is not a writer of lines (a stuck or foreign
+    process): the next line, or :func:`flush`, gives the lock up and writes what waits without it. flock belongs to
+    the open file description, so this thread's lock is the process's."""
+
+    def __init__(self, fd: int, key: str) -> None:
+        self._fd, self._key = fd, key
         self._cond = threading.Condition()
-        self._jobs: list[_Job] = []
+        #: (text, stream, when queued); a line leaves the list once written (or given up).
+        self._lines: list[tuple[str | bytes, IO[str] | int, float]] = []
+        self._writing = False  # the thread holds the lock and writes lines taken from the list
+        self._given_up = False
         threading.Thread(target=self._run, name="slurmrt-log-lock", daemon=True).start()
 
-    def write(self, text: str | bytes, stream: IO[str] | int, timeout_s: float) -> bool:
-        """True once ``text`` is written under the lock; False when the lock stayed taken for ``timeout_s`` (the
-        line is then not written here)."""
-        job = _Job(text, stream)
+    def waiting(self) -> bool:
+        """Lines wait or are being written: the caller's line goes after them. (flock belongs to the open file
+        description, which the process's threads share: only this keeps a caller from writing beside the thread.)"""
         with self._cond:
-            self._jobs.append(job)
+            return bool(self._lines) or self._writing
+
+    def put(self, text: str | bytes, stream: IO[str] | int) -> None:
+        with self._cond:
+            self._lines.append((text, stream, _monotonic()))
             self._cond.notify_all()
-            if not self._cond.wait_for(lambda: job.state == "done", timeout_s):
-                if job.state == "queued":
-                    job.state = "abandoned"  # released unwritten if the thread ever gets the lock for it
-                    return False
-                self._cond.wait_for(lambda: job.state == "done")  # being written: a matter of microseconds
-        if job.error is not None:
-            raise job.error
-        return True
+            stale = _monotonic() - self._lines[0][2] > LOCK_TIMEOUT_S
+        if stale:
+            self.give_up()
+
+    def flush(self, timeout_s: float) -> None:
+        """Wait until every waiting line is written; after ``timeout_s``, give the lock up and write them without it."""
+        with self._cond:
+            if self._cond.wait_for(lambda: not self._lines and not self._writing, timeout_s):
+                return
+        self.give_up()
+
+    def give_up(self) -> None:
+        with self._cond:
+            if self._given_up:
+                return
+            self._given_up = True
+            lines, self._lines = self._lines, []
+            self._cond.notify_all()
+        _lock_fds[self._key] = None  # not waited for again by this process
+        _warn(f"the log lock {self._key} stayed locked for {LOCK_TIMEOUT_S:.0f} s: log lines are written without it "
+              "from now on")
+        _write_all(lines)
 
     def _run(self) -> None:
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: bool(self._jobs))
-                job = self._jobs.pop(0)
-            fcntl.flock(self._fd, fcntl.LOCK_EX)
-            with self._cond:
-                taken = job.state == "queued"
-                job.state = "writing" if taken else job.state
+                self._cond.wait_for(lambda: bool(self._lines) or self._given_up)
+                if self._given_up:
+                    return
+            fcntl.flock(self._fd, fcntl.LOCK_EX)  # blocks until the lock is free: no polling, no sleeps
             try:
-                if taken:
-                    _write(job.text, job.stream)
-            except Exception as err:  # noqa: BLE001 - the caller raises it
-                job.error = err
+                with self._cond:
+                    lines, self._lines = self._lines, []  # given up meanwhile: nothing left to write
+                    self._writing = True
+                _write_all(lines)
             finally:
                 fcntl.flock(self._fd, fcntl.LOCK_UN)
-            if taken:
                 with self._cond:
-                    job.state = "done"
+                    self._writing = False
                     self._cond.notify_all()
 
 
-class _Job:
-    __slots__ = ("error", "state", "stream", "text")
+def _write_all(lines: list[tuple[str | bytes, IO[str] | int, float]]) -> None:
+    """Write queued lines in order, the consecutive ones to one stream in one write. A failure is reported on
+    stderr (the callers have moved on)."""
+    i = 0
+    while i < len(lines):
+        stream = lines[i][1]
+        j = i
+        while j < len(lines) and lines[j][1] is stream:
+            j += 1
+        parts = [text for text, _, _ in lines[i:j]]
+        try:
+            _write(b"".join(p if isinstance(p, bytes) else p.encode() for p in parts) if isinstance(stream, int)
+                   else "".join(p if isinstance(p, str) else p.decode() for p in parts), stream)
+        except Exception as err:  # noqa: BLE001 - no caller to raise it to
+            _warn(f"{j - i} log line(s) could not be written: {err!r}")
+        i = j
 
-    def __init__(self, text: str | bytes, stream: IO[str] | int) -> None:
-        self.text, self.stream = text, stream
-        self.state = "queued"  # then "writing" and "done", or "abandoned"
-        self.error: Exception | None = None
 
-
-_writers: dict[int, _Writer] = {}
+_queues: dict[str, _Queue] = {}  # by lock file
 
 
 def _after_fork_in_child() -> None:
     """A forked child (a DataLoader worker) opens its own lock file description: flock belongs to the description,
-    so one inherited from the parent would not keep the two apart; the parent's waiter threads are not in the
-    child, and a guard held by one of its threads at the fork would never be released."""
+    so one inherited from the parent would not keep the two apart; the parent's queue threads are not in the
+    child (the lines waiting there are the parent's to write), and a guard held by one of its threads at the fork
+    would never be released."""
     global _lock_guard
     for fd in _lock_fds.values():
         if fd is not None:
             with contextlib.suppress(OSError):
                 os.close(fd)
     _lock_fds.clear()
-    _writers.clear()
+    _queues.clear()
     _lock_guard = threading.Lock()
 
 
@@ -184,55 +221,51 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 def write_locked(text: str | bytes, stream: IO[str] | int, lock_path: Path) -> None:
     """Write ``text`` to ``stream`` (a text stream, or a descriptor opened with O_APPEND) and flush it while holding
-    an exclusive flock on ``lock_path``. The lock is waited for at most LOCK_TIMEOUT_S (a line takes microseconds; a
-    longer hold is a stuck or foreign process), then the line is written anyway: a log line never blocks training."""
+    an exclusive flock on ``lock_path``. When the lock is free the line is written now, on the caller's thread;
+    when it is taken, the line joins the lock's queue (:class:`_Queue`). The call then returns at once when the
+    stream lives as long as the process (stdout, stderr) or is the handler's own descriptor (closed only after a
+    :func:`flush`): a log line never blocks training. Another stream (a file the caller may close next) is waited
+    for, ``LOCK_TIMEOUT_S`` at most. :func:`flush` waits for the queued lines."""
+    queue = _put_locked(text, stream, lock_path)
+    if queue is not None and not (isinstance(stream, int) or stream is sys.stdout or stream is sys.stderr):
+        queue.flush(LOCK_TIMEOUT_S)
+
+
+def _put_locked(text: str | bytes, stream: IO[str] | int, lock_path: Path) -> _Queue | None:
+    """Write now, or queue: the queue the line joined, if any."""
     with _lock_guard:
         fd = _lock_fds[key] if (key := str(lock_path)) in _lock_fds else _fd_for(lock_path)
         if fd is None:
             _write(text, stream)
-            return
+            return None
+        queue = _queues.get(key)
+        if queue is not None and queue.waiting():  # after the lines before it
+            queue.put(text, stream)
+            return queue
         try:
             fcntl.flock(fd, _EX_NB)
         except BlockingIOError:
-            if not _retry(fd):  # contended: the fd's writer thread waits for the lock and writes the line
-                _hand_over(text, stream, fd, key)
-                return
+            if queue is None:
+                queue = _queues[key] = _Queue(fd, key)
+            queue.put(text, stream)
+            return queue
         try:
             _write(text, stream)
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
 
 
-def _hand_over(text: str | bytes, stream: IO[str] | int, fd: int, key: str) -> None:
-    writer = _writers.get(fd)
-    if writer is None:
-        writer = _writers[fd] = _Writer(fd)
-    if writer.write(text, stream, LOCK_TIMEOUT_S):
-        return
-    _lock_fds[key] = None  # held for seconds: not by a writer of ours; stop waiting for it
-    _warn(f"the log lock {key} stayed locked for {LOCK_TIMEOUT_S:.0f} s: log lines are written without it from now "
-          "on")
-    _write(text, stream)
+def flush(timeout_s: float | None = None) -> None:
+    """Wait until the lines queued behind a taken lock are written: at most ``timeout_s`` (``LOCK_TIMEOUT_S`` by
+    default), then they are written without the lock. Called at exit, by ``logging.shutdown()`` (the handler's
+    ``flush``) and before slurmrt ends a process with ``os._exit``."""
+    for queue in list(_queues.values()):
+        queue.flush(LOCK_TIMEOUT_S if timeout_s is None else timeout_s)
 
 
+atexit.register(flush)
 _EX_NB = fcntl.LOCK_EX | fcntl.LOCK_NB
-#: Times a contended lock is tried again, yielding the CPU before each, before the writer thread takes the line.
-YIELDS = 32
-
-
-def _retry(fd: int) -> bool:
-    """The lock was held: yield the CPU and try again, a few times. Its holder is a line away from letting go; on a
-    machine with more busy processes than cores it is often waiting for a core, which ``sched_yield`` gives it.
-    Handing the line to the writer thread instead costs two thread switches (measured with 8 writers on 2 cores:
-    0.24-0.33 of a raw flock's rate without the retries, 0.28-0.41 with 8 to 64)."""
-    for _ in range(YIELDS):
-        os.sched_yield()
-        try:
-            fcntl.flock(fd, _EX_NB)
-            return True
-        except BlockingIOError:
-            continue
-    return False
 
 
 def _write(text: str | bytes, stream: IO[str] | int) -> None:
@@ -289,8 +322,13 @@ class FlockHandler(logging.Handler):
         except Exception:
             self.handleError(record)
 
+    def flush(self) -> None:
+        """Wait for this process's lines queued behind a taken lock (``logging.shutdown()`` calls it at exit)."""
+        flush()
+
     def close(self) -> None:
         if self._fd is not None:
+            flush()  # its lines queued behind a taken lock, before their descriptor goes
             with contextlib.suppress(OSError):
                 os.close(self._fd)
             self._fd = None

@@ -36,7 +36,7 @@ else:  # unsynchronised, in small pieces the way a buffered stream flushes: the 
             f.write("\\n")
 """
 
-GOOD = re.compile(r"^\[[^\]]+:(\d)\] (?:\S+ \S+ INFO writer: )?\d+ (.)\2{5999}$")
+GOOD = re.compile(r"^\[[^\]]+:(\d)\] (?:\S+ \S+ INFO writer: )?(\d+) (.)\3{5999}$")
 RAW = re.compile(r"^(.)\1{5999}$")
 
 
@@ -56,9 +56,12 @@ def test_eight_processes_never_interleave_through_flock(tmp_path: Path, mode: st
     assert len(lines) == 8 * 200
     damaged = [line[:80] for line in lines if not GOOD.match(line)]
     assert damaged == []
+    order: dict[int, list[int]] = {}
     for line in lines:
         m = GOOD.match(line)
-        assert m is not None and chr(ord("a") + int(m.group(1))) == m.group(2)  # the prefix names the writer
+        assert m is not None and chr(ord("a") + int(m.group(1))) == m.group(3)  # the prefix names the writer
+        order.setdefault(int(m.group(1)), []).append(int(m.group(2)))
+    assert order == {r: list(range(200)) for r in range(8)}  # each writer's lines whole, once, in its order
 
 
 def test_the_same_load_without_the_lock_does_interleave(tmp_path: Path) -> None:

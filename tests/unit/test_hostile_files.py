@@ -13,7 +13,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -189,16 +188,40 @@ def test_a_lock_held_elsewhere_for_long_is_given_up_and_the_line_still_written(
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
         monkeypatch.setattr(log, "LOCK_TIMEOUT_S", 0.3)
-        log.printflock("first", lock_path=lock_file)
+        log.printflock("first", lock_path=lock_file)  # queued: the calls return while the lock is held
         log.printflock("second", lock_path=lock_file)
+        assert capsys.readouterr().out == ""
+        log.flush()  # what the exit does: waits LOCK_TIMEOUT_S, then writes them without the lock
+        log.printflock("third", lock_path=lock_file)  # the lock is not waited for again
     finally:
         holder.kill()
         holder.wait()
         log._lock_fds.pop(str(lock_file), None)
     captured = capsys.readouterr()
-    assert captured.out.split("\n")[:2] == [f"{log._prefix()} first", f"{log._prefix()} second"]
+    assert captured.out.split("\n")[:3] == [f"{log._prefix()} {w}" for w in ("first", "second", "third")]
     assert captured.err.count("written without it") == 1
 
+
+def test_a_queued_line_older_than_the_timeout_gives_the_lock_up_at_the_next_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    lock_file = tmp_path / "job.lock"
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'w'); "
+                               "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(120)",
+                               str(lock_file)], stdout=subprocess.PIPE, text=True)
+    clock = [1000.0]
+    monkeypatch.setattr(log, "_monotonic", lambda: clock[0])
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        log.printflock("first", lock_path=lock_file)
+        clock[0] += log.LOCK_TIMEOUT_S + 1
+        log.printflock("second", lock_path=lock_file)  # the first has waited too long: both written now
+        captured = capsys.readouterr()
+    finally:
+        holder.kill()
+        holder.wait()
+        log._lock_fds.pop(str(lock_file), None)
+    assert captured.out.split("\n")[:2] == [f"{log._prefix()} first", f"{log._prefix()} second"]
+    assert captured.err.count("written without it") == 1
 
 
 def test_a_lock_held_briefly_elsewhere_is_waited_for_and_the_line_written_under_it(
@@ -209,18 +232,19 @@ def test_a_lock_held_briefly_elsewhere_is_waited_for_and_the_line_written_under_
                                str(lock_file)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
-        done = threading.Event()
-        writer = threading.Thread(target=lambda: (log.printflock("waited", lock_path=lock_file), done.set()))
-        writer.start()
-        assert not done.wait(0.5), "written while another process held the lock"
+        log.printflock("waited", lock_path=lock_file)  # returns at once: the line waits, not the caller
+        log.printflock("in order", lock_path=lock_file)
+        time.sleep(0.5)
+        assert capsys.readouterr().out == "", "written while another process held the lock"
         assert holder.stdin is not None
         holder.stdin.write("\n")
         holder.stdin.flush()  # the holder exits: its lock goes with it
-        writer.join(30)
-        assert done.is_set()
+        assert holder.wait(30) == 0
+        log.flush(timeout_s=60)
     finally:
         holder.kill()
         holder.wait()
         log._lock_fds.pop(str(lock_file), None)
     captured = capsys.readouterr()
-    assert f"{log._prefix()} waited" in captured.out and "written without it" not in captured.err
+    assert captured.out.split("\n")[:2] == [f"{log._prefix()} waited", f"{log._prefix()} in order"]
+    assert "written without it" not in captured.err

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import NoReturn
 
-from .. import _clock, _slurm
+from .. import _clock, _slurm, log
 from .._errors import ConfigError
 
 __all__ = ["KillSwitch", "cancel_and_exit", "exists"]
@@ -81,8 +81,6 @@ class KillSwitch:
 def cancel_and_exit(switch: Path, cancel_id: str | None, idle: float) -> NoReturn:
     """Cancel the job (array task) and exit this process with 0: the switch means "stop, no requeue", even when
     hung. No checkpoint: the training thread that would write it is the one that hangs."""
-    import os
-
     logger.error(
         "kill switch %s seen, but the training loop has not reached a step boundary for %.0f s: it is hung. "
         "Cancelling %s and exiting without a checkpoint", switch, idle, cancel_id or "this process",
@@ -91,4 +89,6 @@ def cancel_and_exit(switch: Path, cancel_id: str | None, idle: float) -> NoRetur
         out = _slurm.run("scancel", cancel_id)
         if isinstance(out, str):  # exit all the same: a hung process that stays helps no one
             logger.error("%s", out)
+    log.flush()  # the log lines queued behind a taken lock: os._exit runs no atexit handler
+    logging.shutdown()
     os._exit(0)
