@@ -6,9 +6,14 @@ filesystem so does every node). When writing to a stream (stdout under srun), a 
 default, so it is a filesystem every node of the job can reach. Outside SLURM, a file in this user's private
 runtime directory (one machine). ``SLURMRT_LOCK_FILE`` overrides both.
 
-A line never waits for the lock: when it is free the line is written at once; when it is taken the line is queued,
-and a thread of the process writes all the queued lines as soon as the lock is free, in one hold of it (ordered, and
-written before the process exits: at exit, ``logging.shutdown()`` and slurmrt's own exits flush them).
+A line never waits for the lock. To a stream (stdout, shared with the program's ``print``), a line is written at once
+when the lock is free; when it is taken the line is queued. To the handler's own file, every line is queued: the
+file is the handler's alone, so writing it behind changes no order. A thread of the process writes all the queued
+lines as soon as the lock is free, in one hold of it and one write (in order; flushed at exit, by
+``logging.shutdown()`` and before slurmrt's own exits). One flock and one write for many lines, where each line took
+its own: 0.54-0.61 of a raw flock+write's rate with 8 processes on 2 cores, against 0.35 (benchmarks/RESULTS.md).
+What a queue costs: a process killed by SIGKILL, or crashing in native code, loses the lines logged since the
+lock's thread last ran (the lock's thread runs at the next switch of the GIL, within milliseconds).
 
 No other user can make a log line wait: a lock file that is a symlink or another user's is not used, and a lock held
 for more than ``LOCK_TIMEOUT_S`` is given up (with one warning on stderr); the lines are then written unlocked.
@@ -135,10 +140,12 @@ class _Queue:
             return bool(self._lines) or self._writing
 
     def put(self, text: str | bytes, stream: IO[str] | int) -> None:
+        now = _monotonic()
         with self._cond:
-            self._lines.append((text, stream, _monotonic()))
-            self._cond.notify_all()
-            stale = _monotonic() - self._lines[0][2] > LOCK_TIMEOUT_S
+            self._lines.append((text, stream, now))
+            if len(self._lines) == 1:
+                self._cond.notify_all()  # the thread waits only for a first line
+            stale = now - self._lines[0][2] > LOCK_TIMEOUT_S
         if stale:
             self.give_up()
 
@@ -221,25 +228,28 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 def write_locked(text: str | bytes, stream: IO[str] | int, lock_path: Path) -> None:
     """Write ``text`` to ``stream`` (a text stream, or a descriptor opened with O_APPEND) and flush it while holding
-    an exclusive flock on ``lock_path``. When the lock is free the line is written now, on the caller's thread;
-    when it is taken, the line joins the lock's queue (:class:`_Queue`). The call then returns at once when the
-    stream lives as long as the process (stdout, stderr) or is the handler's own descriptor (closed only after a
-    :func:`flush`): a log line never blocks training. Another stream (a file the caller may close next) is waited
-    for, ``LOCK_TIMEOUT_S`` at most. :func:`flush` waits for the queued lines."""
+    an exclusive flock on ``lock_path``. To a descriptor (the handler's own file), the line joins the lock's queue
+    (:class:`_Queue`), written behind. To a text stream, the line is written now, on the caller's thread, when the
+    lock is free, and joins the queue when it is taken. The call then returns at once when the stream lives as long
+    as the process (stdout, stderr) or is the handler's own descriptor (closed only after a :func:`flush`): a log
+    line never blocks training. Another stream (a file the caller may close next) is waited for, ``LOCK_TIMEOUT_S``
+    at most. :func:`flush` waits for the queued lines."""
     queue = _put_locked(text, stream, lock_path)
     if queue is not None and not (isinstance(stream, int) or stream is sys.stdout or stream is sys.stderr):
         queue.flush(LOCK_TIMEOUT_S)
 
 
 def _put_locked(text: str | bytes, stream: IO[str] | int, lock_path: Path) -> _Queue | None:
-    """Write now, or queue: the queue the line joined, if any."""
+    """Write now, or queue (a descriptor's line always): the queue the line joined, if any."""
     with _lock_guard:
         fd = _lock_fds[key] if (key := str(lock_path)) in _lock_fds else _fd_for(lock_path)
         if fd is None:
             _write(text, stream)
             return None
         queue = _queues.get(key)
-        if queue is not None and queue.waiting():  # after the lines before it
+        if isinstance(stream, int) or (queue is not None and queue.waiting()):  # behind, or after the lines before
+            if queue is None:
+                queue = _queues[key] = _Queue(fd, key)
             queue.put(text, stream)
             return queue
         try:
@@ -289,8 +299,9 @@ def printflock(*args: Any, sep: str = " ", file: IO[str] | None = None, lock_pat
 class FlockHandler(logging.Handler):
     """A handler that writes each record whole, prefixed with host and rank, under an exclusive flock.
 
-    With ``path``, appends to that file and locks the file itself; otherwise writes to ``stream`` (stdout by default)
-    and locks :func:`default_lock_path`.
+    With ``path``, appends to that file and locks the file itself, the lines written behind by the lock's thread;
+    otherwise writes to ``stream`` (stdout by default) and locks :func:`default_lock_path`. :meth:`flush` (and
+    ``logging.shutdown()`` at exit) waits for the lines not written yet.
     """
 
     def __init__(self, stream: IO[str] | None = None, *, path: str | Path | None = None,

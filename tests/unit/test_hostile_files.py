@@ -8,6 +8,7 @@ otherwise. Each failed on the main before the "nothing lost, nobody in" issue.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -248,3 +249,31 @@ def test_a_lock_held_briefly_elsewhere_is_waited_for_and_the_line_written_under_
     captured = capsys.readouterr()
     assert captured.out.split("\n")[:2] == [f"{log._prefix()} waited", f"{log._prefix()} in order"]
     assert "written without it" not in captured.err
+
+
+def test_a_handlers_lines_to_its_own_file_never_wait_for_a_lock_another_process_holds(tmp_path: Path) -> None:
+    path = tmp_path / "train.log"
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, sys; f = open(sys.argv[1], 'a'); "
+                               "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); sys.stdin.readline()",
+                               str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    logger = logging.getLogger("slurmrt-test-behind")
+    logger.propagate = False
+    handler = log.install(logging.INFO, path=path, logger=logger)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        for i in range(100):
+            logger.info("line %d", i)  # returns at once: the lines wait for the lock, not the caller
+        time.sleep(0.5)
+        assert path.read_text() == "", "written while another process held the lock"
+        assert holder.stdin is not None
+        holder.stdin.write("\n")
+        holder.stdin.flush()  # the holder exits: its lock goes with it
+        assert holder.wait(30) == 0
+        handler.close()  # waits for the lines written behind, then closes the file
+    finally:
+        logger.removeHandler(handler)
+        holder.kill()
+        holder.wait()
+        log._lock_fds.pop(str(path), None)
+    assert path.read_text().splitlines() == [f"{log._prefix()} line {i}" for i in range(100)]
