@@ -23,10 +23,11 @@ if mode == "handler":
     log = logging.getLogger("bench")
     slurmrt.log.install(logging.INFO, path=path, logger=log)
     log.handlers[0].setFormatter(logging.Formatter("%(message)s"))
-elif mode == "stream":  # to a stream, as to stdout under srun: written at once when the lock is free
+elif mode == "stream":  # to stdout, a file as under srun: written at once when the lock is free
     os.environ["SLURMRT_LOCK_FILE"] = path + ".lock"
+    sys.stdout = open(path, "a")
     log = logging.getLogger("bench")
-    slurmrt.log.install(logging.INFO, stream=open(path, "a"), logger=log)
+    slurmrt.log.install(logging.INFO, logger=log)
     log.handlers[0].setFormatter(logging.Formatter("%(message)s"))
 elif mode == "filehandler":  # Python's own, no lock: what the logging module costs by itself
     log = logging.getLogger("bench")
@@ -47,6 +48,10 @@ elif mode == "fcntl":
             fcntl.flock(fd, fcntl.LOCK_EX)
             f.write(f"[x:{rank}] {payload}\n"); f.flush()
             fcntl.flock(fd, fcntl.LOCK_UN)
+elif mode == "printflock":  # to a file of the caller's, which it may close next: each line is waited for
+    with open(path, "a") as f:
+        for i in range(lines):
+            slurmrt.printflock(payload, file=f, lock_path=path + ".lock")
 elif mode == "filelock":
     from filelock import FileLock
     lock = FileLock(path + ".lock")
@@ -59,13 +64,14 @@ else:  # print, unsynchronised, flushed in pieces as a busy buffered stream woul
         for i in range(lines):
             print(f"[x:{rank}] {payload[:100]}", end="", file=f, flush=True)
             print(payload[100:], file=f, flush=True)
-print(time.perf_counter() - t0)
+print(time.perf_counter() - t0, file=sys.__stdout__)
 """
 GOOD = re.compile(r"^\[[^\]]+:(\d)\] (.)\2{199}$")
 
 
 MODES = (("print", "plain print, no lock"), ("handler", "slurmrt FlockHandler, its own file"),
-         ("stream", "slurmrt FlockHandler, a stream (stdout)"), ("fcntl", "raw fcntl.flock"),
+         ("stream", "slurmrt FlockHandler, stdout"),
+         ("printflock", "slurmrt.printflock, a file of the caller's"), ("fcntl", "raw fcntl.flock"),
          ("filelock", "filelock.FileLock"), ("filehandler", "logging.FileHandler, no lock"))
 
 
@@ -99,7 +105,9 @@ def run(quick: bool = False) -> Section:
              "and closes its lock file on every acquire, which costs more than the write itself at these rates. To "
              "its own file the handler writes behind: its lock's thread writes every line waiting in one hold of the "
              "lock and one `write`. To a stream (stdout under srun, shared with `print`) a line is written at once "
-             "when the lock is free, under its own hold, and queued only when the lock is taken. "
+             "when the lock is free, under its own hold, and queued only when the lock is taken. To a file the "
+             "caller opened (and may close next), the caller waits for its line: a taken lock is tried again "
+             "between `sched_yield`s, then the line is queued and waited for. "
              "`logging.FileHandler` is Python's own handler without any lock: the logging module's cost per record "
              "(a LogRecord, the caller's frame, the formatting) is paid by every logging handler before it writes.")
     return Section("Logging under contention", body, figures)

@@ -234,13 +234,15 @@ def write_locked(text: str | bytes, stream: IO[str] | int, lock_path: Path) -> N
     as the process (stdout, stderr) or is the handler's own descriptor (closed only after a :func:`flush`): a log
     line never blocks training. Another stream (a file the caller may close next) is waited for, ``LOCK_TIMEOUT_S``
     at most. :func:`flush` waits for the queued lines."""
-    queue = _put_locked(text, stream, lock_path)
-    if queue is not None and not (isinstance(stream, int) or stream is sys.stdout or stream is sys.stderr):
+    waits = not (isinstance(stream, int) or stream is sys.stdout or stream is sys.stderr)
+    queue = _put_locked(text, stream, lock_path, waits)
+    if queue is not None and waits:
         queue.flush(LOCK_TIMEOUT_S)
 
 
-def _put_locked(text: str | bytes, stream: IO[str] | int, lock_path: Path) -> _Queue | None:
-    """Write now, or queue (a descriptor's line always): the queue the line joined, if any."""
+def _put_locked(text: str | bytes, stream: IO[str] | int, lock_path: Path, waits: bool) -> _Queue | None:
+    """Write now, or queue (a descriptor's line always): the queue the line joined, if any. A line that will be
+    waited for tries the taken lock again a few times first (:func:`_retry`)."""
     with _lock_guard:
         fd = _lock_fds[key] if (key := str(lock_path)) in _lock_fds else _fd_for(lock_path)
         if fd is None:
@@ -255,15 +257,36 @@ def _put_locked(text: str | bytes, stream: IO[str] | int, lock_path: Path) -> _Q
         try:
             fcntl.flock(fd, _EX_NB)
         except BlockingIOError:
-            if queue is None:
-                queue = _queues[key] = _Queue(fd, key)
-            queue.put(text, stream)
-            return queue
+            if not (waits and _retry(fd)):
+                if queue is None:
+                    queue = _queues[key] = _Queue(fd, key)
+                queue.put(text, stream)
+                return queue
         try:
             _write(text, stream)
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
         return None
+
+
+#: Times a contended lock is tried again, yielding the CPU before each, before a line that will be waited for joins
+#: the queue.
+YIELDS = 32
+
+
+def _retry(fd: int) -> bool:
+    """The lock was held: yield the CPU and try again, a few times. Its holder is a line away from letting go; on a
+    machine with more busy processes than cores it is often waiting for a core, which ``sched_yield`` gives it. The
+    queue's thread instead costs two thread switches per line when the caller waits for it (measured with 8 writers
+    to one file on 2 cores: 0.24-0.33 of a raw flock's rate without the retries, 0.28-0.41 with 8 to 64)."""
+    for _ in range(YIELDS):
+        os.sched_yield()
+        try:
+            fcntl.flock(fd, _EX_NB)
+            return True
+        except BlockingIOError:
+            continue
+    return False
 
 
 def flush(timeout_s: float | None = None) -> None:
