@@ -7,6 +7,7 @@ otherwise. Each failed on the main before the "nothing lost, nobody in" issue.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -15,7 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -180,24 +181,39 @@ def test_another_users_lock_file_cannot_block_printflock_outside_slurm(shared_tm
     assert out.returncode == 0 and out.stdout.strip().endswith("hello"), out.stderr
 
 
+@contextlib.contextmanager
+def _lock_held_elsewhere(lock_file: Path) -> Iterator[Callable[[], None]]:
+    """Another process holds an exclusive flock on ``lock_file`` (the file appended to, never truncated) inside the
+    block; the block is given a function that makes it exit and so release the lock."""
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, sys; f = open(sys.argv[1], 'a'); "
+                               "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); sys.stdin.readline()",
+                               str(lock_file)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def release() -> None:
+        assert holder.stdin is not None
+        holder.stdin.write("\n")
+        holder.stdin.flush()  # the holder exits: its lock goes with it
+        assert holder.wait(30) == 0
+
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        yield release
+    finally:
+        holder.kill()
+        holder.wait()
+        log._lock_fds.pop(str(lock_file), None)
+
+
 def test_a_lock_held_elsewhere_for_long_is_given_up_and_the_line_still_written(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     lock_file = tmp_path / "job.lock"
-    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'w'); "
-                               "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(120)",
-                               str(lock_file)], stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    with _lock_held_elsewhere(lock_file):
         monkeypatch.setattr(log, "LOCK_TIMEOUT_S", 0.3)
         log.printflock("first", lock_path=lock_file)  # queued: the calls return while the lock is held
         log.printflock("second", lock_path=lock_file)
         assert capsys.readouterr().out == ""
         log.flush()  # what the exit does: waits LOCK_TIMEOUT_S, then writes them without the lock
         log.printflock("third", lock_path=lock_file)  # the lock is not waited for again
-    finally:
-        holder.kill()
-        holder.wait()
-        log._lock_fds.pop(str(lock_file), None)
     captured = capsys.readouterr()
     assert captured.out.split("\n")[:3] == [f"{log._prefix()} {w}" for w in ("first", "second", "third")]
     assert captured.err.count("written without it") == 1
@@ -206,21 +222,13 @@ def test_a_lock_held_elsewhere_for_long_is_given_up_and_the_line_still_written(
 def test_a_queued_line_older_than_the_timeout_gives_the_lock_up_at_the_next_line(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     lock_file = tmp_path / "job.lock"
-    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'w'); "
-                               "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(120)",
-                               str(lock_file)], stdout=subprocess.PIPE, text=True)
     clock = [1000.0]
     monkeypatch.setattr(log, "_monotonic", lambda: clock[0])
-    try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    with _lock_held_elsewhere(lock_file):
         log.printflock("first", lock_path=lock_file)
         clock[0] += log.LOCK_TIMEOUT_S + 1
         log.printflock("second", lock_path=lock_file)  # the first has waited too long: both written now
         captured = capsys.readouterr()
-    finally:
-        holder.kill()
-        holder.wait()
-        log._lock_fds.pop(str(lock_file), None)
     assert captured.out.split("\n")[:2] == [f"{log._prefix()} first", f"{log._prefix()} second"]
     assert captured.err.count("written without it") == 1
 
@@ -228,24 +236,13 @@ def test_a_queued_line_older_than_the_timeout_gives_the_lock_up_at_the_next_line
 def test_a_lock_held_briefly_elsewhere_is_waited_for_and_the_line_written_under_it(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     lock_file = tmp_path / "job.lock"
-    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, sys; f = open(sys.argv[1], 'w'); "
-                               "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); sys.stdin.readline()",
-                               str(lock_file)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    with _lock_held_elsewhere(lock_file) as release:
         log.printflock("waited", lock_path=lock_file)  # returns at once: the line waits, not the caller
         log.printflock("in order", lock_path=lock_file)
         time.sleep(0.5)
         assert capsys.readouterr().out == "", "written while another process held the lock"
-        assert holder.stdin is not None
-        holder.stdin.write("\n")
-        holder.stdin.flush()  # the holder exits: its lock goes with it
-        assert holder.wait(30) == 0
+        release()
         log.flush(timeout_s=60)
-    finally:
-        holder.kill()
-        holder.wait()
-        log._lock_fds.pop(str(lock_file), None)
     captured = capsys.readouterr()
     assert captured.out.split("\n")[:2] == [f"{log._prefix()} waited", f"{log._prefix()} in order"]
     assert "written without it" not in captured.err
@@ -253,27 +250,18 @@ def test_a_lock_held_briefly_elsewhere_is_waited_for_and_the_line_written_under_
 
 def test_a_handlers_lines_to_its_own_file_never_wait_for_a_lock_another_process_holds(tmp_path: Path) -> None:
     path = tmp_path / "train.log"
-    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, sys; f = open(sys.argv[1], 'a'); "
-                               "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); sys.stdin.readline()",
-                               str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     logger = logging.getLogger("slurmrt-test-behind")
     logger.propagate = False
-    handler = log.install(logging.INFO, path=path, logger=logger)
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
-        for i in range(100):
-            logger.info("line %d", i)  # returns at once: the lines wait for the lock, not the caller
-        time.sleep(0.5)
-        assert path.read_text() == "", "written while another process held the lock"
-        assert holder.stdin is not None
-        holder.stdin.write("\n")
-        holder.stdin.flush()  # the holder exits: its lock goes with it
-        assert holder.wait(30) == 0
-        handler.close()  # waits for the lines written behind, then closes the file
-    finally:
-        logger.removeHandler(handler)
-        holder.kill()
-        holder.wait()
-        log._lock_fds.pop(str(path), None)
+    with _lock_held_elsewhere(path) as release:
+        handler = log.install(logging.INFO, path=path, logger=logger)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        try:
+            for i in range(100):
+                logger.info("line %d", i)  # returns at once: the lines wait for the lock, not the caller
+            time.sleep(0.5)
+            assert path.read_text() == "", "written while another process held the lock"
+            release()
+            handler.close()  # waits for the lines written behind, then closes the file
+        finally:
+            logger.removeHandler(handler)
     assert path.read_text().splitlines() == [f"{log._prefix()} line {i}" for i in range(100)]
