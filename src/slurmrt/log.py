@@ -11,7 +11,8 @@ when the lock is free; when it is taken the line is queued. To the handler's own
 file is the handler's alone, so writing it behind changes no order. A thread of the process writes all the queued
 lines as soon as the lock is free, in one hold of it and one write (in order; flushed at exit, by
 ``logging.shutdown()`` and before slurmrt's own exits). One flock and one write for many lines, where each line took
-its own: 0.54-0.61 of a raw flock+write's rate with 8 processes on 2 cores, against 0.35 (benchmarks/RESULTS.md).
+its own: 0.56-0.69 of a raw flock+write's rate with 8 processes on 2 cores, against 0.28-0.35 before; to stdout
+0.62-0.67 (benchmarks/RESULTS.md).
 What a queue costs: a process killed by SIGKILL, or crashing in native code, loses the lines logged since the
 lock's thread last ran (the lock's thread runs at the next switch of the GIL, within milliseconds).
 
