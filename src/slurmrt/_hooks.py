@@ -15,15 +15,14 @@ Nothing else in the package installs a handler, registers a hook or creates a pr
 from __future__ import annotations
 
 import atexit
-import contextlib
 import logging
-import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from ._comm import Groups, open_groups
+from .log import exit_now
 from .stop.agreement import Agreement
 from .stop.pidfiles import register_process, unregister_process
 from .stop.signals import ChildShield, SignalRecorder
@@ -108,16 +107,3 @@ class ProcessHooks:
         agreement.abandon(collectively=not uncaught)
         if uncaught:
             exit_now(1)
-
-
-def exit_now(code: int) -> NoReturn:
-    """Flush what the logs hold and end the process at once: a stuck thread cannot be joined, and gloo's teardown
-    under failed collectives would abort the process instead of letting it exit with ``code``."""
-    from . import log
-
-    log.flush()  # the lines queued behind a taken log lock
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError):
-            stream.flush()
-    logging.shutdown()
-    os._exit(int(code))

@@ -36,11 +36,11 @@ import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NoReturn
 
 from ._safefs import runtime_base
 
-__all__ = ["FlockHandler", "default_lock_path", "flush", "install", "printflock"]
+__all__ = ["FlockHandler", "default_lock_path", "exit_now", "flush", "install", "printflock"]
 
 _lock_fds: dict[str, int | None] = {}
 _private_lock: dict[tuple[str | None, str | None], Path] = {}
@@ -299,6 +299,19 @@ def flush(timeout_s: float | None = None) -> None:
 
 
 atexit.register(flush)
+
+
+def exit_now(code: int) -> NoReturn:
+    """Flush what the logs hold and end the process at once (``os._exit``, which runs no atexit handler): a stuck
+    thread cannot be joined, and gloo's teardown under failed collectives would abort the process instead of
+    letting it exit with ``code``."""
+    flush()  # the lines queued behind a taken log lock
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    logging.shutdown()
+    os._exit(int(code))
+_EX_NB = fcntl.LOCK_EX | fcntl.LOCK_NB
 _EX_NB = fcntl.LOCK_EX | fcntl.LOCK_NB
 
 

@@ -89,6 +89,4 @@ def cancel_and_exit(switch: Path, cancel_id: str | None, idle: float) -> NoRetur
         out = _slurm.run("scancel", cancel_id)
         if isinstance(out, str):  # exit all the same: a hung process that stays helps no one
             logger.error("%s", out)
-    log.flush()  # the log lines queued behind a taken lock: os._exit runs no atexit handler
-    logging.shutdown()
-    os._exit(0)
+    log.exit_now(0)
