@@ -143,21 +143,25 @@ class _Queue:
     def put(self, text: str | bytes, stream: IO[str] | int) -> None:
         now = _monotonic()
         with self._cond:
-            self._lines.append((text, stream, now))
-            if len(self._lines) == 1:
-                self._cond.notify_all()  # the thread waits only for a first line
-            stale = now - self._lines[0][2] > LOCK_TIMEOUT_S
-        if stale:
-            self.give_up()
+            given_up = self._given_up
+            if not given_up:
+                self._lines.append((text, stream, now))
+                if len(self._lines) == 1:
+                    self._cond.notify_all()  # the thread waits only for a first line
+            stale = not given_up and now - self._lines[0][2] > LOCK_TIMEOUT_S
+        if given_up:  # given up since the caller looked the lock up: nothing would write the line
+            _write(text, stream)
+        elif stale:
+            self.give_up(f"stayed locked for {LOCK_TIMEOUT_S:g} s")
 
     def flush(self, timeout_s: float) -> None:
         """Wait until every waiting line is written; after ``timeout_s``, give the lock up and write them without it."""
         with self._cond:
             if self._cond.wait_for(lambda: not self._lines and not self._writing, timeout_s):
                 return
-        self.give_up()
+        self.give_up(f"stayed locked for {timeout_s:g} s")
 
-    def give_up(self) -> None:
+    def give_up(self, why: str) -> None:
         with self._cond:
             if self._given_up:
                 return
@@ -165,8 +169,7 @@ class _Queue:
             lines, self._lines = self._lines, []
             self._cond.notify_all()
         _lock_fds[self._key] = None  # not waited for again by this process
-        _warn(f"the log lock {self._key} stayed locked for {LOCK_TIMEOUT_S:.0f} s: log lines are written without it "
-              "from now on")
+        _warn(f"the log lock {self._key} {why}: log lines are written without it from now on")
         _write_all(lines)
 
     def _run(self) -> None:
@@ -175,7 +178,11 @@ class _Queue:
                 self._cond.wait_for(lambda: bool(self._lines) or self._given_up)
                 if self._given_up:
                     return
-            fcntl.flock(self._fd, fcntl.LOCK_EX)  # blocks until the lock is free: no polling, no sleeps
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_EX)  # blocks until the lock is free: no polling, no sleeps
+            except OSError as err:  # the descriptor is gone: the lines are not left to wait for the timeout
+                self.give_up(f"cannot be taken ({err})")
+                return
             try:
                 with self._cond:
                     lines, self._lines = self._lines, []  # given up meanwhile: nothing left to write
@@ -311,7 +318,6 @@ def exit_now(code: int) -> NoReturn:
             stream.flush()
     logging.shutdown()
     os._exit(int(code))
-_EX_NB = fcntl.LOCK_EX | fcntl.LOCK_NB
 _EX_NB = fcntl.LOCK_EX | fcntl.LOCK_NB
 
 

@@ -265,3 +265,26 @@ def test_a_handlers_lines_to_its_own_file_never_wait_for_a_lock_another_process_
         finally:
             logger.removeHandler(handler)
     assert path.read_text().splitlines() == [f"{log._prefix()} line {i}" for i in range(100)]
+
+
+def test_a_lock_descriptor_that_fails_gives_the_lock_up_and_the_lines_are_still_written(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    fd = os.open(tmp_path / "job.lock", os.O_RDWR | os.O_CREAT)
+    os.close(fd)  # the queue's thread gets EBADF from flock
+    queue = log._Queue(fd, str(tmp_path / "job.lock"))
+    queue.put("one\n", sys.stdout)
+    queue.put("two\n", sys.stdout)
+    queue.flush(60)  # returns once the thread gave up and wrote them, long before the timeout
+    captured = capsys.readouterr()
+    assert captured.out == "one\ntwo\n"
+    assert "cannot be taken" in captured.err and "written without it" in captured.err
+
+
+def test_a_line_put_on_a_queue_already_given_up_is_written_at_once(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    fd = os.open(tmp_path / "job.lock", os.O_RDWR | os.O_CREAT)
+    os.close(fd)
+    queue = log._Queue(fd, str(tmp_path / "job.lock"))
+    queue.give_up("was given up by a test")  # as when the thread gave up between a caller's lookup and its put
+    queue.put("late\n", sys.stdout)
+    assert capsys.readouterr().out == "late\n"
