@@ -182,15 +182,20 @@ def test_the_time_a_rank_waits_for_a_core_is_not_its_own() -> None:
         import atexit, os, subprocess, sys
         core = min(os.sched_getaffinity(0))
         os.sched_setaffinity(0, {core})
+        # It spins while its parent lives, so that no path out of the test leaves it spinning.
         spin = subprocess.Popen([sys.executable, "-c", "import os; os.sched_setaffinity(0, {%d}); "
-                                 "print(1, flush=True)\\nwhile True: pass" % core], stdout=subprocess.PIPE)
+                                 "parent = os.getppid(); print(1, flush=True)\\n"
+                                 "while os.getppid() == parent: pass" % core], stdout=subprocess.PIPE)
         atexit.register(spin.kill)
         spin.stdout.readline()  # spinning on the core
 
         def section():
             sum(range(3_000_000))
     """)
-    out, _ = p.communicate(timeout=300)
+    try:
+        out, _ = p.communicate(timeout=300)
+    finally:
+        p.kill()
     mean, cpu, wall = map(float, out.split())
     assert wall > 1.3 * cpu, (mean, cpu, wall)  # the core was shared
     assert abs(mean - cpu) < abs(mean - wall), (mean, cpu, wall)
