@@ -8,12 +8,13 @@ same way, in parallel with the others).
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,20 +25,29 @@ from ._common import ROOT, Section, free_port, table
 _BLOCK = 8 << 20
 
 
-def _raw(path: Path, state: dict[str, torch.Tensor]) -> None:
-    """Zero-copy: os.write of each tensor's own memory, then fsync."""
+def _raw(path: Path, state: dict[str, torch.Tensor], *, writeback: bool = False) -> None:
+    """Zero-copy: os.write of each tensor's own memory, then fsync. With ``writeback``, the disk is asked to start on
+    each block as soon as it is written (sync_file_range), as slurmrt's own writer does: the strongest raw writer."""
+    from slurmrt.checkpoint._files import start_writeback
+
+    start = start_writeback() if writeback else None
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
+        offset = 0
         for t in state.values():
             view = memoryview(t.numpy()).cast("B")
             for i in range(0, len(view), _BLOCK):
-                os.write(fd, view[i:i + _BLOCK])
+                n = os.write(fd, view[i:i + _BLOCK])
+                if start is not None:
+                    start(fd, offset, n)
+                offset += n
         os.fsync(fd)
     finally:
         os.close(fd)
 
 
-def _raw_threads(directory: Path, state: dict[str, torch.Tensor], threads: int = 4) -> None:
+def _raw_threads(directory: Path, state: dict[str, torch.Tensor], threads: int = 4, *,
+                 writeback: bool = False) -> None:
     """The raw write by ``threads`` writers, each its own file of a share of the tensors (as DCP's writer threads)."""
     from concurrent.futures import ThreadPoolExecutor
 
@@ -45,7 +55,15 @@ def _raw_threads(directory: Path, state: dict[str, torch.Tensor], threads: int =
     shares = [{k: state[k] for k in names[i::threads]} for i in range(threads)]
     directory.mkdir(exist_ok=True)
     with ThreadPoolExecutor(threads) as pool:
-        list(pool.map(lambda i: _raw(directory / f"{i}.bin", shares[i]), range(threads)))
+        list(pool.map(lambda i: _raw(directory / f"{i}.bin", shares[i], writeback=writeback), range(threads)))
+
+
+#: The raw comparators of a per-rank save, by name: each writes the state into the directory it is given.
+_RAW_WRITERS: dict[str, Callable[[Path, dict[str, torch.Tensor]], None]] = {
+    "raw": lambda d, state: _raw(d / "raw.bin", state),
+    "raw, 4 writer threads": lambda d, state: _raw_threads(d, state),
+    "raw, 4 writer threads, early writeback": lambda d, state: _raw_threads(d, state, writeback=True),
+}
 
 
 def _torch_save(path: Path, state: dict[str, torch.Tensor]) -> None:
@@ -107,33 +125,41 @@ def run(quick: bool = False) -> Section:
 
             add("checksum (XXH3-64 of the same bytes)", _timed(lambda: Hashing(Null()).write(blob)))
 
+        turns = itertools.count()
         variants: list[Callable[[Path], None]] = [
-            lambda d: add("raw", _timed(lambda: _raw(d / "raw.bin", plain))),
-            lambda d: add("raw, 4 writer threads", _timed(lambda: _raw_threads(d / "raw4", plain))),
+            *(lambda d, name=name, w=w: add(name, _timed(lambda: w(d, plain))) for name, w in _RAW_WRITERS.items()),
             lambda d: add("torch.save", _timed(lambda: _torch_save(d / "t.pt", plain))),
             lambda d: add("dcp.save (tensors)", _timed(lambda: dcp.save(plain, storage_writer=fs(d / "dcp-plain")))),
             lambda d: add("dcp.save (DTensors)", _timed(lambda: dcp.save(sharded, storage_writer=fs(d / "dcp-dt")))),
             async_save,
-            lambda d: _slurmrt_saves(d, plain, sharded, add),
+            lambda d: _slurmrt_saves(d, plain, sharded, add, turns),
             checksum,
         ]
 
         def one_round(d: Path, i: int) -> None:
             # Each round in another order: on a disk whose speed moves, no variant always follows the same one.
-            for variant in variants[i % len(variants):] + variants[:i % len(variants)]:
-                variant(d)
+            # Each variant's files are deleted as soon as it is timed, as a run's pruning deletes old checkpoints:
+            # on this machine's disk a write into blocks that were freed a moment ago took 0.5 s for 1 GiB, one into
+            # blocks never written took 1.5 s, so files kept to the end of the round made each variant's time a
+            # matter of where its blocks fell (the "moods" of earlier runs).
+            for j, variant in enumerate(variants[i % len(variants):] + variants[:i % len(variants)]):
+                vd = d / f"v{j}"
+                vd.mkdir()
                 os.sync()  # what one variant left for the kernel to write back is not charged to the next
+                variant(vd)
+                os.sync()
+                shutil.rmtree(vd)
 
         for i in range(repeats):
             d = base / f"r{i}"
             d.mkdir()
             one_round(d, i)
             shutil.rmtree(d)
-        order = ["raw", "raw, 4 writer threads", "torch.save", "dcp.save (tensors)", "dcp.save (DTensors)",
+        order = [*_RAW_WRITERS, "torch.save", "dcp.save (tensors)", "dcp.save (DTensors)",
                  "dcp.async_save: stall", "dcp.async_save: until written"]
         m = {k: statistics.median(t[k]) for k in [*order, *(k for k in t if k not in order)]}
         gib = size / 2**30
-        raw = min(m["raw"], m["raw, 4 writer threads"])  # the best raw writer of those bytes
+        raw = min(m[k] for k in _RAW_WRITERS)  # the best raw writer of those bytes
         rows = [[k, f"{v:.2f}", f"{gib / v:.2f}" if "stall" not in k and "checksum" not in k else "-",
                  f"{raw / v * 100:.0f} % of the best raw" if "stall" not in k and "checksum" not in k else "-"]
                 for k, v in m.items() if "dip" not in k and "pair" not in k]
@@ -154,7 +180,10 @@ def run(quick: bool = False) -> Section:
         body += (f"\n\n{gib:.2f} GiB in 8 float32 tensors of 4096 columns, written to {base.parent}. DCP with 4 "
                  "writer threads, as slurmrt's saves (save_threads=4). slurmrt's blocking saves are the 4th and 5th "
                  "of one checkpoint directory with the default keep_last=3: each one prunes the oldest checkpoint, "
-                 "as in a real run. The best raw writer is the faster of one thread and 4. Ratios against the "
+                 "as in a real run. The best raw writer is the fastest of one thread, 4, and 4 that have the disk "
+                 "start on each 8 MiB as it is written. Each variant's files are deleted as soon as it is timed (this "
+                 "disk writes freed blocks 3x faster than blocks never written: kept files made each time depend "
+                 "on where its blocks fell). Ratios against the "
                  "DTensor save: non-blocking stall "
                  f"{stall / blocking * 100:.0f} % (target 5 %), background write {background / blocking:.2f}x "
                  f"(target 1.3x), checksum {checksum / blocking * 100:.0f} % of the save time (target 10 %). "
@@ -162,7 +191,9 @@ def run(quick: bool = False) -> Section:
                  f"{m['dcp.save (DTensors)'] / blocking * 100:.0f} % of the medians; of each save against a "
                  f"dcp.save of the same DTensors next to it (6 pairs): {_spread(t['pair: DTensors / dcp.save'])}. "
                  f"The per-rank save against 4 raw writer threads next to it: "
-                 f"{_spread(t['pair: per-rank dict / raw 4 threads'])}. Throughput dip: how many fewer steps a loop of "
+                 f"{_spread(t['pair: per-rank dict / raw 4 threads'])}; against 4 raw writer threads with early "
+                 f"writeback next to it: {_spread(t['pair: per-rank dict / raw 4 threads, early writeback'])}. "
+                 "Throughput dip: how many fewer steps a loop of "
                  "1 ms busy-Python steps ran while a background save ran (its write, commit and pruning), than "
                  f"right after for as long: with the save's threads {nice} (as slurmrt runs them) "
                  f"{_spread(dips)}, target 10 %; at the training's priority, in the same run, "
@@ -172,7 +203,8 @@ def run(quick: bool = False) -> Section:
                    "background_ratio": background / blocking, "checksum_ratio": checksum / blocking,
                    "throughput_ratio_state": raw / m["slurmrt blocking (per-rank dict)"],
                    "throughput_ratio_dcp": raw / blocking, "dip": dip, "dip_training_priority": dip_before,
-                   "pairs_dcp": t["pair: DTensors / dcp.save"], "pairs_raw": t["pair: per-rank dict / raw 4 threads"]}
+                   "pairs_dcp": t["pair: DTensors / dcp.save"], "pairs_raw": t["pair: per-rank dict / raw 4 threads"],
+                   "pairs_raw_writeback": t["pair: per-rank dict / raw 4 threads, early writeback"]}
         return Section("Checkpoint write and resume", body, figures)
     finally:
         if own_group:
@@ -181,7 +213,27 @@ def run(quick: bool = False) -> Section:
             shutil.rmtree(base, ignore_errors=True)
 
 
-def _slurmrt_saves(d: Path, plain: dict[str, Any], sharded: dict[str, Any], add: Callable[[str, float], None]) -> None:
+def _side_by_side(d: Path, save: Callable[[], Any], comparators: dict[str, Callable[[Path], Any]],
+                  turn: int) -> dict[str, float]:
+    """The seconds of ``save`` and of each comparator, one after the other in an order turned by ``turn``, each after
+    an ``os.sync``; a comparator's files are deleted as soon as it is timed (the save's store prunes its own)."""
+    names = ["save", *comparators]
+    names = names[turn % len(names):] + names[:turn % len(names)]
+    out = {}
+    for name in names:
+        os.sync()
+        if name == "save":
+            out[name] = _timed(save)
+            continue
+        where = d / "comparator"
+        where.mkdir()
+        out[name] = _timed(lambda: comparators[name](where))  # noqa: B023 - called at once
+        shutil.rmtree(where)
+    return out
+
+
+def _slurmrt_saves(d: Path, plain: dict[str, Any], sharded: dict[str, Any], add: Callable[[str, float], None],
+                   turns: Iterator[int]) -> None:
     import torch.distributed.checkpoint as dcp
 
     from slurmrt._comm import SoloComm
@@ -189,35 +241,29 @@ def _slurmrt_saves(d: Path, plain: dict[str, Any], sharded: dict[str, Any], add:
     from slurmrt.checkpoint.store import CheckpointStore, SaveResult
 
     # As a run saves: the default keep_last=3, so from the fourth save on each one prunes the oldest.
-    # Each of the timed saves is paired with its comparator, right before or right after it (by turns), on bytes the
-    # disk sees in the same moment: this disk's speed moves by 2-3x within a minute, so unpaired medians compare
-    # the disk's moods. The pairs' ratios are reported besides the medians.
+    # Each of the timed saves is compared with its comparators right next to it, in an order that turns from one
+    # comparison to the next, on bytes the disk sees in the same moment; the pairs' ratios are reported besides the
+    # medians.
+    raw = {k: (lambda w, k=k: _RAW_WRITERS[k](w, plain)) for k in _RAW_WRITERS if k != "raw"}
     store = CheckpointStore(d / "srt-state", SoloComm())
     for step in range(1, 6):
         if step > 3:
-            first = step % 2 == 0
-            if first:
-                comparator = _timed(lambda: _raw_threads(d / f"pair-raw{step}", plain))  # noqa: B023
-            seconds = _timed(lambda: store.save(plain, step))  # noqa: B023 - called at once
-            if not first:
-                comparator = _timed(lambda: _raw_threads(d / f"pair-raw{step}", plain))  # noqa: B023
-            add("slurmrt blocking (per-rank dict)", seconds)
-            add("pair: per-rank dict / raw 4 threads", comparator / seconds)
+            got = _side_by_side(d, lambda: store.save(plain, step), raw, next(turns))  # noqa: B023 - at once
+            add("slurmrt blocking (per-rank dict)", got["save"])
+            add("pair: per-rank dict / raw 4 threads", got["raw, 4 writer threads"] / got["save"])
+            add("pair: per-rank dict / raw 4 threads, early writeback",
+                got["raw, 4 writer threads, early writeback"] / got["save"])
         else:
             store.save(plain, step)
     store.close()
     store = CheckpointStore(d / "srt-dcp", SoloComm())
     writer = lambda p: dcp.FileSystemWriter(p, thread_count=4, sync_files=True)  # noqa: E731
+    dcp_save = {"dcp.save": lambda w: dcp.save(sharded, storage_writer=writer(w))}
     for step in range(1, 6):
         if step > 3:
-            first = step % 2 == 0
-            if first:
-                comparator = _timed(lambda: dcp.save(sharded, storage_writer=writer(d / f"pair-dcp{step}")))  # noqa: B023
-            seconds = _timed(lambda: store.save(sharded, step))  # noqa: B023 - called at once
-            if not first:
-                comparator = _timed(lambda: dcp.save(sharded, storage_writer=writer(d / f"pair-dcp{step}")))  # noqa: B023
-            add("slurmrt blocking (DTensors, DCP)", seconds)
-            add("pair: DTensors / dcp.save", comparator / seconds)
+            got = _side_by_side(d, lambda: store.save(sharded, step), dcp_save, next(turns))  # noqa: B023 - at once
+            add("slurmrt blocking (DTensors, DCP)", got["save"])
+            add("pair: DTensors / dcp.save", got["dcp.save"] / got["save"])
         else:
             store.save(sharded, step)
     # Non-blocking: the second and third saves of one store (the first allocates the host buffers it reuses).
