@@ -2,19 +2,40 @@
 
 The baseline ("empty", asking nothing) is measured first, before slurmrt's agreement thread exists, so that the
 thread's own cost is never subtracted out of the figure for slurmrt. Each variant's CPU is the whole process's
-(`time.process_time`: the training thread, the agreement thread, gloo's threads), per second of wall time.
+(`time.process_time`: the training thread, the agreement thread, gloo's threads), per second of wall time. And,
+read from each thread's own scheduler statistics (nanoseconds), what slurmrt's threads took in its measured steps:
+the threads named ``slurmrt-*`` and every thread born after the baseline (slurmrt's gloo event loops and workers),
+apart from the training thread's own.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
+import threading
 import time
 
 import torch
 import torch.distributed as dist
 
 import slurmrt
+
+
+def thread_cpu() -> dict[int, float]:
+    """Seconds of CPU each thread of this process ran, by thread id (Linux's schedstat; empty elsewhere)."""
+    out = {}
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                out[int(tid)] = int(f.read().split()[0]) / 1e9
+        except (OSError, ValueError, IndexError):
+            continue  # a thread that ended meanwhile
+    return out
 
 
 def main() -> None:
@@ -51,21 +72,31 @@ def main() -> None:
 
     step = 0
 
+    main_tid = threading.get_native_id()
+    baseline_threads: set[int] = set()
+
     def measure(check, count: int) -> dict[str, float]:  # type: ignore[no-untyped-def]
         nonlocal step
         dist.barrier()
-        cpu0, t0 = time.process_time(), time.perf_counter()
+        threads0, cpu0, t0 = thread_cpu(), time.process_time(), time.perf_counter()
         for _ in range(count):
             work()
             if check(step):
                 raise SystemExit("nobody asked to stop")
             step += 1  # slurmrt's steps keep counting up, as in training
         wall = time.perf_counter() - t0
-        return {"step_s": wall / count, "cpu": (time.process_time() - cpu0) / wall}
+        threads = thread_cpu()
+        names = {t.native_id: t.name for t in threading.enumerate()}
+        ran = {tid: cpu - threads0.get(tid, 0.0) for tid, cpu in threads.items()}
+        own = sum(cpu for tid, cpu in ran.items()
+                  if tid != main_tid and (names.get(tid, "").startswith("slurmrt") or tid not in baseline_threads))
+        return {"step_s": wall / count, "cpu": (time.process_time() - cpu0) / wall,
+                "main_cpu": ran.get(main_tid, 0.0) / wall, "slurmrt_threads_cpu": own / wall}
 
     out: dict[str, dict[str, float]] = {}
     measure(empty, max(50, steps // 10))  # warm-up: caches, the first barrier
     out["empty"] = measure(empty, steps)  # clean: no agreement thread yet
+    baseline_threads.update(thread_cpu())  # the program's own threads (its gloo group's among them)
     for name, check in (("megatron_all_gather", megatron), ("lightning_broadcast", lightning)):
         measure(check, max(20, collective_steps // 10))  # warm-up
         out[name] = measure(check, collective_steps)
