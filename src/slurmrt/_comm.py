@@ -5,9 +5,10 @@ program): the *control* group (a :class:`~slurmrt._tree.Tree`: O(log N) hops and
 agreement thread alone, the *work* group (a :class:`GlooComm`) to whichever thread saves, loads or exits -- one at
 a time: a background save holds it until it is joined, and the training thread joins it before its next
 collective. Two threads issuing collectives on one group could pair them up differently on different ranks; hence
-two groups. The work group's agreements, broadcasts and gathers run over a tree of its own too; its gloo group, for
-DCP's collectives, connects lazily (``TORCH_GLOO_LAZY_INIT``): a process holds sockets only to the ranks it has
-exchanged with -- rank 0, DCP's coordinator, for most -- not to all N - 1 of them.
+two groups. The work group's agreements, broadcasts and gathers run over a tree of its own too (DCP runs no collective:
+:mod:`slurmrt.checkpoint.sharded`); its gloo group, for the local tier's sends to a partner and the health
+check's monitored barrier, connects lazily (``TORCH_GLOO_LAZY_INIT``): a process holds sockets only to the ranks it
+has exchanged with, not to all N - 1 of them.
 
 Every collective here runs on tensors slurmrt owns and returns only once gloo's worker thread has dropped its
 reference to them (:func:`~slurmrt._tree.wait_released`). The reason is a crash at interpreter exit, seen as
@@ -76,7 +77,9 @@ def problems(comm: Comm, problem: Any) -> list[Any]:
 
 class GlooComm:
     """The work group's collectives: ``all_ok``, ``broadcast`` and ``gather`` (a manifest's every rank's files, to
-    rank 0) over ``tree`` (its own, never the agreement's) in O(log N) hops; DCP's own collectives on ``group``."""
+    rank 0, with each rank's DCP metadata) over ``tree`` (its own, never the agreement's) in O(log N) hops; on
+    ``group``, a gloo group that connects on first use, the local tier's sends to a partner and the health check's
+    monitored barrier. DCP runs no collective (:mod:`slurmrt.checkpoint.sharded`)."""
 
     def __init__(self, group: Any, rank: int, world_size: int, tree: Tree) -> None:
         self.group = group

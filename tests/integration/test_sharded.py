@@ -28,6 +28,20 @@ def run(n: int, out: Path, ckpt: Path, *args: str) -> list[dict[str, Any]]:
     return read_results(out, n)
 
 
+def assert_each_item_written_once(step_dir: Path, *, ranks: int) -> None:
+    """Every rank wrote its own files, and every byte of them is an item the merged .metadata points to: a replica
+    (tensor parallel's replicated biases, Adam's step counts) written by two ranks would leave bytes nobody reads."""
+    import pickle
+
+    with open(step_dir / ".metadata", "rb") as f:
+        metadata = pickle.load(f)
+    shards = sorted(p.name for p in step_dir.glob("*.distcp"))
+    assert {name.split("_")[2] for name in shards} == {str(r) for r in range(ranks)}, shards
+    assert {info.relative_path for info in metadata.storage_data.values()} == set(shards)
+    referenced = sum(info.length for info in metadata.storage_data.values())
+    assert referenced == sum((step_dir / name).stat().st_size for name in shards)
+
+
 def assert_same(a: Any, b: Any, where: str = "") -> None:
     if isinstance(a, torch.Tensor):
         assert isinstance(b, torch.Tensor) and torch.equal(a, b), where
@@ -50,6 +64,7 @@ def test_saved_by_4_ranks_resumed_by_2_and_by_4_with_the_saved_parameters_and_op
     run(4, tmp_path / "save4", ckpt, "--mode", mode, "--steps", "10")
     saved = torch.load(tmp_path / "save4" / "state.pt")["at_save"]
     assert saved["step"] == 9 and saved["optim"]["state"], "Adam's state is part of the checkpoint"
+    assert_each_item_written_once(ckpt / "step_000000009", ranks=4)
     for n in (2, 4):
         copy = tmp_path / f"ckpt{n}"
         shutil.copytree(ckpt, copy)

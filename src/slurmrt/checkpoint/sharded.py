@@ -3,7 +3,16 @@ resharded at load to however the new run shards the model; and the host snapshot
 
 slurmrt keeps its own commit around DCP (temporary directory, agreement, manifest, rename), so the directory that
 becomes ``step_N`` is a plain DCP checkpoint: ``dcp.load(state, checkpoint_id=".../step_N")`` reads it without
-slurmrt. DCP's collectives run on the group given here (slurmrt's work group, gloo), never on the training's.
+slurmrt.
+
+No DCP collective runs. ``dcp.save`` plans centrally: every rank's plan is gathered to rank 0, which then holds a
+connection to every rank and plans for all of them (16,384 sockets on one process at 16,384 ranks). Here each rank
+plans and writes alone (``no_dist``): its files are named by its rank, as DCP's coordinator would name them
+(``__3_0.distcp``), and its own metadata (its chunks, where each item lies in its files) goes to rank 0 with the
+file list the manifest needs, over slurmrt's tree (O(log N) hops). Rank 0 merges them into the one ``.metadata``
+(:func:`merge_metadata`) and checks that every tensor's chunks fill it exactly. Replicas, which DCP's coordinator
+would write once, are written once by rule (:func:`writes_copy`). A load plans alone too: each rank reads the
+merged ``.metadata`` and the chunks that overlap its own shards (``no_dist``), which reshards to any world size.
 
 Rank-local state (RNG states, a data loader's position) does not go through DCP: DCP takes plain tensors with the
 same key on several ranks for replicas and writes one of them. It is written per rank under ``local/``.
@@ -13,15 +22,25 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import functools
+import math
+import os
+import pickle
 import sys
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from .._errors import CheckpointError
 from ._files import FileInfo, Hashing, no_zip_crc
 
-__all__ = ["Stager", "is_sharded", "load_dcp", "save_dcp"]
+__all__ = ["METADATA", "Stager", "is_sharded", "load_dcp", "merge_metadata", "save_dcp", "write_metadata",
+           "writes_copy"]
+
+#: DCP's name for a checkpoint's metadata file.
+METADATA = ".metadata"
 
 LOCAL_DIR = "local"
 
@@ -58,23 +77,145 @@ def is_sharded(obj: Any) -> bool:
     return walk(obj)
 
 
-def save_dcp(state: dict[str, Any], directory: Path, *, group: Any, threads: int) -> dict[str, FileInfo]:
-    """Write this rank's shards (and, on the coordinator, DCP's ``.metadata``) with ``threads`` writer threads;
-    the files this rank wrote, with their checksums, hashed as DCP writes them. DCP writes each item with
-    ``torch.save``, here without torch's zip CRC-32 of every record, as :func:`~._files.write_state` (the XXH3 of each
-    file, in the manifest, is the check); ``dcp.load`` reads such files as any other."""
+def save_dcp(state: dict[str, Any], directory: Path, *, rank: int, threads: int) -> tuple[dict[str, FileInfo], Any]:
+    """Write this rank's shards with ``threads`` writer threads, planned by this rank alone (see the module):
+    (the files it wrote, with their checksums, hashed as DCP writes them; its DCP metadata, for
+    :func:`merge_metadata` on rank 0). DCP writes each item with ``torch.save``, here without torch's zip CRC-32 of
+    every record, as :func:`~._files.write_state` (the XXH3 of each file, in the manifest, is the check);
+    ``dcp.load`` reads such files as any other."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint import FileSystemWriter
 
-    writer = FileSystemWriter(directory, single_file_per_rank=True, sync_files=True, thread_count=max(1, threads))
+    _quiet_planning_alone()
+    writer = _rank_writer()(directory, rank=rank, threads=threads)
     fs = _hashing_file_system()()
     writer.fs = fs
     with no_zip_crc():
-        dcp.save(state, storage_writer=writer, process_group=group)
-    files = dict(fs.written)
-    if ".metadata.tmp" in files:  # written under that name, then renamed
-        files[".metadata"] = files.pop(".metadata.tmp")
-    return files
+        dcp.save(state, storage_writer=writer, planner=_own_copies_planner()(rank), no_dist=True)
+    return dict(fs.written), writer.metadata
+
+
+def writes_copy(obj: Any, rank: int) -> bool:
+    """Whether this rank writes its copy of ``obj`` (its local shard, for a DTensor), so that a replica is written
+    once, by the rank DCP's coordinator would mostly have chosen: a DTensor's chunk by the rank at coordinate 0 on
+    every mesh dimension where it is replicated (one writer per replica group, in parallel across shards); a
+    ShardedTensor's local shards by their owner; a plain tensor or another object, which DCP takes to be the same on
+    every rank, by rank 0."""
+    dtensor = sys.modules.get("torch.distributed.tensor")
+    if dtensor is not None and isinstance(obj, dtensor.DTensor):
+        coordinate = obj.device_mesh.get_coordinate()
+        return coordinate is not None and all(
+            c == 0 for c, p in zip(coordinate, obj.placements, strict=True) if p.is_replicate())
+    sharded = sys.modules.get("torch.distributed._shard.sharded_tensor")
+    if sharded is not None and isinstance(obj, sharded.ShardedTensor):
+        return True
+    return rank == 0
+
+
+def merge_metadata(parts: list[Any]) -> Any:
+    """The one DCP metadata of a checkpoint from every rank's own, in rank order: each tensor's chunks and where
+    each item lies. A chunk that two ranks wrote is taken from the lower one. Raises :class:`CheckpointError` when a
+    tensor's chunks do not fill it exactly (a rank's shards missing): such a checkpoint is never committed."""
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    merged: dict[str, Any] = {}
+    storage: dict[Any, Any] = {}
+    planner_data: dict[Any, Any] = {}
+    for part in parts:
+        for fqn, item in part.state_dict_metadata.items():
+            have = merged.get(fqn)
+            if have is None:
+                merged[fqn] = dataclasses.replace(item, chunks=list(item.chunks)) \
+                    if isinstance(item, TensorStorageMetadata) else item
+            elif isinstance(item, TensorStorageMetadata) and isinstance(have, TensorStorageMetadata):
+                if have.size != item.size:
+                    raise CheckpointError(f"{fqn}: the ranks saved it with different shapes ({list(have.size)} and "
+                                          f"{list(item.size)})")
+                seen = {tuple(c.offsets) for c in have.chunks}
+                have.chunks.extend(c for c in item.chunks if tuple(c.offsets) not in seen)
+        for index, info in (part.storage_data or {}).items():
+            storage.setdefault(index, info)
+        planner_data.update(part.planner_data or {})
+    for fqn, item in merged.items():
+        if isinstance(item, TensorStorageMetadata):
+            have_volume = sum(math.prod(c.sizes) for c in item.chunks)
+            if have_volume != math.prod(item.size):
+                raise CheckpointError(f"{fqn}: the ranks' chunks hold {have_volume} of its {math.prod(item.size)} "
+                                      "elements; a checkpoint without all of a tensor is not committed")
+    return dataclasses.replace(parts[0], state_dict_metadata=merged, storage_data=storage,
+                               planner_data=planner_data or parts[0].planner_data)
+
+
+def write_metadata(directory: Path, metadata: Any) -> FileInfo:
+    """``directory/.metadata``, as DCP writes it (a pickle of the metadata), durably; its checksum."""
+    with open(directory / METADATA, "wb") as f:
+        out = Hashing(f)
+        pickle.dump(metadata, out)
+        f.flush()
+        os.fsync(f.fileno())
+    return out.info()
+
+
+@functools.cache
+def _quiet_planning_alone() -> None:
+    # dcp.save and dcp.load with no_dist=True warn that they assume a single process; each rank plans alone on
+    # purpose here. The filter is the process's, and matches only that message.
+    warnings.filterwarnings("ignore", category=UserWarning, message=r"torch\.distributed is disabled, unavailable or "
+                            r"uninitialized, assuming the intent is to (save|load) in a single process")
+
+
+@functools.cache
+def _rank_writer() -> type:
+    """The class, made once torch is imported (``import slurmrt`` does not import torch)."""
+    from torch.distributed.checkpoint import FileSystemWriter
+    from torch.distributed.checkpoint.filesystem import _StoragePrefix
+
+    class RankWriter(FileSystemWriter):
+        """DCP's file writer for a rank that plans alone: its files named by its rank, as DCP's coordinator names
+        them, and its metadata kept (:attr:`metadata`) for rank 0's merge instead of written."""
+
+        def __init__(self, path: Path, *, rank: int, threads: int) -> None:
+            super().__init__(path, single_file_per_rank=True, sync_files=True, thread_count=max(1, threads))
+            self.slurmrt_rank = rank
+            self.metadata: Any = None
+
+        def prepare_local_plan(self, plan: Any) -> Any:
+            plan = super().prepare_local_plan(plan)
+            return dataclasses.replace(plan, storage_data=_StoragePrefix(f"__{self.slurmrt_rank}_"))
+
+        def prepare_global_plan(self, plans: list[Any]) -> list[Any]:
+            return plans  # each keeps its rank's prefix
+
+        def finish(self, metadata: Any, results: list[list[Any]]) -> None:
+            # What FileSystemWriter.finish puts in the metadata before it writes it (rank 0 writes the merge).
+            metadata.storage_data = {wr.index: wr.storage_data for wrs in results for wr in wrs}
+            metadata.version = getattr(sys.modules[FileSystemWriter.__module__], "CURRENT_DCP_VERSION",
+                                       metadata.version)
+            metadata.storage_meta = self.storage_meta()
+            self.metadata = metadata
+
+    return RankWriter
+
+
+@functools.cache
+def _own_copies_planner() -> type:
+    """The class, made once torch is imported."""
+    from torch.distributed.checkpoint import DefaultSavePlanner
+
+    class OwnCopiesPlanner(DefaultSavePlanner):
+        """DCP's default planner, less the copies another rank writes (:func:`writes_copy`)."""
+
+        def __init__(self, rank: int) -> None:
+            super().__init__()
+            self.slurmrt_rank = rank
+
+        def create_local_plan(self) -> Any:
+            plan = super().create_local_plan()
+            items = [item for item in plan.items
+                     if writes_copy(self.state_dict.get(item.index.fqn), self.slurmrt_rank)]
+            self.plan = dataclasses.replace(plan, items=items)
+            return self.plan
+
+    return OwnCopiesPlanner
 
 
 @functools.cache
@@ -105,11 +246,14 @@ def _hashing_file_system() -> type:
 
 
 
-def load_dcp(into: dict[str, Any], directory: Path, *, group: Any) -> None:
+def load_dcp(into: dict[str, Any], directory: Path) -> None:
+    """Load ``into`` in place from the DCP checkpoint at ``directory``, planned by this rank alone: the chunks that
+    overlap its own shards, whatever world size wrote them."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import FileSystemReader
 
-    dcp.load(into, storage_reader=FileSystemReader(directory), process_group=group)
+    _quiet_planning_alone()
+    dcp.load(into, storage_reader=FileSystemReader(directory), no_dist=True)
 
 
 class Stager:

@@ -57,6 +57,8 @@ __all__ = ["CheckpointStore", "Loaded", "PendingSave", "SaveFn", "SaveResult", "
 logger = logging.getLogger(__name__)
 
 SaveFn = Callable[[Path], Any]
+#: A rank's part of a save: its kind of state, the files it wrote with their checksums, its DCP metadata (or None).
+_Part = tuple[str, dict[str, FileInfo], Any]
 
 
 @dataclass(frozen=True)
@@ -143,11 +145,13 @@ class CheckpointStore:
         finally:
             self.retention.join_deletions(timeout_s)
 
-    def _write(self, state: dict[str, Any] | SaveFn, tmp: Path, local: Any) -> tuple[str, dict[str, FileInfo]]:
-        """This rank's part of the checkpoint: (kind, the files this rank wrote, with their checksums)."""
+    def _write(self, state: dict[str, Any] | SaveFn, tmp: Path, local: Any) -> _Part:
+        """This rank's part of the checkpoint: (kind, the files this rank wrote, with their checksums, and its DCP
+        metadata for a sharded state, else None)."""
         rank = self.comm.rank
         tmp.mkdir(parents=True, exist_ok=True)
         files: dict[str, FileInfo] = {}
+        metadata = None
         if callable(state):
             # Every rank of a framework saver writes into this one directory, and renames its own temporary
             # files there: a walk here could meet another rank's file as it vanishes (FileNotFoundError, seen
@@ -155,7 +159,7 @@ class CheckpointStore:
             state(tmp)
             kind = "dir"
         elif sharded.is_sharded(state):
-            files = sharded.save_dcp(state, tmp, group=getattr(self.comm, "group", None), threads=self.threads)
+            files, metadata = sharded.save_dcp(state, tmp, rank=rank, threads=self.threads)
             kind = "dcp"
         else:
             files = write_parts(tmp, f"rank_{rank:05d}.pt", state, threads=self.threads)
@@ -164,19 +168,19 @@ class CheckpointStore:
             (tmp / sharded.LOCAL_DIR).mkdir(exist_ok=True)
             name = f"{sharded.LOCAL_DIR}/rank_{rank:05d}.pt"
             files[name] = write_state(tmp / name, {"local": local})
-        return kind, files
+        return kind, files, metadata
 
     def _save(self, state: dict[str, Any] | SaveFn, step: int, tmp: Path, local: Any = None, *,
               background: bool = False) -> SaveResult:
         start, started = _clock.mono(), _clock.wall()
         rank = self.comm.rank
         error: str | None = None
-        kind, files = "state", dict[str, FileInfo]()
+        part: _Part = ("state", {}, None)
         try:
             if background:  # below the training's CPU priority: it leaves the cores to the training loop
-                kind, files = run_below_training(lambda: self._write(state, tmp, local), self.nice)
+                part = run_below_training(lambda: self._write(state, tmp, local), self.nice)
             else:
-                kind, files = self._write(state, tmp, local)
+                part = self._write(state, tmp, local)
         except Exception as err:  # disk full, permission denied, an unpicklable object: all ranks must hear of it
             # torch.save reports a failed write as "unexpected pos ...", hiding ENOSPC/EFBIG: show the free space.
             error = f"rank {rank}: {err!r} ({free_space(self.root)}){failure_advice(err, self.root)}"
@@ -190,19 +194,21 @@ class CheckpointStore:
                 f"{'; '.join(errors)}. The traceback is in the failing rank's log",
                 step=step, errors=errors,
             )
-        # Every rank's files to rank 0, for the manifest, along a tree: O(log N) hops, not a ring's N - 1.
-        reports: list[tuple[str, dict[str, FileInfo]]] | None = self.comm.gather((kind, files))
+        # Every rank's files (and DCP metadata) to rank 0, for the manifest, along a tree: O(log N) hops, not a
+        # ring's N - 1, and no rank connects to every other one.
+        reports: list[_Part] | None = self.comm.gather(part)
+        kind = part[0]
         final = self.root / f"step_{step:09d}"
         outcome: tuple[str | None, int] = (None, 0)
         committed = False
         if rank == 0:
             assert reports is not None
             try:
-                kinds = {k for k, _ in reports}
+                kinds = {k for k, _, _ in reports}
                 if len(kinds) != 1:
                     raise CheckpointError(f"the ranks saved different kinds of state ({sorted(kinds)}); every rank "
                                           "must pass the same kind", step=step)
-                size = self._prepare(tmp, step, kind, [f for _, f in reports])
+                size = self._prepare(tmp, step, kind, [f for _, f, _ in reports], [m for _, _, m in reports])
                 committed = self._commit(tmp, final, step)
                 outcome = (None, size)
             except Exception as err:
@@ -221,12 +227,20 @@ class CheckpointStore:
         self.retention.damaged.discard(step)
         return SaveResult(step=step, path=final, seconds=_clock.mono() - start, bytes=size, started=started)
 
-    def _prepare(self, tmp: Path, step: int, kind: str, parts: list[dict[str, FileInfo]]) -> int:
-        """Write the manifest of ``tmp`` and make the whole directory durable; returns the bytes it holds. Rank 0
-        only, before the commit point: a failure here leaves the previous checkpoints as they were."""
+    def _prepare(self, tmp: Path, step: int, kind: str, parts: list[dict[str, FileInfo]],
+                 metadata: list[Any]) -> int:
+        """Write the manifest of ``tmp`` (and, for sharded state, DCP's ``.metadata`` merged from every rank's) and
+        make the whole directory durable; returns the bytes it holds. Rank 0 only, before the commit point: a
+        failure here leaves the previous checkpoints as they were."""
         files: dict[str, FileInfo] = {}
         for part in parts:
             files.update(part)
+        if kind == "dcp":
+            try:
+                merged = sharded.merge_metadata(metadata)
+            except CheckpointError as err:
+                raise CheckpointError(f"checkpoint of step {step}: {err}", step=step) from err
+            files[sharded.METADATA] = sharded.write_metadata(tmp, merged)
         if kind == "dir":  # what the function wrote, now that every rank finished writing
             names = [n for n in fsync_tree(tmp) if n not in files]
             files.update(checksum_files(tmp, names, threads=self.threads))
@@ -384,7 +398,7 @@ class CheckpointStore:
         dict ("state")."""
         if manifest["kind"] == "dcp":
             assert into is not None  # _check refused it on every rank
-            sharded.load_dcp(into, path, group=getattr(self.comm, "group", None))
+            sharded.load_dcp(into, path)
             return into
         if manifest["kind"] == "dir":
             return path
