@@ -6,7 +6,8 @@ from the default group's store through a counting wrapper, so the store requests
 reduce the agreement's 17 int64 with MAX, waited for the same way (polled, as the agreement thread does). Rounds
 alternate between the two, so that the machine's noise falls on both alike. Then what slurmrt opens now
 (``open_groups``): its sockets as made, and after the collectives of a save and a resume (all_ok, gather,
-broadcast).
+broadcast). Last, a sharded save and a resume through slurmrt's checkpoint store, then the same state through
+``dcp.save`` on the work group's gloo group (how slurmrt saved sharded state before): the sockets each opened.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import os
 import sys
 import time
 from datetime import timedelta
+from pathlib import Path
 from statistics import median
 from typing import Any
 
@@ -137,9 +139,37 @@ def main() -> None:
     groups.work.gather({"rank": rank, "files": {f"rank_{rank}.pt": {"size": 1}}})
     groups.work.broadcast([1, 2, 3] if rank == 0 else None)
     out["groups_sockets_used"] = sockets() - before
+    sharded_sockets(groups, rank, size, out)
     dist.barrier()
     groups.destroy()
     print(json.dumps(out), flush=True)
+
+
+def sharded_sockets(groups: Any, rank: int, size: int, out: dict[str, Any]) -> None:
+    """The sockets a sharded save and a resume through slurmrt's store open, then those ``dcp.save`` of the same
+    state on the work group's gloo group opens (its planning gathers every rank's plan to rank 0)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+
+    from slurmrt.checkpoint.store import CheckpointStore
+
+    where = Path(os.environ["SLURMRT_BENCH_SCALE_DIR"])
+    mesh = init_device_mesh("cpu", (size,))
+    state = {"w": DTensor.from_local(torch.full((4, 64), float(rank)), mesh, [Shard(0)], run_check=False)}
+    dist.barrier()
+    before = sockets()
+    store = CheckpointStore(where / "store", groups.work)
+    store.save(state, 1)
+    into = {"w": DTensor.from_local(torch.empty(4, 64), mesh, [Shard(0)], run_check=False)}
+    got = store.load_latest(into=into)
+    assert got is not None and torch.equal(into["w"].to_local(), state["w"].to_local())
+    store.close()
+    out["sharded_sockets"] = sockets() - before
+    dist.barrier()
+    before = sockets()
+    dcp.save(state, storage_writer=dcp.FileSystemWriter(where / "dcp"), process_group=groups.work.group)
+    out["dcp_save_sockets"] = sockets() - before
 
 
 if __name__ == "__main__":
