@@ -96,10 +96,10 @@ def save_dcp(state: dict[str, Any], directory: Path, *, rank: int, threads: int)
 
 def writes_copy(obj: Any, rank: int) -> bool:
     """Whether this rank writes its copy of ``obj`` (its local shard, for a DTensor), so that a replica is written
-    once, by the rank DCP's coordinator would mostly have chosen: a DTensor's chunk by the rank at coordinate 0 on
-    every mesh dimension where it is replicated (one writer per replica group, in parallel across shards); a
-    ShardedTensor's local shards by their owner; a plain tensor or another object, which DCP takes to be the same on
-    every rank, by rank 0."""
+    once: a DTensor's chunk by the rank at coordinate 0 on every mesh dimension where it is replicated (one writer
+    per replica group, the shards in parallel); a ShardedTensor's local shards by their owner; a plain tensor or
+    another object, which DCP takes to be the same on every rank, by rank 0. (DCP's coordinator spreads replicas
+    over the ranks that hold them by bytes; here the first replica group writes them all.)"""
     dtensor = sys.modules.get("torch.distributed.tensor")
     if dtensor is not None and isinstance(obj, dtensor.DTensor):
         coordinate = obj.device_mesh.get_coordinate()
