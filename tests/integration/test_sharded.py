@@ -40,6 +40,11 @@ def assert_each_item_written_once(step_dir: Path, *, ranks: int) -> None:
     assert {info.relative_path for info in metadata.storage_data.values()} == set(shards)
     referenced = sum(info.length for info in metadata.storage_data.values())
     assert referenced == sum((step_dir / name).stat().st_size for name in shards)
+    # The items every rank holds a copy of (the optimizer's step counts and settings) are spread over the ranks,
+    # not all written by one.
+    writers = {info.relative_path.split("_")[2] for index, info in metadata.storage_data.items()
+               if ".step" in index.fqn or "param_groups" in index.fqn}  # "__<rank>_<file>.distcp"
+    assert len(writers) > 1, sorted(index.fqn for index in metadata.storage_data)
 
 
 def assert_same(a: Any, b: Any, where: str = "") -> None:

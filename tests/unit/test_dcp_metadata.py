@@ -1,5 +1,6 @@
 """Rank 0's merge of every rank's own DCP metadata into the checkpoint's one ``.metadata``
-(slurmrt.checkpoint.sharded.merge_metadata), on DCP's real metadata classes."""
+(slurmrt.checkpoint.sharded.merge_metadata), on DCP's real metadata classes; and which holder of a replica writes
+it (``holder``)."""
 
 from __future__ import annotations
 
@@ -64,3 +65,34 @@ def test_the_merge_leaves_the_ranks_own_metadata_as_it_was() -> None:
     first = part(0, [0, 1])
     merge_metadata([first, part(1, [2, 3])])
     assert len(first.state_dict_metadata["w"].chunks) == 2  # type: ignore[union-attr]
+
+
+NAMES = [f"model.layers.{i}.{part}" for i in range(16) for part in ("weight", "bias", "norm.weight")]
+
+
+def test_every_rank_picks_the_same_holder_for_an_item_whatever_its_hash_seed() -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from slurmrt.checkpoint.sharded import holder
+
+    here = [holder(MetadataIndex(n, torch.Size([8, 0])), 4) for n in NAMES]
+    code = ("import json, sys, torch; from torch.distributed.checkpoint.metadata import MetadataIndex; "
+            "from slurmrt.checkpoint.sharded import holder; "
+            "print(json.dumps([holder(MetadataIndex(n, torch.Size([8, 0])), 4) for n in json.loads(sys.argv[1])]))")
+    for seed in ("1", "2"):
+        out = subprocess.run([sys.executable, "-c", code, json.dumps(NAMES)], capture_output=True, text=True,
+                             check=True, env={**os.environ, "PYTHONHASHSEED": seed})
+        assert json.loads(out.stdout) == here, f"PYTHONHASHSEED={seed}"
+
+
+def test_replicas_spread_over_their_holders_and_an_offset_is_part_of_the_pick() -> None:
+    from slurmrt.checkpoint.sharded import holder
+
+    picks = [holder(MetadataIndex(n), 4) for n in NAMES]
+    assert set(picks) == {0, 1, 2, 3}
+    assert max(picks.count(h) for h in range(4)) <= len(NAMES) // 2
+    by_offset = {holder(MetadataIndex("w", torch.Size([r, 0])), 4) for r in range(0, 64, 4)}
+    assert len(by_offset) > 1, "the chunks of one tensor replicated elsewhere are spread too"

@@ -11,8 +11,10 @@ plans and writes alone (``no_dist``): its files are named by its rank, as DCP's 
 (``__3_0.distcp``), and its own metadata (its chunks, where each item lies in its files) goes to rank 0 with the
 file list the manifest needs, over slurmrt's tree (O(log N) hops). Rank 0 merges them into the one ``.metadata``
 (:func:`merge_metadata`) and checks that every tensor's chunks fill it exactly. Replicas, which DCP's coordinator
-would write once, are written once by rule (:func:`writes_copy`). A load plans alone too: each rank reads the
-merged ``.metadata`` and the chunks that overlap its own shards (``no_dist``), which reshards to any world size.
+would write once, are written once by rule (:func:`writes_copy`): by one of their holders, chosen by a hash of the
+item's name and offset that every rank computes alike, so that replicas spread over their holders. A load plans
+alone too: each rank reads the merged ``.metadata`` and the chunks that overlap its own shards (``no_dist``), which
+reshards to any world size.
 
 Rank-local state (RNG states, a data loader's position) does not go through DCP: DCP takes plain tensors with the
 same key on several ranks for replicas and writes one of them. It is written per rank under ``local/``.
@@ -29,6 +31,7 @@ import os
 import pickle
 import sys
 import warnings
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -36,8 +39,8 @@ from typing import Any
 from .._errors import CheckpointError
 from ._files import FileInfo, Hashing, no_zip_crc
 
-__all__ = ["METADATA", "Stager", "is_sharded", "load_dcp", "merge_metadata", "save_dcp", "write_metadata",
-           "writes_copy"]
+__all__ = ["METADATA", "Stager", "holder", "is_sharded", "load_dcp", "merge_metadata", "save_dcp",
+           "write_metadata", "writes_copy"]
 
 #: DCP's name for a checkpoint's metadata file.
 METADATA = ".metadata"
@@ -77,7 +80,8 @@ def is_sharded(obj: Any) -> bool:
     return walk(obj)
 
 
-def save_dcp(state: dict[str, Any], directory: Path, *, rank: int, threads: int) -> tuple[dict[str, FileInfo], Any]:
+def save_dcp(state: dict[str, Any], directory: Path, *, rank: int, world_size: int,
+             threads: int) -> tuple[dict[str, FileInfo], Any]:
     """Write this rank's shards with ``threads`` writer threads, planned by this rank alone (see the module):
     (the files it wrote, with their checksums, hashed as DCP writes them; its DCP metadata, for
     :func:`merge_metadata` on rank 0). DCP writes each item with ``torch.save``, here without torch's zip CRC-32 of
@@ -90,25 +94,39 @@ def save_dcp(state: dict[str, Any], directory: Path, *, rank: int, threads: int)
     fs = _hashing_file_system()()
     writer.fs = fs
     with no_zip_crc():
-        dcp.save(state, storage_writer=writer, planner=_own_copies_planner()(rank), no_dist=True)
+        dcp.save(state, storage_writer=writer, planner=_own_copies_planner()(rank, world_size), no_dist=True)
     return dict(fs.written), writer.metadata
 
 
-def writes_copy(obj: Any, rank: int) -> bool:
-    """Whether this rank writes its copy of ``obj`` (its local shard, for a DTensor), so that a replica is written
-    once: a DTensor's chunk by the rank at coordinate 0 on every mesh dimension where it is replicated (one writer
-    per replica group, the shards in parallel); a ShardedTensor's local shards by their owner; a plain tensor or
-    another object, which DCP takes to be the same on every rank, by rank 0. (DCP's coordinator spreads replicas
-    over the ranks that hold them by bytes; here the first replica group writes them all.)"""
+def writes_copy(obj: Any, index: Any, rank: int, world_size: int) -> bool:
+    """Whether this rank writes its copy of ``obj`` (its local shard, for a DTensor), the item ``index``
+    (a ``MetadataIndex``), so that each replica is written once, by one of its holders: the holder :func:`holder`
+    picks among a DTensor chunk's replicas (the ranks that differ from this one only on the mesh dimensions where it
+    is replicated), or among all ranks for a plain tensor or another object, which DCP takes to be the same on every
+    rank. A ShardedTensor's local shards are their owner's. The replicas spread over their holders, as DCP's
+    coordinator spreads them (by bytes; here by a hash of their names)."""
     dtensor = sys.modules.get("torch.distributed.tensor")
     if dtensor is not None and isinstance(obj, dtensor.DTensor):
-        coordinate = obj.device_mesh.get_coordinate()
-        return coordinate is not None and all(
-            c == 0 for c, p in zip(coordinate, obj.placements, strict=True) if p.is_replicate())
+        mesh = obj.device_mesh
+        coordinate = mesh.get_coordinate()
+        if coordinate is None:
+            return False
+        mine, holders = 0, 1
+        for dim, placement in enumerate(obj.placements):
+            if placement.is_replicate():
+                mine, holders = mine * mesh.size(dim) + coordinate[dim], holders * mesh.size(dim)
+        return mine == holder(index, holders)
     sharded = sys.modules.get("torch.distributed._shard.sharded_tensor")
     if sharded is not None and isinstance(obj, sharded.ShardedTensor):
         return True
-    return rank == 0
+    return rank == holder(index, world_size)
+
+
+def holder(index: Any, holders: int) -> int:
+    """Which of ``holders`` replicas of the item ``index`` writes it: the same answer on every rank (a CRC-32 of its
+    name and offset; Python's ``hash`` of a string differs from one process to the next)."""
+    offset = "" if index.offset is None else ",".join(str(int(o)) for o in index.offset)
+    return zlib.crc32(f"{index.fqn}@{offset}".encode()) % holders
 
 
 def merge_metadata(parts: list[Any]) -> Any:
@@ -204,14 +222,15 @@ def _own_copies_planner() -> type:
     class OwnCopiesPlanner(DefaultSavePlanner):
         """DCP's default planner, less the copies another rank writes (:func:`writes_copy`)."""
 
-        def __init__(self, rank: int) -> None:
+        def __init__(self, rank: int, world_size: int) -> None:
             super().__init__()
-            self.slurmrt_rank = rank
+            self.slurmrt_rank, self.slurmrt_world_size = rank, world_size
 
         def create_local_plan(self) -> Any:
             plan = super().create_local_plan()
             items = [item for item in plan.items
-                     if writes_copy(self.state_dict.get(item.index.fqn), self.slurmrt_rank)]
+                     if writes_copy(self.state_dict.get(item.index.fqn), item.index, self.slurmrt_rank,
+                                    self.slurmrt_world_size)]
             self.plan = dataclasses.replace(plan, items=items)
             return self.plan
 

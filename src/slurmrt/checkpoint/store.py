@@ -159,7 +159,8 @@ class CheckpointStore:
             state(tmp)
             kind = "dir"
         elif sharded.is_sharded(state):
-            files, metadata = sharded.save_dcp(state, tmp, rank=rank, threads=self.threads)
+            files, metadata = sharded.save_dcp(state, tmp, rank=rank, world_size=self.comm.world_size,
+                                               threads=self.threads)
             kind = "dcp"
         else:
             files = write_parts(tmp, f"rank_{rank:05d}.pt", state, threads=self.threads)
