@@ -151,3 +151,12 @@ def test_a_state_written_with_the_real_hint_loads_back_equal_with_its_checksum(t
     assert info == {"size": len(data), HASH: xxhash.xxh3_64(data).hexdigest()}
     loaded = torch.load(tmp_path / "s.pt", weights_only=False)
     assert loaded["step"] == 3 and torch.equal(loaded["w"], state["w"])
+
+
+def test_a_file_that_takes_no_bytes_and_raises_nothing_fails_the_write_instead_of_spinning() -> None:
+    class Stuck:
+        def write(self, data: Any) -> int:
+            return 0
+
+    with pytest.raises(OSError, match="took none of 5 bytes"):
+        Hashing(Stuck(), writeback=None).write(b"12345")

@@ -95,10 +95,12 @@ class Hashing:
         for i in range(0, view.nbytes, _CHUNK):
             piece = view[i:i + _CHUNK]
             self._h.update(piece)
+            self.size += piece.nbytes
             while piece.nbytes:  # a raw (unbuffered) file may take less than it was given
                 written = self._f.write(piece)
+                if written == 0:  # no progress and no error: fail rather than spin forever
+                    raise OSError(f"{self._f!r} took none of {piece.nbytes} bytes")
                 piece = piece[piece.nbytes if written is None else written:]  # None: a file-like that took it all
-            self.size += min(_CHUNK, view.nbytes - i)
             if self._writeback is not None and self.size - self._asked >= WRITEBACK_BYTES:
                 self._start_disk()
         return view.nbytes
