@@ -42,6 +42,9 @@ class Options:
     #: How much lower than the training's the CPU priority of a background save's write is (a nice increment,
     #: 0-19; Linux). 0: the training's own.
     save_nice: int = 10
+    #: Write background saves from a helper process (its own GIL, at ``save_nice``) fed from shared memory, not from
+    #: threads of the training process (Linux; elsewhere threads). See ``slurmrt.checkpoint.helper``.
+    save_process: bool = True
     signals: tuple[signal.Signals, ...] = DEFAULT_SIGNALS
     requeue: bool = True
     max_restarts: int | None = None
@@ -153,7 +156,7 @@ _FLOATS = {"deadline_margin_s": 0.0, "save_time_s": 0.0, "kill_wait_s": 0.0, "ki
 _OPTIONAL = {"max_restarts", "max_futile_runs", "keep_every", "hang_timeout_s", "progress_s"}
 #: Options that take one of a few words.
 _CHOICES = {"straggler": ("name", "exclude", "replace")}
-_BOOLS = {"requeue", "deadline", "watchdog", "health_check", "fsdp", "moe_overlap"}
+_BOOLS = {"requeue", "deadline", "watchdog", "health_check", "save_process", "fsdp", "moe_overlap"}
 _TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
 _NONE = {"none", "off", "never"}
 #: Signals a process cannot catch: a recorder for them would never run.

@@ -97,9 +97,11 @@ def _storage(obj: Any) -> tuple[tuple[str, int], int] | None:
     return (str(obj.device), s.data_ptr()), s.nbytes()
 
 
-def write_parts(directory: Path, name: str, state: dict[str, Any], *, threads: int) -> dict[str, FileInfo]:
+def write_parts(directory: Path, name: str, state: dict[str, Any], *, threads: int,
+                helper: Any = None) -> dict[str, FileInfo]:
     """Write ``state`` as ``directory/name`` (in parts when it is large, see the module); each file written with
-    its checksum, by name."""
+    its checksum, by name. With a :class:`~.helper.Helper`, the save helper process writes the part files (tensors
+    only) and this thread the main file (the objects around them, whose classes only this process may know)."""
     storages: dict[tuple[str, int], int] = {}  # storage -> part
     loads = [0] * max(threads, 1)
     groups: list[dict[str, Any]] = [{} for _ in loads]
@@ -124,9 +126,12 @@ def write_parts(directory: Path, name: str, state: dict[str, Any], *, threads: i
     stem = name.removesuffix(".pt")
     names = [f"{stem}.part{i + 1}.pt" for i in range(threads) if groups[i]]
     used = [g for g in groups if g]
-    with ThreadPoolExecutor(len(used), thread_name_prefix="slurmrt-save") as pool:
-        infos = list(pool.map(lambda job: write_state(directory / job[0], job[1]), zip(names, used, strict=True)))
-    files = dict(zip(names, infos, strict=True))
+    if helper is not None:
+        files = helper.write_states(directory, dict(zip(names, used, strict=True)))
+    else:
+        with ThreadPoolExecutor(len(used), thread_name_prefix="slurmrt-save") as pool:
+            infos = list(pool.map(lambda job: write_state(directory / job[0], job[1]), zip(names, used, strict=True)))
+        files = dict(zip(names, infos, strict=True))
     files[name] = write_state(directory / name, Parts(skeleton, names))  # type: ignore[arg-type]
     return files
 

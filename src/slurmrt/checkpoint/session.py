@@ -58,7 +58,8 @@ class CheckpointSession:
             o = self.options
             self._store = CheckpointStore(self.directory, self._work(), keep_last=o.keep_last,
                                           keep_every=o.keep_every, token=self._token, threads=o.save_threads,
-                                          nice=o.save_nice, guard=self._guard)
+                                          nice=o.save_nice, process=o.save_process,
+                                          guard=self._guard)
         self.settle()  # the store waits for a background save anyway; take its result first
         return self._store
 

@@ -81,21 +81,45 @@ def is_sharded(obj: Any) -> bool:
 
 
 def save_dcp(state: dict[str, Any], directory: Path, *, rank: int, world_size: int,
-             threads: int) -> tuple[dict[str, FileInfo], Any]:
+             threads: int, helper: Any = None) -> tuple[dict[str, FileInfo], Any]:
     """Write this rank's shards with ``threads`` writer threads, planned by this rank alone (see the module):
     (the files it wrote, with their checksums, hashed as DCP writes them; its DCP metadata, for
     :func:`merge_metadata` on rank 0). DCP writes each item with ``torch.save``, here without torch's zip CRC-32 of
     every record, as :func:`~._files.write_state` (the XXH3 of each file, in the manifest, is the check);
-    ``dcp.load`` reads such files as any other."""
+    ``dcp.load`` reads such files as any other. With a :class:`~.helper.Helper`, the planning is done here and the
+    files are written by the helper process, from the items' data resolved here (the shared host buffers)."""
     import torch.distributed.checkpoint as dcp
 
     _quiet_planning_alone()
-    writer = _rank_writer()(directory, rank=rank, threads=threads)
+    if helper is None:
+        writer = _rank_writer()(directory, rank=rank, threads=threads)
+    else:
+        writer = _helper_writer()(directory, rank=rank, threads=threads, helper=helper)
     fs = _hashing_file_system()()
     writer.fs = fs
     with no_zip_crc():
         dcp.save(state, storage_writer=writer, planner=_own_copies_planner()(rank, world_size), no_dist=True)
     return dict(fs.written), writer.metadata
+
+
+def write_resolved(directory: Path, *, rank: int, threads: int, plan: Any,
+                   data: list[Any]) -> tuple[list[Any], dict[str, FileInfo]]:
+    """DCP's write of ``plan``'s items, each one's data given (``data``, in the plan's order), as the save helper
+    runs it: (DCP's write results, the files with their checksums)."""
+    writer = _rank_writer()(directory, rank=rank, threads=threads)
+    fs = _hashing_file_system()()
+    writer.fs = fs
+    writer.set_up_storage_writer(False)
+    resolved = {item.index: value for item, value in zip(plan.items, data, strict=True)}
+
+    class Resolved:  # the one thing DCP's file writer asks its planner
+        @staticmethod
+        def resolve_data(item: Any) -> Any:
+            return resolved[item.index]
+
+    with no_zip_crc():
+        results = writer.write_data(plan, Resolved()).wait()
+    return results, dict(fs.written)
 
 
 def writes_copy(obj: Any, index: Any, rank: int, world_size: int) -> bool:
@@ -215,6 +239,31 @@ def _rank_writer() -> type:
 
 
 @functools.cache
+def _helper_writer() -> type:
+    """The class, made once torch is imported."""
+    from torch.futures import Future
+
+    class HelperWriter(_rank_writer()):  # type: ignore[misc]
+        """:class:`RankWriter` whose files the save helper writes: the data of each item of the plan is resolved
+        here (views of the shared host buffers, DCP's pickled objects) and written there."""
+
+        def __init__(self, path: Path, *, rank: int, threads: int, helper: Any) -> None:
+            super().__init__(path, rank=rank, threads=threads)
+            self.slurmrt_helper = helper
+
+        def write_data(self, plan: Any, planner: Any) -> Any:
+            data = [planner.resolve_data(item) for item in plan.items]
+            results, written = self.slurmrt_helper.write_dcp(self.path, self.slurmrt_rank, self.thread_count, plan,
+                                                             data)
+            self.fs.written.update(written)
+            done: Any = Future()
+            done.set_result(results)
+            return done
+
+    return HelperWriter
+
+
+@functools.cache
 def _own_copies_planner() -> type:
     """The class, made once torch is imported."""
     from torch.distributed.checkpoint import DefaultSavePlanner
@@ -278,20 +327,39 @@ def load_dcp(into: dict[str, Any], directory: Path) -> None:
 class Stager:
     """Copies a state into host buffers kept from one save to the next (pinned when the tensor is on a GPU, so the
     copy runs at the link's speed and the next copy reuses them): the snapshot a background save writes while
-    training changes the originals. Shardings survive: a DTensor's local shard is copied and wrapped again."""
+    training changes the originals. Shardings survive: a DTensor's local shard is copied and wrapped again.
 
-    def __init__(self) -> None:
+    With ``shared`` (:class:`~.helper.SharedBuffers`), the buffers are in shared memory, for the save helper
+    process: all of them in one segment, allocated again only when the state's layout changes."""
+
+    def __init__(self, shared: Any = None) -> None:
         self._buffers: dict[tuple[Any, ...], Any] = {}
         self._devices: set[Any] = set()
+        self.shared = shared
+        self._layout: list[tuple[Any, ...]] | None = None
 
     def stage(self, obj: Any) -> Any:
         import torch
 
         self._devices = set()
+        if self.shared is not None:
+            self._allocate_shared(obj)
         out = self._stage(obj, (), _sharded_types())
         for device in self._devices:  # only where a tensor was: a synchronize elsewhere would create a CUDA context
             torch.cuda.synchronize(device)  # the non_blocking copies into pinned memory are done
         return out
+
+    def _allocate_shared(self, obj: Any) -> None:
+        """One shared segment for every tensor of ``obj``, unless the last one has the same layout."""
+        leaves: list[tuple[tuple[Any, ...], Any]] = []
+        _tensor_leaves(obj, (), leaves, _sharded_types())
+        layout = [(key, tuple(t.shape), tuple(t.stride()), t.dtype) for key, t in leaves]
+        if layout == self._layout:
+            return
+        pin = any(t.device.type == "cuda" for _, t in leaves)
+        buffers = self.shared.allocate([(shape, stride, dtype) for _, shape, stride, dtype in layout], pin=pin)
+        self._buffers = {key: buf for (key, _, _, _), buf in zip(layout, buffers, strict=True)}
+        self._layout = layout
 
     def _buffer(self, key: tuple[Any, ...], t: Any) -> Any:
         import torch
@@ -324,3 +392,24 @@ class Stager:
         if isinstance(obj, (list, tuple)):
             return type(obj)(self._stage(v, (*key, i), sharded) for i, v in enumerate(obj))
         return copy.deepcopy(obj)
+
+
+def _tensor_leaves(obj: Any, key: tuple[Any, ...], out: list[tuple[tuple[Any, ...], Any]],
+                   sharded: tuple[type, ...]) -> None:
+    """The dense tensors :meth:`Stager._stage` copies, with their keys, in its order (a DTensor's local shard)."""
+    import torch
+
+    dtensor = sys.modules.get("torch.distributed.tensor")
+    if dtensor is not None and isinstance(obj, dtensor.DTensor):
+        obj = obj.to_local()
+    elif sharded and isinstance(obj, sharded):
+        return
+    if isinstance(obj, torch.Tensor):
+        if obj.layout == torch.strided:
+            out.append((key, obj))
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            _tensor_leaves(v, (*key, k), out, sharded)
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            _tensor_leaves(v, (*key, i), out, sharded)

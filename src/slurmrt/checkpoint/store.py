@@ -48,6 +48,8 @@ from ._files import (
     write_text,
 )
 from .background import NICE, PendingSave, SaveResult, Staged, run_below_training
+from .helper import Helper
+from .helper import available as helper_available
 from .manifest import MANIFEST, check_files, complete_steps, read_manifest, verify
 from .parts import read_state, write_parts
 from .retention import Retention
@@ -74,7 +76,7 @@ class Loaded:
 
 class CheckpointStore:
     def __init__(self, root: Path, comm: Comm, *, keep_last: int = 3, keep_every: int | None = None,
-                 token: str = "0", threads: int = 4, nice: int = NICE,
+                 token: str = "0", threads: int = 4, nice: int = NICE, process: bool = True,
                  guard: Callable[[], None] | None = None) -> None:
         self.root = root
         self.comm = comm
@@ -83,7 +85,9 @@ class CheckpointStore:
         self.nice = nice
         self._token = token  # job id and restart: a temp dir name no earlier attempt used
         self._seq = 0
-        self._stager = sharded.Stager()
+        #: The save helper process that writes background saves (None: threads of this process write them).
+        self.helper = Helper(nice) if process and helper_available() else None
+        self._stager = sharded.Stager(shared=self.helper.buffers if self.helper is not None else None)
         #: The background save in flight, if any.
         self.pending: PendingSave | None = None
         #: ``guard``: rank 0 calls it before it changes what is in the directory (commit, pruning, clearing
@@ -143,15 +147,19 @@ class CheckpointStore:
         try:
             self.wait()
         finally:
+            if self.helper is not None:
+                self.helper.close()
             self.retention.join_deletions(timeout_s)
 
-    def _write(self, state: dict[str, Any] | SaveFn, tmp: Path, local: Any) -> _Part:
+    def _write(self, state: dict[str, Any] | SaveFn, tmp: Path, local: Any, helper: Helper | None = None) -> _Part:
         """This rank's part of the checkpoint: (kind, the files this rank wrote, with their checksums, and its DCP
-        metadata for a sharded state, else None)."""
+        metadata for a sharded state, else None). ``helper``: the save helper process writes the tensors."""
         rank = self.comm.rank
         tmp.mkdir(parents=True, exist_ok=True)
         files: dict[str, FileInfo] = {}
         metadata = None
+        if helper is not None and not helper.start():
+            helper = None  # it cannot run here: this process's threads write
         if callable(state):
             # Every rank of a framework saver writes into this one directory, and renames its own temporary
             # files there: a walk here could meet another rank's file as it vanishes (FileNotFoundError, seen
@@ -160,10 +168,10 @@ class CheckpointStore:
             kind = "dir"
         elif sharded.is_sharded(state):
             files, metadata = sharded.save_dcp(state, tmp, rank=rank, world_size=self.comm.world_size,
-                                               threads=self.threads)
+                                               threads=self.threads, helper=helper)
             kind = "dcp"
         else:
-            files = write_parts(tmp, f"rank_{rank:05d}.pt", state, threads=self.threads)
+            files = write_parts(tmp, f"rank_{rank:05d}.pt", state, threads=self.threads, helper=helper)
             kind = "state"
         if local is not None:
             (tmp / sharded.LOCAL_DIR).mkdir(exist_ok=True)
@@ -179,7 +187,7 @@ class CheckpointStore:
         part: _Part = ("state", {}, None)
         try:
             if background:  # below the training's CPU priority: it leaves the cores to the training loop
-                part = run_below_training(lambda: self._write(state, tmp, local), self.nice)
+                part = run_below_training(lambda: self._write(state, tmp, local, self.helper), self.nice)
             else:
                 part = self._write(state, tmp, local)
         except Exception as err:  # disk full, permission denied, an unpicklable object: all ranks must hear of it
