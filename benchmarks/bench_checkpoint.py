@@ -134,6 +134,7 @@ def run(quick: bool = False) -> Section:
             async_save,
             lambda d: _slurmrt_saves(d, plain, sharded, add, turns),
             checksum,
+            _host_copy(plain, add),
         ]
 
         def one_round(d: Path, i: int) -> None:
@@ -160,8 +161,8 @@ def run(quick: bool = False) -> Section:
         m = {k: statistics.median(t[k]) for k in [*order, *(k for k in t if k not in order)]}
         gib = size / 2**30
         raw = min(m[k] for k in _RAW_WRITERS)  # the best raw writer of those bytes
-        rows = [[k, f"{v:.2f}", f"{gib / v:.2f}" if "stall" not in k and "checksum" not in k else "-",
-                 f"{raw / v * 100:.0f} % of the best raw" if "stall" not in k and "checksum" not in k else "-"]
+        rows = [[k, f"{v:.2f}", f"{gib / v:.2f}" if not _not_a_write(k) else "-",
+                 f"{raw / v * 100:.0f} % of the best raw" if not _not_a_write(k) else "-"]
                 for k, v in m.items() if "dip" not in k and "pair" not in k]
         blocking = m["slurmrt blocking (DTensors, DCP)"]
         dips = t[f"dip, background save from the helper process at nice +{NICE}"]
@@ -170,6 +171,7 @@ def run(quick: bool = False) -> Section:
         stall = m["slurmrt non-blocking (DTensors): stall"]
         background = m["slurmrt non-blocking (DTensors): until written"]
         checksum = m["checksum (XXH3-64 of the same bytes)"]
+        copy_s = m["copy of the state into host buffers"]
         body = table(["what", f"seconds (median of {repeats})", "GiB/s", "throughput"], rows)
         gpu = _gpu(base, size, repeats)
         if gpu:
@@ -186,7 +188,8 @@ def run(quick: bool = False) -> Section:
                  "are deleted as soon as it is timed (this disk writes freed blocks 3x faster than blocks never "
                  "written: kept files made each time depend on where its blocks fell). Ratios against the "
                  "DTensor save: non-blocking stall "
-                 f"{stall / blocking * 100:.0f} % (target 5 %), background write {background / blocking:.2f}x "
+                 f"{stall / blocking * 100:.0f} % (target 5 %), {stall / copy_s:.2f}x the copy of the state into "
+                 f"host buffers (the stall's floor, {copy_s:.3f} s), background write {background / blocking:.2f}x "
                  f"(target 1.3x), checksum {checksum / blocking * 100:.0f} % of the save time (target 10 %). "
                  f"slurmrt blocking (DTensors) against dcp.save (DTensors): "
                  f"{m['dcp.save (DTensors)'] / blocking * 100:.0f} % of the medians; of each save against a "
@@ -201,6 +204,7 @@ def run(quick: bool = False) -> Section:
                  f"before the helper), in the same run, {_spread(dips_before)}. Loop and save share this "
                  "machine's 2 cores.")
         figures = {"raw_s": raw, "blocking_dcp_s": blocking, "stall_ratio": stall / blocking,
+                   "stall_per_copy": stall / copy_s,
                    "background_ratio": background / blocking, "checksum_ratio": checksum / blocking,
                    "throughput_ratio_state": raw / m["slurmrt blocking (per-rank dict)"],
                    "throughput_ratio_dcp": raw / blocking, "dip": dip, "dip_threads": dip_before,
@@ -237,6 +241,13 @@ def _side_by_side(d: Path, save: Callable[[], Any], comparators: dict[str, Calla
     return out
 
 
+#: Saves of one checkpoint directory before the timed ones: with the default keep_last=3, the last 3 of them have
+#: each pruned a checkpoint, whose blocks the file system hands to the next save, as in a run's steady state. (After
+#: only 3, the first timed save wrote into blocks never written, 3x slower on this disk, and its comparator next to it
+#: into the blocks the comparator before had freed.)
+_WARM = 6
+
+
 def _slurmrt_saves(d: Path, plain: dict[str, Any], sharded: dict[str, Any], add: Callable[[str, float], None],
                    turns: Iterator[int]) -> None:
     import torch.distributed.checkpoint as dcp
@@ -251,8 +262,8 @@ def _slurmrt_saves(d: Path, plain: dict[str, Any], sharded: dict[str, Any], add:
     # medians.
     raw = {k: (lambda w, k=k: _RAW_WRITERS[k](w, plain)) for k in _RAW_WRITERS if k != "raw"}
     store = CheckpointStore(d / "srt-state", SoloComm())
-    for step in range(1, 6):
-        if step > 3:
+    for step in range(1, _WARM + 3):
+        if step > _WARM:
             got = _side_by_side(d, lambda: store.save(plain, step), raw, next(turns),  # noqa: B023 - at once
                                 store.retention.join_deletions)
             add("slurmrt blocking (per-rank dict)", got["save"])
@@ -265,8 +276,8 @@ def _slurmrt_saves(d: Path, plain: dict[str, Any], sharded: dict[str, Any], add:
     store = CheckpointStore(d / "srt-dcp", SoloComm())
     writer = lambda p: dcp.FileSystemWriter(p, thread_count=4, sync_files=True)  # noqa: E731
     dcp_save = {"dcp.save": lambda w: dcp.save(sharded, storage_writer=writer(w))}
-    for step in range(1, 6):
-        if step > 3:
+    for step in range(1, _WARM + 3):
+        if step > _WARM:
             got = _side_by_side(d, lambda: store.save(sharded, step), dcp_save, next(turns),  # noqa: B023 - at once
                                 store.retention.join_deletions)
             add("slurmrt blocking (DTensors, DCP)", got["save"])
@@ -274,12 +285,12 @@ def _slurmrt_saves(d: Path, plain: dict[str, Any], sharded: dict[str, Any], add:
         else:
             store.save(sharded, step)
     # Non-blocking: the second and third saves of one store (the first allocates the host buffers it reuses).
-    for step in (6, 7, 8):
+    for step in range(_WARM + 3, _WARM + 6):
         t0 = time.perf_counter()
         store.save(sharded, step, blocking=False)
         stall = time.perf_counter() - t0
         store.wait()
-        if step > 6:
+        if step > _WARM + 3:
             add("slurmrt non-blocking (DTensors): stall", stall)
             add("slurmrt non-blocking (DTensors): until written", time.perf_counter() - t0)
     # The throughput dip: a busy-Python training loop while the background save runs (its write, its commit and
@@ -287,7 +298,7 @@ def _slurmrt_saves(d: Path, plain: dict[str, Any], sharded: dict[str, Any], add:
     # save written by slurmrt's helper process (the default), and, for comparison in the same run, by threads of
     # the loop's own process (as before the helper), both at slurmrt's lowered priority.
     helper = store.helper
-    for step in (9, 10, 11, 12):
+    for step in range(_WARM + 6, _WARM + 10):
         store.helper = None if step % 2 else helper
         pending = store.save(sharded, step, blocking=False)
         assert not isinstance(pending, SaveResult)
@@ -300,6 +311,23 @@ def _slurmrt_saves(d: Path, plain: dict[str, Any], sharded: dict[str, Any], add:
         add(f"dip, background save {which}", 1 - (steps / seconds) / (alone / alone_s))
     store.helper = helper
     store.close()
+
+
+def _host_copy(plain: dict[str, torch.Tensor], add: Callable[[str, float], None]) -> Callable[[Path], None]:
+    """The stall's floor: the copy of the state into host buffers that already exist (as the non-blocking save's,
+    reused from one save to the next), one tensor after the other."""
+    buffers = {k: torch.empty_like(v) for k, v in plain.items()}
+    for k, v in plain.items():
+        buffers[k].copy_(v)
+
+    def host_copy(d: Path) -> None:
+        add("copy of the state into host buffers", _timed(lambda: [buffers[k].copy_(v) for k, v in plain.items()]))
+
+    return host_copy
+
+
+def _not_a_write(name: str) -> bool:
+    return "stall" in name or "checksum" in name or "copy" in name
 
 
 def _spread(ratios: list[float]) -> str:

@@ -243,7 +243,8 @@ def test_events_of_any_shape_are_read_or_skipped_and_status_never_raises(
 # -- every parser: a value, or its own error ------------------------------------------------------------------
 
 _OPTION_NAMES = sorted({"checkpoint_dir", "kill_switch", "keep_last", "keep_every", "save_threads", "save_nice",
-                        "signals", "requeue", "max_restarts", "deadline", "deadline_margin_s", "save_time_s",
+                        "save_process", "signals", "requeue", "max_restarts", "deadline", "deadline_margin_s",
+                        "save_time_s",
                         "kill_wait_s", "kill_switch_poll_s", "end_time_refresh_s", "watchdog", "hang_timeout_s",
                         "hang_floor_s", "startup_timeout_s", "max_excluded_nodes", "max_futile_runs", "health_check",
                         "progress_s", "tp", "pp", "cp", "fsdp", "nnodes", "gpus_per_node"})

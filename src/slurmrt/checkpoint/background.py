@@ -4,13 +4,14 @@ A background save runs on the ``slurmrt-save`` thread; its result (or its error)
 training thread takes when it is ready. Nothing the save learns is pushed anywhere.
 
 Its write runs at a lower CPU priority than training (nice +:data:`NICE`, Linux, where the nice value is each
-thread's own): on a thread of its own, ``slurmrt-save-write``, whose priority the writer threads it starts (DCP's,
-slurmrt's) inherit. The commit, on ``slurmrt-save``, runs at the training's priority, and so does any long-lived
-thread it starts (a log writer): a thread cannot raise its priority again. A save's writers are several threads of
-serialization, hashing and copies into the page cache: at the training's priority they took the cores from a
-busy-Python training loop, which ran 52-60 % slower while they wrote (2 cores, 1 GiB, 4 writers); at +10, 9-17 %
-slower (``benchmarks/RESULTS.md``). The GIL was not the cause: one writer thread at the training's priority cost it
-2-11 %, and the same 4 writers in another process cost it as much as in this one. Whenever the training thread
+thread's own): on a thread of its own, ``slurmrt-save-write``, whose priority the threads it starts inherit, and
+which hands the tensors to the save helper process (:mod:`.helper`), started at the same lowered priority. The
+commit, on ``slurmrt-save``, runs at the training's priority, and so does any long-lived thread it starts (a log
+writer): a thread cannot raise its priority again. A save's writers are several threads of serialization, hashing
+and copies into the page cache. At the training's priority they took the cores from a busy-Python training loop,
+which ran 52-60 % slower while they wrote (2 cores, 1 GiB, 4 writers). At +10, as threads of the training process,
+12-25 % slower: a low-priority thread that holds the GIL and is preempted keeps the training thread waiting. At +10
+in the helper process, which has a GIL of its own, 2-8 % (``benchmarks/RESULTS.md``). Whenever the training thread
 waits for the save (the next save, the stop, ``wait()``), it leaves the cores to it, and the save runs at full speed.
 """
 
