@@ -180,9 +180,10 @@ def run(quick: bool = False) -> Section:
         body += "\n\n" + table(["state size", "save (s)", "load_latest(into=), verified (s)", "load, unverified (s)"],
                                resume)
         body += (f"\n\n{gib:.2f} GiB in 8 float32 tensors of 4096 columns, written to {base.parent}. DCP with 4 "
-                 "writer threads, as slurmrt's saves (save_threads=4). slurmrt's blocking saves are the 4th and 5th "
-                 "of one checkpoint directory with the default keep_last=3: each one prunes the oldest checkpoint, "
-                 "as in a real run, and, as in a run where minutes pass between saves, the deletion of what the "
+                 "writer threads, as slurmrt's saves (save_threads=4). slurmrt's blocking saves are the 7th and 8th "
+                 "of one checkpoint directory with the default keep_last=3: each one prunes the oldest checkpoint "
+                 "and writes into blocks an earlier pruning freed, as in a run's steady state, and, as in a run "
+                 "where minutes pass between saves, the deletion of what the "
                  "save before pruned is over before the next is timed. The best raw writer is the fastest of one "
                  "thread, 4, and 4 that have the disk start on each 8 MiB as it is written. Each variant's files "
                  "are deleted as soon as it is timed (this disk writes freed blocks 3x faster than blocks never "
