@@ -180,7 +180,9 @@ def test_the_helper_exits_when_the_training_process_is_killed(tmp_path: Path) ->
         import sys, time, torch
         from pathlib import Path
         from slurmrt._comm import SoloComm
+        from slurmrt.checkpoint import parts
         from slurmrt.checkpoint.store import CheckpointStore
+        parts.SPLIT_MIN_BYTES = 1 << 20  # 4 MiB written in parts, by the helper
         store = CheckpointStore(Path({str(tmp_path / 'ck')!r}), SoloComm())
         store.save({{"w": torch.randn(1 << 20)}}, 1, blocking=False).wait()
         print(store.helper.pid, flush=True)
@@ -232,3 +234,49 @@ def test_a_helper_that_cannot_start_leaves_the_save_to_threads(tmp_path: Path, s
     assert store.helper.pid is None and "could not be started" in caplog.text
     got = store.load_latest()
     assert got is not None and _same(state, got.state)
+
+
+def test_a_state_too_small_to_split_is_written_here_and_starts_no_helper(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path, SoloComm())
+    assert store.helper is not None
+    store.save({"w": torch.randn(100), "note": "small"}, 1, blocking=False).wait()
+    assert store.helper.pid is None  # one torch.save file, by the save's thread: no process (and its memory) for it
+    got = store.load_latest()
+    assert got is not None and got.state["note"] == "small"
+
+
+def test_sharded_state_saved_in_the_background_is_written_by_the_helper_and_reads_back_through_dcp(
+        tmp_path: Path) -> None:
+    # In a process of its own: DTensors need a process group, which this test process must not keep.
+    script = textwrap.dedent(f"""
+        import torch, torch.distributed as dist, torch.distributed.checkpoint as dcp
+        from pathlib import Path
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+        from slurmrt._comm import SoloComm
+        from slurmrt.checkpoint.store import CheckpointStore
+        dist.init_process_group("gloo", init_method="file://{tmp_path / 'pg'}", rank=0, world_size=1)
+        mesh = init_device_mesh("cpu", (1,))
+        def state(fill):
+            return {{"w": distribute_tensor(fill(64, 32), mesh, [Shard(0)]),
+                     "r": distribute_tensor(fill(8), mesh, [Replicate()]), "step": 5, "plain": fill(6)}}
+        saved = state(torch.randn)
+        store = CheckpointStore(Path({str(tmp_path / 'ck')!r}), SoloComm())
+        for step in (1, 2):
+            store.save(saved, step, blocking=False).wait()
+            assert store.helper.pid is not None
+        store.close()
+        into = state(torch.zeros)
+        got = store.load_latest(into=into)
+        assert got.step == 2 and into["step"] == 5
+        for k in ("w", "r"):
+            assert torch.equal(into[k].to_local(), saved[k].to_local()), k
+        assert torch.equal(into["plain"], saved["plain"])
+        alone = {{"w": torch.zeros(64, 32)}}
+        dcp.load(alone, checkpoint_id={str(tmp_path / 'ck' / 'step_000000002')!r}, no_dist=True)  # without slurmrt
+        assert torch.equal(alone["w"], saved["w"].full_tensor())
+        dist.destroy_process_group()
+        print("OK")
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0 and out.stdout.strip().endswith("OK"), out.stderr[-3000:]

@@ -158,8 +158,6 @@ class CheckpointStore:
         tmp.mkdir(parents=True, exist_ok=True)
         files: dict[str, FileInfo] = {}
         metadata = None
-        if helper is not None and not helper.start():
-            helper = None  # it cannot run here: this process's threads write
         if callable(state):
             # Every rank of a framework saver writes into this one directory, and renames its own temporary
             # files there: a walk here could meet another rank's file as it vanishes (FileNotFoundError, seen
