@@ -4,6 +4,7 @@ Real processes and real signals: the helper is started as slurmrt starts it, kil
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -77,7 +78,7 @@ def test_a_background_save_is_written_by_the_helper_and_loads_bitwise_equal(
         tmp_path: Path, split_small: None, monkeypatch: pytest.MonkeyPatch) -> None:
     state = _state()
     store = CheckpointStore(tmp_path, SoloComm())
-    assert store.helper is not None
+    assert store.helper is not None and store.helper.start()
     # Part files written by this process would fail: the save succeeds only if the helper wrote them.
     write_state = parts.write_state
 
@@ -99,7 +100,7 @@ def test_a_background_save_is_written_by_the_helper_and_loads_bitwise_equal(
 def test_views_of_one_storage_stay_one_storage_and_the_buffers_are_reused_until_the_layout_changes(
         tmp_path: Path, split_small: None) -> None:
     store = CheckpointStore(tmp_path, SoloComm())
-    assert store.helper is not None
+    assert store.helper is not None and store.helper.start()
     w = torch.randn(512, 512)
     store.save({"w": w, "tied": w}, 1, blocking=False).wait()
     first = set(store.helper.buffers.segments)
@@ -113,6 +114,44 @@ def test_views_of_one_storage_stay_one_storage_and_the_buffers_are_reused_until_
     got = store.load_latest()
     assert got is not None and got.step == 3 and torch.equal(got.state["more"], torch.ones(300, 300))
     store.close()
+
+
+def test_the_first_save_does_not_wait_for_the_helper_to_start(tmp_path: Path, split_small: None) -> None:
+    store = CheckpointStore(tmp_path, SoloComm())
+    assert store.helper is not None
+    store.helper.start_timeout_s = 3600.0
+    state = _state()
+    with _stopped_helpers():  # a helper that never gets ready: the saves go on without it
+        store.save(state, 1, blocking=False).wait()
+        store.save(state, 2, blocking=False).wait()
+    got = store.load_latest()
+    assert got is not None and got.step == 2 and _same(state, got.state)
+    assert store.helper.start()  # it does get ready, once it runs
+    store.close()
+
+
+@contextlib.contextmanager
+def _stopped_helpers() -> Any:
+    """Every helper started inside it is SIGSTOPped at once (before it can be ready), and let go at the end."""
+    import slurmrt.checkpoint.helper as module
+
+    started: list[int] = []
+    popen = module.subprocess.Popen
+
+    def stopped(*args: Any, **kwargs: Any) -> Any:
+        proc = popen(*args, **kwargs)
+        os.kill(proc.pid, signal.SIGSTOP)
+        started.append(proc.pid)
+        return proc
+
+    module.subprocess.Popen = stopped  # type: ignore[misc]
+    try:
+        yield
+    finally:
+        module.subprocess.Popen = popen  # type: ignore[misc]
+        for pid in started:
+            os.kill(pid, signal.SIGCONT)
+    assert started, "no helper was started"
 
 
 def test_helper_writes_a_tensor_outside_shared_memory_by_value_and_keeps_shared_views_shared(tmp_path: Path) -> None:
@@ -136,8 +175,8 @@ def test_a_helper_killed_during_a_write_fails_that_save_only_and_the_next_one_st
         tmp_path: Path, split_small: None) -> None:
     state = _state()
     store = CheckpointStore(tmp_path, SoloComm())
+    assert store.helper is not None and store.helper.start()
     store.save(state, 1, blocking=False).wait()
-    assert store.helper is not None
     pid = store.helper.pid
     assert pid is not None
     os.kill(pid, signal.SIGSTOP)  # it cannot finish what it is sent
@@ -151,18 +190,20 @@ def test_a_helper_killed_during_a_write_fails_that_save_only_and_the_next_one_st
         store.wait()
     got = store.load_latest()
     assert got is not None and got.step == 1 and _same(state, got.state)
-    store.save(state, 3, blocking=False).wait()
+    store.save(state, 3, blocking=False).wait()  # written by threads while a new helper starts
     assert store.helper.pid not in (None, pid)
+    assert store.helper.start()
+    store.save(state, 4, blocking=False).wait()
     got = store.load_latest()
-    assert got is not None and got.step == 3 and _same(state, got.state)
+    assert got is not None and got.step == 4 and _same(state, got.state)
     store.close()
 
 
 def test_the_helper_ignores_slurms_signals_and_runs_below_the_training(tmp_path: Path, split_small: None) -> None:
     state = _state()
     store = CheckpointStore(tmp_path, SoloComm(), nice=5)
+    assert store.helper is not None and store.helper.start()
     store.save(state, 1, blocking=False).wait()
-    assert store.helper is not None
     pid = store.helper.pid
     assert pid is not None
     assert os.getpriority(os.PRIO_PROCESS, pid) == min(19, os.getpriority(os.PRIO_PROCESS, os.getpid()) + 5)
@@ -184,6 +225,7 @@ def test_the_helper_exits_when_the_training_process_is_killed(tmp_path: Path) ->
         from slurmrt.checkpoint.store import CheckpointStore
         parts.SPLIT_MIN_BYTES = 1 << 20  # 4 MiB written in parts, by the helper
         store = CheckpointStore(Path({str(tmp_path / 'ck')!r}), SoloComm())
+        assert store.helper.start()
         store.save({{"w": torch.randn(1 << 20)}}, 1, blocking=False).wait()
         print(store.helper.pid, flush=True)
         time.sleep(600)
@@ -262,6 +304,7 @@ def test_sharded_state_saved_in_the_background_is_written_by_the_helper_and_read
                      "r": distribute_tensor(fill(8), mesh, [Replicate()]), "step": 5, "plain": fill(6)}}
         saved = state(torch.randn)
         store = CheckpointStore(Path({str(tmp_path / 'ck')!r}), SoloComm())
+        assert store.helper.start()
         for step in (1, 2):
             store.save(saved, step, blocking=False).wait()
             assert store.helper.pid is not None

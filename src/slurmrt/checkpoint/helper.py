@@ -38,12 +38,14 @@ import logging
 import mmap
 import os
 import pickle
+import select
 import signal
 import socket
 import struct
 import subprocess
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -253,6 +255,8 @@ class Helper:
         self._sock: socket.socket | None = None
         self._sent: set[int] = set()  # segments the running helper has mapped
         self._failed = False  # it could not be started: not tried again
+        self._ready = False  # it said it is ready
+        self._spawned = 0.0  # when it was started (time.monotonic())
         #: How long a new helper may take to be ready (it imports torch).
         self.start_timeout_s = 300.0
 
@@ -260,14 +264,33 @@ class Helper:
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
 
-    def start(self) -> bool:
-        """Make sure the helper runs and is ready (it answers once it has imported torch); False, with a warning
-        once, if it cannot be started: the save is then written by threads of this process."""
-        if self._sock is not None and self.pid is not None:
-            return True
-        self.close()
+    def ready(self) -> bool:
+        """Whether the helper is ready for a save now, without waiting: a helper that is not running is started
+        (it is ready once it has imported torch, seconds later), and meanwhile the save is written by threads of
+        this process, as it is for good if the helper cannot start (with a warning, once)."""
         if self._failed:
             return False
+        if self._sock is None or self.pid is None:
+            self.close()
+            self._spawn()
+            return False
+        if self._ready:
+            return True
+        waiting = not select.select([self._sock], [], [], 0)[0]
+        if waiting and time.monotonic() - self._spawned < self.start_timeout_s:
+            return False
+        return self._handshake()
+
+    def start(self) -> bool:
+        """Start the helper if it is not running and wait until it is ready (at most :attr:`start_timeout_s`);
+        False if it cannot be started."""
+        if self.ready() or self._failed:
+            return self._ready
+        assert self._sock is not None
+        select.select([self._sock], [], [], max(0.0, self.start_timeout_s - (time.monotonic() - self._spawned)))
+        return self._handshake()
+
+    def _spawn(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         env = dict(os.environ)  # the helper imports this slurmrt, wherever this process found it
         root = str(Path(__file__).resolve().parents[2])
@@ -278,23 +301,38 @@ class Helper:
                  str(os.getpid())],
                 pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, close_fds=True, env=env,
             )
-            theirs.close()
-            ours.settimeout(self.start_timeout_s)
-            ready = _recv(ours)
-            ours.settimeout(None)
-            if ready != ("ready", os.getpid()):
-                raise OSError(f"unexpected first message {ready!r}")
-        except (OSError, EOFError, pickle.UnpicklingError) as err:
-            theirs.close()
+        except OSError as err:
             ours.close()
-            self._sock = None
-            self.close()
-            self._failed = True
-            logger.warning("slurmrt: the save helper process could not be started (%r); background saves are "
-                           "written by threads of the training process", err)
+            self._fail(err)
+            return
+        finally:
+            theirs.close()
+        self._sock, self._sent, self._ready, self._spawned = ours, set(), False, time.monotonic()
+
+    def _handshake(self) -> bool:
+        """Read the helper's first message (it is there, or it never came in time): ready, or failed for good."""
+        assert self._sock is not None
+        try:
+            if not select.select([self._sock], [], [], 0)[0]:
+                raise TimeoutError(f"not ready after {self.start_timeout_s:.0f} s")
+            self._sock.settimeout(10.0)  # the rest of a message that has begun to arrive
+            try:
+                first = _recv(self._sock)
+            finally:
+                self._sock.settimeout(None)
+            if first != ("ready", os.getpid()):
+                raise OSError(f"unexpected first message {first!r}")
+        except (OSError, EOFError, pickle.UnpicklingError) as err:
+            self._fail(err)
             return False
-        self._sock, self._sent = ours, set()
+        self._ready = True
         return True
+
+    def _fail(self, err: BaseException) -> None:
+        self.close()
+        self._failed = True
+        logger.warning("slurmrt: the save helper process could not be started (%r); background saves are "
+                       "written by threads of the training process", err)
 
     def _target_nice(self) -> int:
         """The helper's nice value: the training's (this process's main thread's), plus :attr:`nice`. Absolute,
@@ -309,7 +347,7 @@ class Helper:
         """Run ``op`` in the helper (started by :meth:`start`); its answer, or its error raised here as a
         CheckpointError."""
         sock = self._sock
-        if sock is None or self.pid is None:
+        if sock is None or self.pid is None or not self._ready:
             raise CheckpointError("the save helper process is not running")
         try:
             for ident, segment in self.buffers.segments.items():  # each segment's descriptor, once
@@ -346,7 +384,7 @@ class Helper:
 
     def close(self) -> None:
         """Stop the helper (it exits when its socket closes)."""
-        sock, proc, self._sock, self._proc = self._sock, self._proc, None, None
+        sock, proc, self._sock, self._proc, self._ready = self._sock, self._proc, None, None, False
         if sock is not None:
             sock.close()
         if proc is not None:
@@ -381,8 +419,6 @@ _OPS: dict[str, Callable[..., Any]] = {"states": _states, "dcp": _dcp}
 
 def _watch_parent(parent: int) -> None:
     """Exit as soon as the training process is gone (a SIGKILL closes no socket that a write in progress reads)."""
-    import time
-
     while True:
         if os.getppid() != parent:
             os._exit(0)
@@ -404,7 +440,7 @@ def main(argv: list[str]) -> int:
     while True:
         try:
             message = _recv(sock, segments)
-        except EOFError:
+        except (EOFError, ConnectionError):  # the training process closed it, or is gone
             return 0
         op, args = message[0], message[1:]
         if op == "segment":

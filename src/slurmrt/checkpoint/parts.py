@@ -126,7 +126,7 @@ def write_parts(directory: Path, name: str, state: dict[str, Any], *, threads: i
     stem = name.removesuffix(".pt")
     names = [f"{stem}.part{i + 1}.pt" for i in range(threads) if groups[i]]
     used = [g for g in groups if g]
-    if helper is not None and helper.start():  # started by the first state that needs it; else threads write
+    if helper is not None and helper.ready():  # started by the first state that needs it; till ready, threads
         files = helper.write_states(directory, dict(zip(names, used, strict=True)))
     else:
         with ThreadPoolExecutor(len(used), thread_name_prefix="slurmrt-save") as pool:

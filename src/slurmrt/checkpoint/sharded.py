@@ -91,7 +91,7 @@ def save_dcp(state: dict[str, Any], directory: Path, *, rank: int, world_size: i
     import torch.distributed.checkpoint as dcp
 
     _quiet_planning_alone()
-    if helper is None or not helper.start():  # started by the first save that needs it; else threads write
+    if helper is None or not helper.ready():  # started by the first save that needs it; till ready, threads
         writer = _rank_writer()(directory, rank=rank, threads=threads)
     else:
         writer = _helper_writer()(directory, rank=rank, threads=threads, helper=helper)
