@@ -16,8 +16,9 @@ What goes where:
   (segment, offset, dtype, shape, strides), never as bytes. A segment dies with the last process that maps it: a
   SIGKILL leaves nothing behind in ``/dev/shm``.
 - :class:`Helper` (training process): starts ``python -m slurmrt.checkpoint.helper`` on the first background save
-  that needs it, sends it work and waits, on the save's background thread, for the files it wrote with their
-  checksums.
+  that has work for it, sends it work and waits, on the save's background thread, for the files it wrote with their
+  checksums. No save waits for it to start (it imports torch: seconds): until it is ready, and for good if it cannot
+  start, threads of the training process write, as they did before it.
 - :func:`main` (the helper): writes each job with the same code as the threads would (:func:`~._files.write_state`,
   DCP's writer through :class:`~._files.Hashing`), and answers. It ignores the signals Slurm and a terminal send to
   every process of a step (SIGTERM, SIGINT, SIGUSR1, SIGUSR2, SIGHUP): the training process decides when to stop,
