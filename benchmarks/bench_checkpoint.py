@@ -285,7 +285,10 @@ def _slurmrt_saves(d: Path, plain: dict[str, Any], sharded: dict[str, Any], add:
             add("pair: DTensors / dcp.save", got["dcp.save"] / got["save"])
         else:
             store.save(sharded, step)
-    # Non-blocking: the second and third saves of one store (the first allocates the host buffers it reuses).
+    # Non-blocking: the second and third saves of one store (the first allocates the host buffers it reuses), by
+    # the save helper (started now: in a run the saves before it is ready are written by threads).
+    if store.helper is not None:
+        store.helper.start()
     for step in range(_WARM + 3, _WARM + 6):
         t0 = time.perf_counter()
         store.save(sharded, step, blocking=False)
