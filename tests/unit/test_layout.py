@@ -14,7 +14,7 @@ FLOORS = [
      "stop.straggler", "checkpoint._files", "checkpoint.sharded"],
     ["launch.parallel", "launch.topology", "stop.deadline", "stop.watcher", "stop.killswitch",
      "hang.census", "record.events", "record.experiment", "checkpoint.lease", "checkpoint.manifest",
-     "checkpoint.background", "checkpoint.retention", "checkpoint.local", "checkpoint.parts"],
+     "checkpoint.background", "checkpoint.retention", "checkpoint.local", "checkpoint.parts", "checkpoint.helper"],
     ["launch.preflight", "launch.cuda", "launch.health", "stop.decision", "hang.watchdog", "checkpoint.store",
      "options", "trackers", "outcome.exclusion"],
     ["stop.agreement", "outcome.policy", "record.timeline"],
