@@ -323,3 +323,25 @@ def test_sharded_state_saved_in_the_background_is_written_by_the_helper_and_read
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0 and out.stdout.strip().endswith("OK"), out.stderr[-3000:]
+
+
+def test_an_os_error_in_the_helper_reaches_the_save_as_an_os_error_with_its_errno(tmp_path: Path) -> None:
+    """A full disk or a refused write keeps its errno, which the store's advice ("free space in ...") reads."""
+    import errno
+
+    from slurmrt.checkpoint._files import failure_advice
+
+    helper = Helper(nice=0)
+    try:
+        assert helper.start()
+        (shared,) = helper.buffers.allocate([((4,), (1,), torch.float32)])
+        not_a_directory = tmp_path / "file"
+        not_a_directory.write_text("x")
+        with pytest.raises(OSError) as raised:
+            helper.write_states(not_a_directory, {"a.pt": {"s": shared}})
+        assert raised.value.errno == errno.ENOTDIR and "in the save helper process" in str(raised.value)
+        full = OSError(errno.ENOSPC, "in the save helper process: No space left on device")
+        assert "free space" in failure_advice(full, tmp_path)
+        assert helper.write_states(tmp_path, {"b.pt": {"s": shared}})  # the helper lives on after the error
+    finally:
+        helper.shutdown()

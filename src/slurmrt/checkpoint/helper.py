@@ -367,6 +367,9 @@ class Helper:
             raise CheckpointError(f"the save helper process died while it wrote (exit status {code}; a negative "
                                   f"one is the signal that ended it: -9 is SIGKILL, the kernel's OOM killer's): "
                                   f"{err!r}") from err
+        if status == "oserror":  # as an OSError, with its errno: the store's advice for a full disk, a refusal
+            code, text = value
+            raise OSError(code, f"in the save helper process: {text}")
         if status != "ok":
             raise CheckpointError(f"the save helper process failed: {value}")
         return value
@@ -455,6 +458,8 @@ def main(argv: list[str]) -> int:
             continue
         try:
             answer: tuple[str, Any] = ("ok", _OPS[op](*args))
+        except OSError as err:  # a full disk, a refused write: its errno goes with it
+            answer = ("oserror", (err.errno, f"{err!r}\n{traceback.format_exc()}"))
         except Exception as err:  # noqa: BLE001 - told to the training process, which raises it
             answer = ("error", f"{err!r}\n{traceback.format_exc()}")
         del message, args
