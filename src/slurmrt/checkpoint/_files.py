@@ -147,19 +147,35 @@ def write_state(path: Path, state: dict[str, Any]) -> FileInfo:
 
 
 _crc_lock = threading.Lock()
-_crc_users = 0  # slurmrt writes running now
+_crc_users = 0  # slurmrt writes running now (where torch's option is the process's)
 _crc_saved = True  # torch's option as the first of them found it
 
 
 @contextlib.contextmanager
 def no_zip_crc() -> Iterator[None]:
-    """torch.save without its zip CRC-32 of every record (a quarter of its time): slurmrt's XXH3 of the same bytes,
-    in the manifest, already tells a damaged file. torch.load reads such a file as any other. The option is
-    torch's global: it is turned off while any slurmrt write runs and put back after the last one, so a torch.save
-    of the program's own running meanwhile may write a file without CRCs, which it loads all the same."""
+    """torch.save without its zip CRC-32 of every record (a quarter of its time), in the thread that enters:
+    slurmrt's XXH3 of the same bytes, in the manifest, already tells a damaged file. torch.load reads such a file as
+    any other.
+
+    Newer torch (2.13 here) keeps the option per thread, as all of its serialization config: it is turned off for
+    this thread and put back after, and each writer thread (DCP's included, see :mod:`.sharded`) must enter on its
+    own. Where it is the process's, it is turned off while any slurmrt write runs and put back after the last one, so
+    a torch.save of the program's own running meanwhile may write a file without CRCs, which it loads all the
+    same."""
     global _crc_users, _crc_saved
     from torch import serialization
 
+    if not hasattr(serialization, "set_crc32_options"):  # a torch without the option: its CRC stays
+        yield
+        return
+    if _crc_option_per_thread():
+        saved = serialization.get_crc32_options()
+        serialization.set_crc32_options(False)
+        try:
+            yield
+        finally:
+            serialization.set_crc32_options(saved)
+        return
     with _crc_lock:
         if _crc_users == 0:
             _crc_saved = serialization.get_crc32_options()
@@ -172,6 +188,23 @@ def no_zip_crc() -> Iterator[None]:
             _crc_users -= 1
             if _crc_users == 0:
                 serialization.set_crc32_options(_crc_saved)
+
+
+@functools.cache
+def _crc_option_per_thread() -> bool:
+    """Whether torch's CRC option is a thread's own: a thread of ours sets it, and this one looks. (Where it is the
+    process's, it is put back at once, under the lock the writes take.)"""
+    from torch import serialization
+
+    with _crc_lock:
+        before = serialization.get_crc32_options()
+        probe = threading.Thread(target=serialization.set_crc32_options, args=(not before,))
+        probe.start()
+        probe.join()
+        if serialization.get_crc32_options() == before:
+            return True
+        serialization.set_crc32_options(before)
+        return False
 
 
 def hash_file(path: Path) -> FileInfo:

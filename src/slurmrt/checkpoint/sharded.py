@@ -97,8 +97,7 @@ def save_dcp(state: dict[str, Any], directory: Path, *, rank: int, world_size: i
         writer = _helper_writer()(directory, rank=rank, threads=threads, helper=helper)
     fs = _hashing_file_system()()
     writer.fs = fs
-    with no_zip_crc():
-        dcp.save(state, storage_writer=writer, planner=_own_copies_planner()(rank, world_size), no_dist=True)
+    dcp.save(state, storage_writer=writer, planner=_own_copies_planner()(rank, world_size), no_dist=True)
     return dict(fs.written), writer.metadata
 
 
@@ -117,8 +116,7 @@ def write_resolved(directory: Path, *, rank: int, threads: int, plan: Any,
         def resolve_data(item: Any) -> Any:
             return resolved[item.index]
 
-    with no_zip_crc():
-        results = writer.write_data(plan, Resolved()).wait()
+    results = writer.write_data(plan, Resolved()).wait()
     return results, dict(fs.written)
 
 
@@ -304,7 +302,9 @@ def _hashing_file_system() -> type:
                 with super().create_stream(path, mode) as stream:
                     yield stream
                 return
-            with super().create_stream(path, mode) as stream:
+            # DCP's writer threads torch.save each item into this stream: torch's CRC option is per thread, so
+            # it is turned off here, in the thread that writes the file.
+            with super().create_stream(path, mode) as stream, no_zip_crc():
                 hashing = Hashing(stream)
                 yield hashing
             self.written[Path(path).name] = hashing.info()
