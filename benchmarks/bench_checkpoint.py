@@ -165,6 +165,7 @@ def run(quick: bool = False) -> Section:
                  f"{raw / v * 100:.0f} % of the best raw" if not _not_a_write(k) else "-"]
                 for k, v in m.items() if "dip" not in k and "pair" not in k]
         blocking = m["slurmrt blocking (DTensors, DCP)"]
+        dt_saves = t["slurmrt blocking (DTensors, DCP)"]
         dips = t[f"dip, background save from the helper process at nice +{NICE}"]
         dips_before = t[f"dip, background save from threads at nice +{NICE}"]
         dip, dip_before = statistics.median(dips), statistics.median(dips_before)
@@ -172,7 +173,7 @@ def run(quick: bool = False) -> Section:
         background = m["slurmrt non-blocking (DTensors): until written"]
         checksum = m["checksum (XXH3-64 of the same bytes)"]
         copy_s = m["copy of the state into host buffers"]
-        body = table(["what", f"seconds (median of {repeats})", "GiB/s", "throughput"], rows)
+        body = table(["what", "seconds (median)", "GiB/s", "throughput"], rows)
         gpu = _gpu(base, size, repeats)
         if gpu:
             body += "\n\n" + table(["GPU tensors (per-rank dict)", f"seconds (median of {repeats})", "relative"], gpu)
@@ -180,7 +181,9 @@ def run(quick: bool = False) -> Section:
         body += "\n\n" + table(["state size", "save (s)", "load_latest(into=), verified (s)", "load, unverified (s)"],
                                resume)
         body += (f"\n\n{gib:.2f} GiB in 8 float32 tensors of 4096 columns, written to {base.parent}. DCP with 4 "
-                 "writer threads, as slurmrt's saves (save_threads=4). slurmrt's blocking saves are the 7th and 8th "
+                 "writer threads, as slurmrt's saves (save_threads=4). Each variant ran once in each of "
+                 f"{repeats} rounds; "
+                 f"slurmrt's blocking saves are the {_WARM + 1}th to {_WARM + _TIMED}th "
                  "of one checkpoint directory with the default keep_last=3: each one prunes the oldest checkpoint "
                  "and writes into blocks an earlier pruning freed, as in a run's steady state, and, as in a run "
                  "where minutes pass between saves, the deletion of what the "
@@ -194,8 +197,11 @@ def run(quick: bool = False) -> Section:
                  f"(target 1.3x), checksum {checksum / blocking * 100:.0f} % of the save time (target 10 %). "
                  f"slurmrt blocking (DTensors) against dcp.save (DTensors): "
                  f"{m['dcp.save (DTensors)'] / blocking * 100:.0f} % of the medians; of each save against a "
-                 f"dcp.save of the same DTensors next to it (6 pairs): {_spread(t['pair: DTensors / dcp.save'])}. "
-                 f"The per-rank save against 4 raw writer threads next to it: "
+                 f"dcp.save of the same DTensors next to it ({len(t['pair: DTensors / dcp.save'])} pairs): "
+                 f"{_spread(t['pair: DTensors / dcp.save'])}; the DTensor saves took {_range(dt_saves)} s, "
+                 f"dcp.save of them {_range(t['dcp.save (DTensors)'])} s. "
+                 f"The per-rank saves took {_range(t['slurmrt blocking (per-rank dict)'])} s; against 4 raw "
+                 "writer threads next to it: "
                  f"{_spread(t['pair: per-rank dict / raw 4 threads'])}; against 4 raw writer threads with early "
                  f"writeback next to it: {_spread(t['pair: per-rank dict / raw 4 threads, early writeback'])}. "
                  "Throughput dip: how many fewer steps a loop of "
@@ -248,6 +254,12 @@ def _side_by_side(d: Path, save: Callable[[], Any], comparators: dict[str, Calla
 #: into the blocks the comparator before had freed.)
 _WARM = 6
 
+#: Timed saves of each store in each round, each paired with its comparators. This disk has a slow mood about one
+#: save in eight to twelve, whoever writes (a save after another writer's files were deleted took 0.75-1.2 s against
+#: 0.45 s, with or without slurmrt's writeback hint): with 2 timed saves a round, 6 in a run, two such moods moved the
+#: median by half. 4 a round, 12 in a run.
+_TIMED = 4
+
 
 def _slurmrt_saves(d: Path, plain: dict[str, Any], sharded: dict[str, Any], add: Callable[[str, float], None],
                    turns: Iterator[int]) -> None:
@@ -263,7 +275,7 @@ def _slurmrt_saves(d: Path, plain: dict[str, Any], sharded: dict[str, Any], add:
     # medians.
     raw = {k: (lambda w, k=k: _RAW_WRITERS[k](w, plain)) for k in _RAW_WRITERS if k != "raw"}
     store = CheckpointStore(d / "srt-state", SoloComm())
-    for step in range(1, _WARM + 3):
+    for step in range(1, _WARM + _TIMED + 1):
         if step > _WARM:
             got = _side_by_side(d, lambda: store.save(plain, step), raw, next(turns),  # noqa: B023 - at once
                                 store.retention.join_deletions)
@@ -277,7 +289,7 @@ def _slurmrt_saves(d: Path, plain: dict[str, Any], sharded: dict[str, Any], add:
     store = CheckpointStore(d / "srt-dcp", SoloComm())
     writer = lambda p: dcp.FileSystemWriter(p, thread_count=4, sync_files=True)  # noqa: E731
     dcp_save = {"dcp.save": lambda w: dcp.save(sharded, storage_writer=writer(w))}
-    for step in range(1, _WARM + 3):
+    for step in range(1, _WARM + _TIMED + 1):
         if step > _WARM:
             got = _side_by_side(d, lambda: store.save(sharded, step), dcp_save, next(turns),  # noqa: B023 - at once
                                 store.retention.join_deletions)
@@ -285,16 +297,18 @@ def _slurmrt_saves(d: Path, plain: dict[str, Any], sharded: dict[str, Any], add:
             add("pair: DTensors / dcp.save", got["dcp.save"] / got["save"])
         else:
             store.save(sharded, step)
-    # Non-blocking: the second and third saves of one store (the first allocates the host buffers it reuses), by
+    # Non-blocking: _TIMED saves of one store after its first (the first allocates the host buffers it reuses), by
     # the save helper (started now: in a run the saves before it is ready are written by threads).
     if store.helper is not None:
         store.helper.start()
-    for step in range(_WARM + 3, _WARM + 6):
+    for step in range(_WARM + _TIMED + 1, _WARM + 2 * _TIMED + 2):
+        store.retention.join_deletions()  # as before each blocking save: in a run, minutes pass between saves
+        os.sync()
         t0 = time.perf_counter()
         store.save(sharded, step, blocking=False)
         stall = time.perf_counter() - t0
         store.wait()
-        if step > _WARM + 3:
+        if step > _WARM + _TIMED + 1:
             add("slurmrt non-blocking (DTensors): stall", stall)
             add("slurmrt non-blocking (DTensors): until written", time.perf_counter() - t0)
     # The throughput dip: a busy-Python training loop while the background save runs (its write, its commit and
@@ -302,7 +316,7 @@ def _slurmrt_saves(d: Path, plain: dict[str, Any], sharded: dict[str, Any], add:
     # save written by slurmrt's helper process (the default), and, for comparison in the same run, by threads of
     # the loop's own process (as before the helper), both at slurmrt's lowered priority.
     helper = store.helper
-    for step in range(_WARM + 6, _WARM + 10):
+    for step in range(_WARM + 2 * _TIMED + 2, _WARM + 2 * _TIMED + 6):
         store.helper = None if step % 2 else helper
         pending = store.save(sharded, step, blocking=False)
         assert not isinstance(pending, SaveResult)
@@ -337,6 +351,10 @@ def _not_a_write(name: str) -> bool:
 def _spread(ratios: list[float]) -> str:
     ordered = sorted(ratios)
     return f"median {statistics.median(ordered) * 100:.0f} % ({ordered[0] * 100:.0f}-{ordered[-1] * 100:.0f} %)"
+
+
+def _range(seconds: list[float]) -> str:
+    return f"{min(seconds):.2f}-{max(seconds):.2f}"
 
 
 def _busy_step() -> int:
