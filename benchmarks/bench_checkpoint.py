@@ -171,6 +171,7 @@ def run(quick: bool = False) -> Section:
         dip, dip_before = statistics.median(dips), statistics.median(dips_before)
         stall = m["slurmrt non-blocking (DTensors): stall"]
         background = m["slurmrt non-blocking (DTensors): until written"]
+        in_background = m["slurmrt non-blocking (DTensors): in the background, until written"]
         checksum = m["checksum (XXH3-64 of the same bytes)"]
         copy_s = m["copy of the state into host buffers"]
         body = table(["what", "seconds (median)", "GiB/s", "throughput"], rows)
@@ -194,7 +195,9 @@ def run(quick: bool = False) -> Section:
                  "DTensor save: non-blocking stall "
                  f"{stall / blocking * 100:.0f} % (target 5 %), {stall / copy_s:.2f}x the copy of the state into "
                  f"host buffers (the stall's floor, {copy_s:.3f} s), background write {background / blocking:.2f}x "
-                 f"(target 1.3x), checksum {checksum / blocking * 100:.0f} % of the save time (target 10 %). "
+                 f"(target 1.3x; from the stall's end, while training goes on: {raw / in_background * 100:.0f} % of "
+                 "the best raw writer, target 85 %), "
+                 f"checksum {checksum / blocking * 100:.0f} % of the save time (target 10 %). "
                  f"slurmrt blocking (DTensors) against dcp.save (DTensors): "
                  f"{m['dcp.save (DTensors)'] / blocking * 100:.0f} % of the medians; of each save against a "
                  f"dcp.save of the same DTensors next to it ({len(t['pair: DTensors / dcp.save'])} pairs): "
@@ -212,7 +215,8 @@ def run(quick: bool = False) -> Section:
                  "machine's 2 cores.")
         figures = {"raw_s": raw, "blocking_dcp_s": blocking, "stall_ratio": stall / blocking,
                    "stall_per_copy": stall / copy_s,
-                   "background_ratio": background / blocking, "checksum_ratio": checksum / blocking,
+                   "background_ratio": background / blocking,
+                   "background_raw_ratio": raw / in_background, "checksum_ratio": checksum / blocking,
                    "throughput_ratio_state": raw / m["slurmrt blocking (per-rank dict)"],
                    "throughput_ratio_dcp": raw / blocking, "dip": dip, "dip_threads": dip_before,
                    "pairs_dcp": t["pair: DTensors / dcp.save"], "pairs_raw": t["pair: per-rank dict / raw 4 threads"],
@@ -310,7 +314,10 @@ def _slurmrt_saves(d: Path, plain: dict[str, Any], sharded: dict[str, Any], add:
         store.wait()
         if step > _WARM + _TIMED + 1:
             add("slurmrt non-blocking (DTensors): stall", stall)
-            add("slurmrt non-blocking (DTensors): until written", time.perf_counter() - t0)
+            written = time.perf_counter() - t0
+            add("slurmrt non-blocking (DTensors): until written", written)
+            # The background's own part: what runs while training goes on.
+            add("slurmrt non-blocking (DTensors): in the background, until written", written - stall)
     # The throughput dip: a busy-Python training loop while the background save runs (its write, its commit and
     # the deletion of the checkpoint it pruned), against the same loop right after for as long without one. The
     # save written by slurmrt's helper process (the default), and, for comparison in the same run, by threads of
