@@ -95,3 +95,52 @@ def test_every_dcp_item_is_written_without_the_crc_and_loads_through_dcp(tmp_pat
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0 and out.stdout.strip().endswith("OK"), out.stderr[-3000:]
+
+
+def test_the_probe_finds_torchs_option_per_thread_and_leaves_it_as_it_was() -> None:
+    from torch import serialization
+
+    from slurmrt.checkpoint import _files
+
+    before = serialization.get_crc32_options()
+    _files._crc_option_per_thread.cache_clear()
+    try:
+        assert _files._crc_option_per_thread() is True  # torch 2.13: its serialization config is per thread
+    finally:
+        _files._crc_option_per_thread.cache_clear()
+    assert serialization.get_crc32_options() == before
+
+
+def test_where_the_option_is_the_processs_it_is_off_while_any_write_runs_and_put_back_after_the_last(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An older torch's process-wide option, played by one value shared by all threads: two writes that overlap
+    keep it off until the second ends, then the value found before the first comes back."""
+    import threading
+
+    from torch import serialization
+
+    from slurmrt.checkpoint import _files
+
+    option = {"crc": True}
+    monkeypatch.setattr(serialization, "get_crc32_options", lambda: option["crc"])
+    monkeypatch.setattr(serialization, "set_crc32_options", lambda value: option.update(crc=value))
+    monkeypatch.setattr(_files, "_crc_option_per_thread", lambda: False)
+    first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
+    seen: list[bool] = []
+
+    def second() -> None:
+        first_in.wait()
+        with no_zip_crc():
+            second_in.set()
+            first_out.wait()
+            seen.append(option["crc"])  # the first write has ended; this one still runs
+
+    t = threading.Thread(target=second)
+    t.start()
+    with no_zip_crc():
+        first_in.set()
+        second_in.wait()
+        seen.append(option["crc"])
+    first_out.set()
+    t.join()
+    assert seen == [False, False] and option["crc"] is True
