@@ -10,7 +10,7 @@ commit, on ``slurmrt-save``, runs at the training's priority, and so does any lo
 writer): a thread cannot raise its priority again. A save's writers are several threads of serialization, hashing
 and copies into the page cache. At the training's priority they took the cores from a busy-Python training loop,
 which ran 52-60 % slower while they wrote (2 cores, 1 GiB, 4 writers). At +10, as threads of the training process,
-15-18 % slower (medians of five runs): a low-priority thread that holds the GIL and is preempted keeps the training
+14-18 % slower (medians of twelve runs): a low-priority thread that holds the GIL and is preempted keeps the training
 thread waiting. At +10 in the helper process, which has a GIL of its own, 1-10 % (``benchmarks/RESULTS.md``).
 Whenever the training thread waits for the save (the next save, the stop, ``wait()``), it leaves the cores to it,
 and the save runs at full speed.
