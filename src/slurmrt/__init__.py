@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from .launch.topology import LaunchMode, Topology
     from .log import FlockHandler, printflock
     from .options import Options
-    from .outcome.policy import ExitCode, Outcome
+    from .recovery.policy import ExitCode, Outcome
     from .runtime import Runtime, init
     from .stop.decision import Reason, StopDecision
 
@@ -56,8 +56,8 @@ _LAZY = {
     "log": ".log",
     "printflock": ".log",
     "Options": ".options",
-    "ExitCode": ".outcome.policy",
-    "Outcome": ".outcome.policy",
+    "ExitCode": ".recovery.policy",
+    "Outcome": ".recovery.policy",
     "Runtime": ".runtime",
     "init": ".runtime",
     "Reason": ".stop.decision",

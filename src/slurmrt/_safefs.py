@@ -13,6 +13,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import secrets
 import stat
 import tempfile
 import time
@@ -21,7 +22,8 @@ from pathlib import Path
 
 from ._errors import UnsafePathError
 
-__all__ = ["lock", "open_append", "open_new", "private_dir", "process_start_time", "runtime_base"]
+__all__ = ["fsync_dir", "leftover_tmp_files", "lock", "open_append", "open_new", "private_dir", "process_start_time",
+           "replace_text", "runtime_base", "write_text"]
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -123,3 +125,42 @@ def process_start_time(pid: int) -> int | None:
         return int(fields[19])
     except (IndexError, ValueError):
         return None
+
+
+def write_text(path: Path, text: str) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def replace_text(path: Path, text: str) -> None:
+    """Replace ``path`` whole, durably: a reader (or a run after a SIGKILL) sees the old text or the new one. The
+    temporary file is new (O_EXCL, never through a planted symlink) and gone when this returns, whatever happened;
+    one a SIGKILL left is named ``.<name>.<pid>.<random>.tmp`` (see :func:`leftover_tmp_files`)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    try:
+        fd = open_new(tmp, 0o644)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    fsync_dir(path.parent)
+
+
+def leftover_tmp_files(directory: Path, name: str) -> list[Path]:
+    """The temporary files of :func:`replace_text` for ``directory/name`` that a killed writer left behind."""
+    return [p for p in directory.glob(f".{name}.*.tmp") if not p.is_dir()]
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

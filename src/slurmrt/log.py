@@ -9,18 +9,15 @@ runtime directory (one machine). ``SLURMRT_LOCK_FILE`` overrides both.
 A line never waits for the lock. To a stream (stdout, shared with the program's ``print``), a line is written at once
 when the lock is free; when it is taken the line is queued. To the handler's own file, every line is queued: the
 file is the handler's alone, so writing it behind changes no order. A thread of the process writes all the queued
-lines as soon as the lock is free, in one hold of it and one write (in order; flushed at exit, by
-``logging.shutdown()`` and before slurmrt's own exits). One flock and one write for many lines, where each line took
-its own: 0.56-0.69 of a raw flock+write's rate with 8 processes on 2 cores, against 0.28-0.35 before; to stdout
-0.62-0.67 (benchmarks/RESULTS.md).
-What a queue costs: a process killed by SIGKILL, or crashing in native code, loses the lines logged since the
-lock's thread last ran (the lock's thread runs at the next switch of the GIL, within milliseconds).
+lines as soon as the lock is free, in one hold of it and one write, in order (flushed at exit, by
+``logging.shutdown()`` and before slurmrt's own exits; rates in benchmarks/RESULTS.md, "Logging under contention").
+A process killed by SIGKILL loses the lines logged since the lock's thread last ran (milliseconds).
 
 No other user can make a log line wait: a lock file that is a symlink or another user's is not used, and a lock held
 for more than ``LOCK_TIMEOUT_S`` is given up (with one warning on stderr); the lines are then written unlocked.
 
-On NFS, Linux implements flock with byte-range locks that work
-across clients; Lustre needs the ``flock`` mount option.
+On NFS, Linux implements flock with byte-range locks that work across clients; Lustre needs the ``flock`` mount
+option.
 """
 
 from __future__ import annotations

@@ -766,6 +766,45 @@ def test_14_a_node_that_fails_leaves_the_job_and_the_spare_takes_its_place(clust
     assert replaced[0]["w"] == uninterrupted
 
 
+def test_14_a_node_that_fails_with_no_spare_left_is_requeued_without_it(cluster: Path, tmp_path: Path,
+                                                                        uninterrupted: list[float]) -> None:
+    """`slurmrt run --spare-nodes 0` in a --no-kill job: the step's second node is marked down. Slurm kills the step
+    (nobody in it can ask) and the job goes on; the supervisor asks the recovery plan, which has no spare and
+    requeues the job with the node in ExcNodeList. The next run resumes and ends with the weights of an
+    uninterrupted run, every step applied once. (It once ended FAILED: exit 137, no requeue, no ExcNodeList.)"""
+    job = _injob_job(tmp_path, "injob-down-nospare", 2,
+                     f"--spare-nodes 0 -- $PY $WORKER --out $OUT --steps {INJOB_STEPS} --step-time 0.2 "
+                     "--save-every 10")
+    wait_for_file(tmp_path / "ckpt" / "latest", 600, job)  # training on two nodes, a checkpoint committed
+    victim = slurm("scontrol", "show", "hostnames", job.info()[0]["NodeList"]).split()[1]  # not the batch node
+    try:
+        slurm("scontrol", "update", f"nodename={victim}", "state=down", "reason=slurmrt-test-node-failure")
+        # Back to service only once the requeued job holds the exclusion (or its attempt failed: the event says).
+        deadline = time.monotonic() + 600
+        while not [e for e in events(tmp_path, job) if e["event"] == "exclude"]:
+            assert time.monotonic() < deadline, job.output()[-3000:]
+            time.sleep(0.5)
+    finally:
+        for state in ("resume", "idle"):
+            slurm("scontrol", "update", f"nodename={victim}", f"state={state}", check=False)
+    info = job.wait(600)
+    out = job.output()
+    assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) == 1, out[-4000:]
+    assert victim in slurm("scontrol", "show", "hostnames", info["ExcNodeList"]).split(), info
+    assert f"{victim} left the job (node failure)" in out and "spare(s) left" in out
+    ev = events(tmp_path, job)
+    (refused,) = [e for e in ev if e["event"] == "in_job_refused"]
+    assert refused["nodes"] == [victim] and "but 0 spare(s) left" in refused["why"]
+    assert [e["code"] for e in ev if e["event"] == "exit" and e["restart"] == 0] == [5]
+    (excluded,) = [e for e in ev if e["event"] == "exclude"]
+    assert excluded["added"] == [victim]
+    (resumed,) = [e["step"] for e in ev if e["event"] == "resume" and e["restart"] == 1]
+    later = [json.loads((tmp_path / "run1" / f"rank{r}.json").read_text()) for r in range(2)]
+    assert all(r["hostname"] != victim and r["exit_code"] == 0 for r in later)
+    assert all(r["start"] == resumed + 1 and r["trained"] == list(range(resumed + 1, INJOB_STEPS)) for r in later)
+    assert later[0]["w"] == uninterrupted, "the weights differ from an uninterrupted run's"
+
+
 def test_14_with_no_spare_left_the_requeue_excludes_the_node_as_before(cluster: Path, tmp_path: Path,
                                                                         uninterrupted: list[float]) -> None:
     job = _injob_job(tmp_path, "injob-nospare", 2,

@@ -1,5 +1,5 @@
-"""In-job restart: the request a failed step leaves (outcome/injob.py), and `slurmrt run`'s loop (launch/supervisor.py)
-with a stand-in for srun at the process boundary."""
+"""In-job restart: the request a failed step leaves (recovery/injob.py, through the executor), and `slurmrt run`'s
+loop (recovery/supervisor.py) with a stand-in for srun at the process boundary."""
 
 from __future__ import annotations
 
@@ -15,17 +15,33 @@ from pathlib import Path
 import pytest
 
 from slurmrt._errors import ConfigError
-from slurmrt.launch.supervisor import Placement, Supervisor, place, srun_command, tasks_per_node
-from slurmrt.outcome import injob
-from slurmrt.outcome.policy import ExitCode
 from slurmrt.record.events import Event, EventLog, read_events, runs
+from slurmrt.recovery import injob
+from slurmrt.recovery.executor import Executor
+from slurmrt.recovery.facts import Facts, InJob, in_job_from_environ
+from slurmrt.recovery.plan import Action, Trigger
+from slurmrt.recovery.policy import ExitCode
+from slurmrt.recovery.supervisor import Placement, Supervisor, place, srun_command, tasks_per_node
 
 
-def supervised(tmp_path: Path, *, attempt: int = 0, spares: tuple[str, ...] = ("n3",), most: int = 3
-               ) -> injob.Supervised:
+def supervised(tmp_path: Path, *, attempt: int = 0, spares: tuple[str, ...] = ("n3",), most: int = 3) -> InJob:
     d = tmp_path / "run"
     d.mkdir(mode=0o700, exist_ok=True)
-    return injob.Supervised(d, attempt, spares, most)
+    return InJob(d, attempt, spares, most)
+
+
+def request(sup: InJob, events: EventLog, bad: list[str], code: ExitCode, *, node: str, why: str = "") -> str | None:
+    """What a rank that names ``bad`` nodes asks for under `slurmrt run` (not a Slurm job here: no requeue after a
+    refusal); the exit's words when an in-job restart was asked for, else None."""
+    trigger = Trigger.UNHEALTHY if code is ExitCode.UNHEALTHY else Trigger.HANG
+    done = Executor(Facts(in_job=sup), events, node=node).recover(trigger, nodes=bad, detail=why)
+    if done.action is not Action.IN_JOB_RESTART:
+        return None
+    return [e for e in read_events(events.path) if e["event"] == "exit"][-1]["why"]  # type: ignore[arg-type]
+
+
+def refusals(path: Path) -> list[dict[str, object]]:
+    return [e for e in read_events(path) if e["event"] == "in_job_refused"]
 
 
 def log(tmp_path: Path, attempt: int = 0) -> EventLog:
@@ -34,7 +50,7 @@ def log(tmp_path: Path, attempt: int = 0) -> EventLog:
 
 def test_a_request_names_the_nodes_and_is_recorded_with_the_exit(tmp_path: Path) -> None:
     sup = supervised(tmp_path)
-    said = injob.request(sup, log(tmp_path), ["n2"], ExitCode.HUNG, node="n1", why="rank 1 lost")
+    said = request(sup, log(tmp_path), ["n2"], ExitCode.HUNG, node="n1", why="rank 1 lost")
     assert said == "in-job restart 1: a new step without n2"
     assert injob.read_request(sup.directory, 0) == {"attempt": 0, "exclude": ["n2"], "code": 5, "node": "n1",
                                                     "why": "rank 1 lost"}
@@ -43,7 +59,7 @@ def test_a_request_names_the_nodes_and_is_recorded_with_the_exit(tmp_path: Path)
     assert ev[0]["nodes"] == ["n2"] and ev[0]["spares"] == ["n3"] and ev[0]["next_attempt"] == 1
     assert ev[1]["outcome"] == "HUNG" and ev[1]["code"] == 5
     # A second rank of the same node (a failed health check) finds the request made: no requeue either.
-    assert injob.request(sup, log(tmp_path), ["n2"], ExitCode.UNHEALTHY, node="n2") is not None
+    assert request(sup, log(tmp_path), ["n2"], ExitCode.UNHEALTHY, node="n2") is not None
 
 
 @pytest.mark.parametrize(("bad", "sup_args", "why"), [
@@ -55,9 +71,9 @@ def test_a_request_names_the_nodes_and_is_recorded_with_the_exit(tmp_path: Path)
 def test_refused_without_a_named_node_a_spare_or_restarts_left(tmp_path: Path, bad: list[str],
                                                                 sup_args: dict[str, object], why: str) -> None:
     sup = supervised(tmp_path, **sup_args)  # type: ignore[arg-type]
-    assert injob.request(sup, log(tmp_path), bad, ExitCode.HUNG, node="n1") is None
+    assert request(sup, log(tmp_path), bad, ExitCode.HUNG, node="n1") is None
     assert not list(sup.directory.iterdir()), "a refused request must leave nothing for the supervisor"
-    (event,) = read_events(tmp_path / "events.jsonl")
+    (event,) = refusals(tmp_path / "events.jsonl")
     assert event["event"] == "in_job_refused" and why in event["why"]
 
 
@@ -67,27 +83,26 @@ def test_the_loop_guard_refuses_when_two_steps_in_a_row_committed_nothing_newer(
         events.emit(Event.INIT)
         events.emit(Event.RESUME, step=29)
     sup = supervised(tmp_path, attempt=1)
-    assert injob.request(sup, log(tmp_path, 1), ["n3"], ExitCode.HUNG, node="n1") is None
-    assert "the last 2 steps failed without a checkpoint newer" in list(read_events(tmp_path / "events.jsonl"))[-1][
-        "why"]
+    assert request(sup, log(tmp_path, 1), ["n3"], ExitCode.HUNG, node="n1") is None
+    assert "the last 2 steps failed without a checkpoint newer" in refusals(tmp_path / "events.jsonl")[-1]["why"]
     # One futile step is not yet a loop.
     (tmp_path / "b").mkdir()
     sup0 = supervised(tmp_path / "b")
     events = log(tmp_path / "b")
     events.emit(Event.RESUME, step=29)
-    assert injob.request(sup0, events, ["n2"], ExitCode.HUNG, node="n1") is not None
+    assert request(sup0, events, ["n2"], ExitCode.HUNG, node="n1") is not None
 
 
 def test_a_planted_or_open_directory_is_refused_and_the_requeue_takes_over(tmp_path: Path) -> None:
     sup = supervised(tmp_path)
     injob.request_path(sup.directory, 0).write_text('{"attempt": 0, "exclude": "n1"}')  # not ours, not valid
-    assert injob.request(sup, log(tmp_path), ["n2"], ExitCode.HUNG, node="n1") is None
-    assert "not a request slurmrt wrote" in list(read_events(tmp_path / "events.jsonl"))[-1]["why"]
+    assert request(sup, log(tmp_path), ["n2"], ExitCode.HUNG, node="n1") is None
+    assert "not a request slurmrt wrote" in refusals(tmp_path / "events.jsonl")[-1]["why"]
     (tmp_path / "o").mkdir()
     open_dir = supervised(tmp_path / "o")
     os.chmod(open_dir.directory, 0o777)
-    assert injob.request(open_dir, log(tmp_path / "o"), ["n2"], ExitCode.HUNG, node="n1") is None
-    assert "mode 0777" in list(read_events(tmp_path / "o" / "events.jsonl"))[-1]["why"]
+    assert request(open_dir, log(tmp_path / "o"), ["n2"], ExitCode.HUNG, node="n1") is None
+    assert "mode 0777" in refusals(tmp_path / "o" / "events.jsonl")[-1]["why"]
     assert not injob.request_path(open_dir.directory, 0).exists()
 
 
@@ -104,10 +119,10 @@ def test_the_supervisor_reads_only_a_well_formed_request_of_this_attempt(tmp_pat
     ({"SLURMRT_RUN_DIR": "/x", "SLURMRT_RUN_ATTEMPT": "one"}, None),
     ({"SLURMRT_RUN_DIR": "/x", "SLURMRT_RUN_ATTEMPT": "-1"}, None),
     ({"SLURMRT_RUN_DIR": "/x", "SLURMRT_RUN_ATTEMPT": "1", "SLURMRT_RUN_SPARES": "n3,n4",
-      "SLURMRT_RUN_MAX_RESTARTS": "2"}, injob.Supervised(Path("/x"), 1, ("n3", "n4"), 2)),
+      "SLURMRT_RUN_MAX_RESTARTS": "2"}, InJob(Path("/x"), 1, ("n3", "n4"), 2)),
 ])
-def test_the_environment_of_slurmrt_run(env: dict[str, str], expected: injob.Supervised | None) -> None:
-    assert injob.from_environ(env) == expected
+def test_the_environment_of_slurmrt_run(env: dict[str, str], expected: InJob | None) -> None:
+    assert in_job_from_environ(env) == expected
 
 
 def test_runs_of_one_job_are_told_apart_by_their_in_job_attempt(tmp_path: Path) -> None:
@@ -225,7 +240,7 @@ def test_the_cli_passes_usr1_to_the_training_processes_of_the_step(tmp_path: Pat
 
 
 def test_the_batch_shell_is_recognised_by_slurms_copy_of_the_script(tmp_path: Path) -> None:
-    from slurmrt.launch.supervisor import under_batch_shell
+    from slurmrt.recovery.supervisor import under_batch_shell
 
     assert not under_batch_shell(os.getpid())
     copy = tmp_path / "job00042" / "slurm_script"

@@ -1,4 +1,5 @@
-"""The exit policy, a pure function: every way a run can end, and the exit code each one gets."""
+"""The exit policy, part of the one recovery plan (a pure function): every way a run can end, and the exit code each
+one gets."""
 
 from __future__ import annotations
 
@@ -7,9 +8,27 @@ from pathlib import Path
 import pytest
 
 from slurmrt import ExitCode, Outcome, Reason, StopDecision
-from slurmrt.outcome.policy import after_failed_save, choose
+from slurmrt.recovery.facts import Facts
+from slurmrt.recovery.plan import Action, Decision, Trigger, plan
 
 FACTS = {"requeue_enabled": True, "is_slurm": True, "restart_count": 0, "max_restarts": None}
+
+
+def choose(decision: StopDecision | None, *, requeue_enabled: bool, is_slurm: bool, restart_count: int,
+           max_restarts: int | None, kill_switch: Path | None = None) -> Decision:
+    facts = Facts(job="7" if is_slurm else None, requeue=requeue_enabled, restart_count=restart_count,
+                  max_restarts=max_restarts, kill_switch=kill_switch)
+    return plan(Trigger.FINISHED if decision is None else Trigger.STOPPED, facts, stop=decision)
+
+
+def after_failed_save(outcome: Outcome) -> Outcome:
+    """The outcome of a run that would have ended with ``outcome``, had its last save not failed."""
+    stops = {Outcome.FINISHED: None, Outcome.KILL_SWITCH: _stop(Reason.KILL_SWITCH),
+             Outcome.REQUEUED: _stop(Reason.SIGNAL), Outcome.STOPPED: _stop(Reason.INTERRUPT)}
+    facts = Facts(job="7", kill_switch=Path("/shared/STOP"))
+    decision = plan(Trigger.FINISHED if stops[outcome] is None else Trigger.STOPPED, facts, stop=stops[outcome],
+                    failed_save=True)
+    return decision.outcome
 
 
 def _stop(*reasons: Reason, term: float | None = None, end: float | None = None) -> StopDecision:
@@ -33,7 +52,7 @@ def test_each_way_a_run_ends_has_its_outcome(decision: StopDecision | None, fact
                                              expected: Outcome) -> None:
     verdict = choose(decision, **{**FACTS, **facts}, kill_switch=Path("/shared/STOP"))  # type: ignore[arg-type]
     assert verdict.outcome is expected
-    assert verdict.requeue is (expected is Outcome.REQUEUED)
+    assert (verdict.action is Action.REQUEUE) is (expected is Outcome.REQUEUED)
 
 
 def test_the_kill_switch_is_its_own_outcome_and_exits_zero_like_a_finished_run() -> None:

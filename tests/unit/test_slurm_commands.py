@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from slurmrt import _slurm
-from slurmrt.outcome.policy import requeue
+from slurmrt.recovery.policy import requeue
 
 
 def _command(bin_dir: Path, name: str, body: str) -> None:

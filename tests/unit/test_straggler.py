@@ -15,11 +15,12 @@ from slurmrt import Options
 from slurmrt._comm import SoloComm
 from slurmrt._errors import ConfigError
 from slurmrt.launch.topology import from_environ
-from slurmrt.outcome import injob
-from slurmrt.outcome.conclude import conclude
-from slurmrt.outcome.policy import Outcome
 from slurmrt.record.events import EventLog, read_events
-from slurmrt.record.report import Reporter
+from slurmrt.recovery import facts, injob
+from slurmrt.recovery.conclude import conclude
+from slurmrt.recovery.executor import Executor
+from slurmrt.recovery.facts import resolve
+from slurmrt.recovery.policy import Outcome
 from slurmrt.stop import straggler as mod
 from slurmrt.stop.decision import Contribution, Reason, StopDecision, decode, encode
 from slurmrt.stop.straggler import ComputeTimer, StragglerJudge, Timing
@@ -260,8 +261,8 @@ def _conclude(tmp_path: Path, reasons: set[Reason], exclude: list[str]) -> tuple
     topo = from_environ(env)
     events = EventLog(tmp_path / "events.jsonl", job="7", restart=0, rank=0)
     decision = StopDecision(40, frozenset(reasons), True)
-    outcome = conclude(decision, topology=topo, options=Options(), comm=SoloComm(), report=Reporter(events, topo),
-                       events=events.path, failed_save=False, step=40, exclude=exclude)
+    executor = Executor(resolve(Options(), topo, os.environ), events, node=topo.hostname)
+    outcome = conclude(decision, executor=executor, comm=SoloComm(), failed_save=False, step=40, exclude=exclude)
     return outcome, list(read_events(events.path))
 
 
@@ -279,9 +280,9 @@ def test_a_straggler_stop_under_slurmrt_run_asks_for_a_new_step_instead(tmp_path
     calls = _slurm(tmp_path, monkeypatch)
     run_dir = tmp_path / "run"
     run_dir.mkdir(mode=0o700)
-    monkeypatch.setenv(injob.DIR_ENV, str(run_dir))
-    monkeypatch.setenv(injob.SPARES_ENV, "n3")
-    monkeypatch.setenv(injob.MAX_ENV, "3")
+    monkeypatch.setenv(facts.DIR_ENV, str(run_dir))
+    monkeypatch.setenv(facts.SPARES_ENV, "n3")
+    monkeypatch.setenv(facts.MAX_ENV, "3")
     outcome, events = _conclude(tmp_path, {Reason.STRAGGLER}, ["n2"])
     assert outcome is Outcome.REQUEUED  # exit 3: stopped after its checkpoint for a restart, here in the job
     assert not calls.exists(), "no requeue: the supervisor starts a new step"

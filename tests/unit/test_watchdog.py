@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -9,9 +10,9 @@ import pytest
 from slurmrt import _clock
 from slurmrt.hang.census import RankState, name_suspects
 from slurmrt.hang.watchdog import STEP_FACTOR, Activity, Hang, PhaseTimes, Watchdog
-from slurmrt.outcome import exclusion
-from slurmrt.outcome import policy as outcome
 from slurmrt.record.events import Run
+from slurmrt.recovery import exclusion
+from slurmrt.recovery import policy as outcome
 from slurmrt.stop.deadline import Budget
 
 
@@ -190,14 +191,20 @@ def test_runs_that_commit_nothing_newer_are_counted_and_the_third_stops_the_requ
     assert outcome.futile_runs(history) == 3
     assert outcome.futile_runs(history[:2]) == 0
     assert outcome.futile_runs([run(0, None, [])]) == 1
+    from slurmrt.recovery.facts import Facts
+    from slurmrt.recovery.plan import Trigger, plan
     from slurmrt.stop.decision import Reason, StopDecision
 
     decision = StopDecision(30, frozenset({Reason.SIGNAL}), True)
-    kw = {"requeue_enabled": True, "is_slurm": True, "restart_count": 4, "max_restarts": None}
-    assert outcome.choose(decision, futile=2, **kw).outcome is outcome.Outcome.REQUEUED
-    stopped = outcome.choose(decision, futile=3, **kw)
+    facts = Facts(job="7", restart_count=4)
+
+    def choose(futile: int, max_futile: int | None = 3) -> Any:
+        return plan(Trigger.STOPPED, replace(facts, futile=futile, max_futile_runs=max_futile), stop=decision)
+
+    assert choose(2).outcome is outcome.Outcome.REQUEUED
+    stopped = choose(3)
     assert stopped.outcome is outcome.Outcome.STOPPED and "requeue loop" in stopped.why
-    assert outcome.choose(decision, futile=9, max_futile=None, **kw).outcome is outcome.Outcome.REQUEUED
+    assert choose(9, max_futile=None).outcome is outcome.Outcome.REQUEUED
 
 
 def test_a_peer_failure_is_told_from_other_errors() -> None:
@@ -234,20 +241,28 @@ def _no_exit(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return exits
 
 
+def _executor(topo: Any, log: Any) -> Any:
+    """The recovery executor of rank 0 of job 7, as init() builds it."""
+    from slurmrt.options import Options
+    from slurmrt.record.events import EventLog
+    from slurmrt.recovery.executor import Executor
+    from slurmrt.recovery.facts import resolve
+
+    return Executor(resolve(Options(), topo, {}), EventLog(log, job="7", restart=0, rank=0), node=topo.hostname)
+
+
 def test_without_a_census_a_rank_names_nobody_and_excludes_no_node(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two ranks, but no rendezvous store to meet in: the rank knows only itself, which must not make every other
     rank a suspect (it once did: they all "did not answer")."""
     import json
 
     from slurmrt.hang import response as _hang
-    from slurmrt.options import Options
-    from slurmrt.record.events import EventLog
 
     topo = _rank0_of_two()
     log = tmp_path / "events.jsonl"
     exits = _no_exit(monkeypatch)
     monkeypatch.setenv("PATH", str(tmp_path))  # no scontrol: the requeue fails, and says so
-    response = _hang.HangResponse(topo, Options(), EventLog(log, job="7", restart=0, rank=0),
+    response = _hang.HangResponse(topo, _executor(topo, log),
                                   kill_switch_seen=lambda: False, last_step=lambda: 5, census=lambda: None)
     with pytest.raises(SystemExit):
         response.hung(Hang(Activity("step", 0.0), 200.0, 180.0))
@@ -269,8 +284,6 @@ def test_once_slurm_takes_the_step_down_the_census_waits_only_briefly_for_a_dead
 
     from slurmrt.hang import response as _hang
     from slurmrt.hang.census import Census
-    from slurmrt.options import Options
-    from slurmrt.record.events import EventLog
 
     topo = _rank0_of_two()
     store = HashStore()
@@ -280,7 +293,7 @@ def test_once_slurm_takes_the_step_down_the_census_waits_only_briefly_for_a_dead
     exits = _no_exit(monkeypatch)
     monkeypatch.setattr(_hang, "HURRIED_S", 0.3)
     monkeypatch.setenv("PATH", str(tmp_path))  # no scontrol: the requeue fails, and says so
-    response = _hang.HangResponse(topo, Options(), EventLog(log, job="7", restart=0, rank=0),
+    response = _hang.HangResponse(topo, _executor(topo, log),
                                   kill_switch_seen=lambda: False, last_step=lambda: 5, census=lambda: census,
                                   census_wait_s=3600.0, terminating=lambda: True)
 

@@ -20,7 +20,6 @@ import ctypes
 import errno
 import functools
 import os
-import secrets
 import shutil
 import sys
 import threading
@@ -29,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from .._safefs import open_new
+from .._safefs import fsync_dir, leftover_tmp_files, replace_text, write_text
 
 __all__ = ["HASH", "WRITEBACK_BYTES", "FileInfo", "Hashing", "checksum_files", "failure_advice", "free_space",
            "fsync_dir", "fsync_tree", "hash_file", "leftover_tmp_files", "no_zip_crc", "replace_text",
@@ -229,43 +228,12 @@ def checksum_files(root: Path, names: Iterable[str], *, threads: int = 4) -> dic
         return dict(zip(names, pool.map(lambda n: hash_file(root / n), names), strict=True))
 
 
-def write_text(path: Path, text: str) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
 
 
-def replace_text(path: Path, text: str) -> None:
-    """Replace ``path`` whole, durably: a reader (or a run after a SIGKILL) sees the old text or the new one. The
-    temporary file is new (O_EXCL, never through a planted symlink) and gone when this returns, whatever happened;
-    one a SIGKILL left is named ``.<name>.<pid>.<random>.tmp`` (see :func:`leftover_tmp_files`)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    try:
-        fd = open_new(tmp, 0o644)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
-    fsync_dir(path.parent)
 
 
-def leftover_tmp_files(directory: Path, name: str) -> list[Path]:
-    """The temporary files of :func:`replace_text` for ``directory/name`` that a killed writer left behind."""
-    return [p for p in directory.glob(f".{name}.*.tmp") if not p.is_dir()]
 
 
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def fsync_tree(root: Path) -> list[str]:

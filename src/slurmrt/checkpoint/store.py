@@ -35,7 +35,7 @@ from .. import _clock
 from .._comm import Comm
 from .._comm import problems as gather_problems
 from .._errors import CheckpointError
-from . import sharded
+from . import sharded, staging
 from ._files import (
     FileInfo,
     checksum_files,
@@ -51,7 +51,8 @@ from .background import NICE, PendingSave, SaveResult, Staged, run_below_trainin
 from .helper import Helper
 from .helper import available as helper_available
 from .manifest import MANIFEST, check_files, complete_steps, read_manifest, verify
-from .parts import read_state, write_parts
+from .parts import write_parts
+from .reader import Incompatible, read_local, read_rank_state, refuse_incompatible
 from .retention import Retention
 
 __all__ = ["CheckpointStore", "Loaded", "PendingSave", "SaveFn", "SaveResult", "Staged", "verify"]
@@ -87,7 +88,7 @@ class CheckpointStore:
         self._seq = 0
         #: The save helper process that writes background saves (None: threads of this process write them).
         self.helper = Helper(nice) if process and helper_available() else None
-        self._stager = sharded.Stager(shared=self.helper.buffers if self.helper is not None else None)
+        self._stager = staging.Stager(shared=self.helper.buffers if self.helper is not None else None)
         #: The background save in flight, if any.
         self.pending: PendingSave | None = None
         #: ``guard``: rank 0 calls it before it changes what is in the directory (commit, pruning, clearing
@@ -356,68 +357,27 @@ class CheckpointStore:
         value, problem = None, None
         try:
             value = work(*args, **kwargs)
-        except _Incompatible as err:
+        except Incompatible as err:
             problem = (True, str(err))
         except Exception as err:
             problem = (False, f"rank {self.comm.rank}: {err}")
         return value, gather_problems(self.comm, problem)
 
     def _load(self, path: Path, manifest: dict[str, Any], into: dict[str, Any] | None) -> Loaded:
-        state = self._read(path, manifest, into)
-        local, lost = self._local(path, manifest)  # after the collective read
+        state = read_rank_state(path, manifest, rank=self.comm.rank, into=into)
+        local, lost = read_local(path, manifest, rank=self.comm.rank, world_size=self.comm.world_size)  # after it
         return Loaded(int(manifest["step"]), state, local, lost)
 
     def _check(self, path: Path, *, verify: bool, into: dict[str, Any] | None) -> dict[str, Any]:
         """The manifest, once this rank's share of the files matches it (every ``world_size``-th file: its size, and
         with ``verify`` its checksum; the ranks together look at each file once, and every rank hears of every
-        problem through :meth:`_agreed`), and this run can load it (raises :class:`_Incompatible` if not). A rank
-        that looked at every file made a resume O(N²) metadata operations on the shared filesystem."""
+        problem through :meth:`_agreed`), and this run can load it (raises :class:`~.reader.Incompatible` if not). A
+        rank that looked at every file made a resume O(N²) metadata operations on the shared filesystem."""
         manifest = read_manifest(path)
         names = sorted(manifest["files"])
         share = names[self.comm.rank::self.comm.world_size]
         problems = check_files(path, manifest, checksums=share if verify else [], only=share)
         if problems:
             raise CheckpointError("; ".join(problems))
-        if manifest["kind"] == "dcp" and into is None:
-            raise _Incompatible(
-                f"{path} holds sharded state (DCP): load it into this run's state dict, sharded as this run shards "
-                "it: load_latest(into={'model': ..., 'optim': ...}) with the same keys as the save")
-        if manifest["kind"] == "state" and manifest["world_size"] != self.comm.world_size:
-            raise _Incompatible(
-                f"{path} was written by {manifest['world_size']} ranks and this run has {self.comm.world_size}; "
-                "per-rank state cannot be resharded. Run with the same world size, or save sharded state (DTensor, "
-                "through DCP), which reshards",
-            )
+        refuse_incompatible(path, manifest, world_size=self.comm.world_size, into=into)
         return manifest
-
-    def _local(self, path: Path, manifest: dict[str, Any]) -> tuple[Any, str | None]:
-        name = f"{sharded.LOCAL_DIR}/rank_{self.comm.rank:05d}.pt"
-        if not any(n.startswith(f"{sharded.LOCAL_DIR}/") for n in manifest["files"]):
-            return None, None
-        if manifest["world_size"] != self.comm.world_size:
-            return None, (f"the rank-local state was saved by {manifest['world_size']} ranks and this run has "
-                          f"{self.comm.world_size}: it is not restored (each rank starts its RNG and data position "
-                          "afresh)")
-        return _torch_load(path / name)["local"], None
-
-    def _read(self, path: Path, manifest: dict[str, Any], into: dict[str, Any] | None) -> Any:
-        """This rank's state: ``into`` loaded in place ("dcp", collective), the directory ("dir"), or this rank's
-        dict ("state")."""
-        if manifest["kind"] == "dcp":
-            assert into is not None  # _check refused it on every rank
-            sharded.load_dcp(into, path)
-            return into
-        if manifest["kind"] == "dir":
-            return path
-        return read_state(path / f"rank_{self.comm.rank:05d}.pt")
-
-
-def _torch_load(file: Path) -> Any:
-    import torch
-
-    with open(file, "rb") as f:
-        return torch.load(f, map_location="cpu", weights_only=False)
-
-
-class _Incompatible(CheckpointError):
-    """The checkpoint is sound but cannot be loaded by this run (another world size)."""

@@ -15,7 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import ConfigError
-from ..launch.supervisor import Supervisor, default_directory
+from ..options import Options
+from ..record.events import EventLog
+from ..recovery.facts import Facts
+from ..recovery.supervisor import Supervisor, default_directory
 from ..stop.signals import parse_signal
 from ._common import add_command
 
@@ -41,6 +44,16 @@ def run(args: argparse.Namespace) -> int:
     directory = Path(args.dir).resolve() / f".slurmrt-run-{job}" if args.dir else default_directory(env, job)
     supervisor = Supervisor(command, spare_nodes=args.spare_nodes, max_restarts=args.max_in_job_restarts, env=env,
                             directory=directory, srun_args=shlex.split(args.srun_args), forward=forward)
+    # The job's options, read once here: the training reads the same variables, and a bad one fails it at init()
+    # all the same; failing now costs seconds, not a step start.
+    options = Options.resolve({}, env)
+    supervisor.facts = Facts(job=supervisor.requeue_id, requeue=options.requeue,
+                             restart_count=supervisor.restart_count, max_restarts=options.max_restarts,
+                             max_futile_runs=options.max_futile_runs, max_excluded_nodes=options.max_excluded_nodes,
+                             kill_switch=options.kill_switch)
+    supervisor.event_log = lambda attempt: EventLog.for_job(
+        options.event_log, options.checkpoint_dir, job=supervisor.requeue_id, restart=supervisor.restart_count,
+        rank=-1, env=env, attempt=attempt)
     return supervisor.run()
 
 

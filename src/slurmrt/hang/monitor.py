@@ -20,8 +20,8 @@ from typing import Any
 from .._comm import torch_distributed
 from ..launch.topology import Topology
 from ..options import Options
-from ..outcome.policy import ExitCode
-from ..record.events import EventLog
+from ..recovery.executor import Executor
+from ..recovery.policy import ExitCode
 from ..stop.agreement import Agreement
 from ..stop.deadline import Budget
 from ..stop.decision import Reason
@@ -41,11 +41,12 @@ _MISSED = re.compile(r"Ranks? ([\d, ]+) failed")
 
 
 class HangMonitor:
-    def __init__(self, topology: Topology, options: Options, events: EventLog, *, signals: SignalRecorder,
+    def __init__(self, topology: Topology, options: Options, executor: Executor, *, signals: SignalRecorder,
                  kill_switch: KillSwitch | None, agreement: Callable[[], Agreement | None],
                  also_exclude: Callable[[], list[str]] = lambda: []) -> None:
-        """``also_exclude``: nodes a requeue or in-job restart leaves out besides the suspects (a straggler's)."""
-        self.topology, self.options, self.events = topology, options, events
+        """``executor``: what the job does about a hang (:mod:`slurmrt.recovery`); ``also_exclude``: nodes a
+        requeue or in-job restart leaves out besides the suspects (a straggler's)."""
+        self.topology, self.options, self.executor = topology, options, executor
         self._also_exclude = also_exclude
         self._signals = signals
         self._switch = kill_switch
@@ -58,7 +59,7 @@ class HangMonitor:
         """The watchdog to poll on the watcher thread, and the response it calls when the run is hung."""
         o = self.options
         self._response = HangResponse(
-            self.topology, o, self.events, kill_switch_seen=self.kill_switch_seen, last_step=self._last_step,
+            self.topology, self.executor, kill_switch_seen=self.kill_switch_seen, last_step=self._last_step,
             census=self.census, census_wait_s=max(10.0, 3 * o.kill_switch_poll_s), also_exclude=self._also_exclude,
             terminating=lambda: signal.SIGTERM in self._signals.first_seen,
             cancel=functools.partial(cancel_and_exit, o.kill_switch, self.topology.requeue_id)
@@ -153,5 +154,5 @@ class HangMonitor:
                     nodes = sorted(set(census.nodes(ranks).values()))
             failures = [f"the start-up barrier did not complete in {floor:.0f} s: {err}"]
             if self.topology.rank == 0:
-                unhealthy(self.topology, self.options, self.events, failures, nodes=nodes)
+                unhealthy(self.executor, failures, nodes=nodes, node=self.topology.hostname)
             exit_now(ExitCode.UNHEALTHY)

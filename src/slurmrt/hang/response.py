@@ -4,7 +4,7 @@
 2. If the kill switch was seen: cancel the job and exit 0, as the switch means (no requeue, no checkpoint).
 3. Take the census (:mod:`slurmrt.hang.census`) and name the suspects.
 4. The census leader (the lowest rank that answered) requeues the job, unless the requeue loop guard or the options
-   say no, then adds the suspects' nodes to the job's excluded nodes (:mod:`slurmrt.outcome.exclusion`), and tells
+   say no, then adds the suspects' nodes to the job's excluded nodes (:mod:`slurmrt.recovery.exclusion`), and tells
    the others.
 5. Exit with :attr:`ExitCode.HUNG` (``os._exit``: the training thread cannot be joined), so that
    ``srun --kill-on-bad-exit=1`` takes down the step. No checkpoint: the thread that would write it is the one stuck.
@@ -15,27 +15,25 @@ from __future__ import annotations
 import contextlib
 import faulthandler
 import logging
-import os
 import tempfile
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
-from .._hooks import exit_now
 from ..launch.topology import Topology
-from ..options import Options
-from ..outcome import exclusion, injob
-from ..outcome import policy as outcome
-from ..outcome.policy import ExitCode
-from ..record.events import Event, EventLog, read_events, runs
+from ..log import exit_now
+from ..record.events import Event, read_events
+from ..recovery.executor import Executor
+from ..recovery.plan import Trigger, plan
+from ..recovery.policy import ExitCode
 from .census import Census, CensusError, RankState, main_thread_state, name_suspects
 from .watchdog import Hang
 
 #: How long the census and its hand-over may wait once Slurm takes the step down (see HangResponse.terminating).
 HURRIED_S = 3.0
 
-__all__ = ["HURRIED_S", "HangResponse", "all_stacks", "exit_now", "is_peer_failure", "requeue_and_exclude", "unhealthy"]
+__all__ = ["HURRIED_S", "HangResponse", "all_stacks", "exit_now", "is_peer_failure", "unhealthy"]
 
 logger = logging.getLogger(__name__)
 
@@ -66,8 +64,8 @@ def is_peer_failure(err: BaseException | None) -> bool:
 @dataclass
 class HangResponse:
     topology: Topology
-    options: Options
-    events: EventLog
+    #: Decides and carries out what the job does about the hang (the census leader calls it).
+    executor: Executor
     #: The kill switch was seen, here or by any rank (through the agreement).
     kill_switch_seen: Callable[[], bool]
     last_step: Callable[[], int | None]
@@ -90,13 +88,14 @@ class HangResponse:
     def hung(self, hang: Hang) -> NoReturn:
         """The watchdog fired on this rank."""
         what = hang.activity.describe()
-        self._respond(f"{what} made no progress for {hang.idle_s:.0f} s (allowed {hang.allowed_s:.0f} s)",
+        self._respond(Trigger.HANG, f"{what} made no progress for {hang.idle_s:.0f} s (allowed {hang.allowed_s:.0f} s)",
                       activity=hang.activity.kind, name=hang.activity.name, idle_s=round(hang.idle_s, 1),
                       allowed_s=round(hang.allowed_s, 1), idle=hang.idle_s)
 
     def joined(self, idle_s: float) -> NoReturn:
         """Another rank opened the census while this one was stalled."""
-        self._respond(f"a peer found the job hung; this rank was stalled for {idle_s:.0f} s", activity="stalled",
+        self._respond(Trigger.HANG, f"a peer found the job hung; this rank was stalled for {idle_s:.0f} s",
+                      activity="stalled",
                       idle_s=round(idle_s, 1), idle=idle_s)
 
     def crashed(self, err: BaseException) -> None:
@@ -104,7 +103,7 @@ class HangResponse:
         event log), so that they do not take the peer they lose for a bad node. Returns: the exit goes on."""
         t = self.topology
         error = f"{type(err).__name__}: {str(err)[:300]}"
-        self.events.emit(Event.CRASH, error=error, node=t.hostname)
+        self.executor.events.emit(Event.CRASH, error=error, node=t.hostname)
         census = self.census()
         if census is not None:
             with contextlib.suppress(CensusError):
@@ -116,7 +115,7 @@ class HangResponse:
         for s in states.values():
             if s.crashed:
                 return f"rank {s.rank} ended on {s.crashed}"
-        path = self.events.path
+        path = self.executor.events.path
         if path is not None and path.exists():
             for e in read_events(path):
                 if e.get("event") == Event.CRASH.value and e.get("restart") == self.topology.restart_count:
@@ -125,7 +124,7 @@ class HangResponse:
 
     def _answered_already(self) -> str | None:
         """The exit a leading rank recorded for this run (this restart and in-job attempt), or None."""
-        path, t = self.events.path, self.topology
+        path, t = self.executor.events.path, self.topology
         if path is None or not path.exists():
             return None
         for e in read_events(path):
@@ -137,10 +136,12 @@ class HangResponse:
     def lost_peer(self, err: BaseException) -> NoReturn:
         """The program is ending on an exception that says a peer is gone: this rank was in a collective that
         failed, a victim, not a suspect."""
-        self._respond(f"a peer was lost: {type(err).__name__}: {str(err)[:300]}", activity="lost_peer", idle=0.0,
+        self._respond(Trigger.RANK_LOST, f"a peer was lost: {type(err).__name__}: {str(err)[:300]}",
+                      activity="lost_peer", idle=0.0,
                       victim=f"{type(err).__name__}: {str(err)[:200]}")
 
-    def _respond(self, what: str, *, idle: float, victim: str | None = None, **detail: Any) -> NoReturn:
+    def _respond(self, trigger: Trigger, what: str, *, idle: float, victim: str | None = None,
+                 **detail: Any) -> NoReturn:
         if not self._once.acquire(blocking=False):
             # The other thread responds already (the watcher found the hang, then the training thread's collective
             # failed as the peers left, or the other way round): it ends the process.
@@ -151,7 +152,7 @@ class HangResponse:
         step = self.last_step()
         logger.error("rank %d on %s: %s; the training thread is at %s. Stacks of every thread:\n%s", t.rank,
                      t.hostname, what, where, stacks)
-        self.events.emit(Event.HANG, node=t.hostname, step=step, where=where, waiting=waiting, stacks=stacks,
+        self.executor.events.emit(Event.HANG, node=t.hostname, step=step, where=where, waiting=waiting, stacks=stacks,
                          **detail)
         switch = self.kill_switch_seen()
         state = RankState(t.rank, t.hostname, step, waiting, where, round(idle, 1), kill_switch=switch)
@@ -162,8 +163,9 @@ class HangResponse:
             self._exit(ExitCode.FINISHED)
         crash = self._crash_seen(states)
         if crash is not None:
-            logger.error("%s: a software error, not a bad node; no exclusion, no requeue", crash)
-            self._exit(ExitCode.FAILED)
+            decision = plan(Trigger.SOFTWARE_ERROR, self.executor.facts)
+            logger.error("%s: %s", crash, decision.why)
+            self._exit(ExitCode(decision.code))
         suspects, why, nodes, lead = self._suspects(census, states, store_lost)
         answered = self._answered_already()
         if lead and answered is not None:
@@ -181,11 +183,12 @@ class HangResponse:
         if extra:
             logger.error("also leaving out straggler node(s) %s", ", ".join(extra))
         logger.error("suspects: %s (%s); node(s) %s", suspects or "none", why, ", ".join(bad) or "none")
-        self.events.emit(Event.SUSPECTS, suspects=[{"rank": r, "node": nodes.get(r), "where": states[r].where
+        self.executor.events.emit(Event.SUSPECTS, suspects=[{"rank": r, "node": nodes.get(r), "where": states[r].where
                                                     if r in states else None, "step": states[r].step
                                                     if r in states else None} for r in suspects],
                          nodes=bad, why=why, lead=True)
-        verdict = self._requeue_and_exclude(sorted(bad + extra), f"{what}; suspects {suspects or 'none'}: {why}", step)
+        verdict = self.executor.recover(trigger, nodes=sorted(bad + extra), step=step,
+                                        detail=f"{what}; suspects {suspects or 'none'}: {why}").why
         if census is not None and not store_lost:
             with contextlib.suppress(CensusError):
                 census.finish(verdict)
@@ -225,50 +228,14 @@ class HangResponse:
     def _wait(self, seconds: float) -> float:
         return min(seconds, HURRIED_S) if self.terminating() else seconds
 
-    def _requeue_and_exclude(self, bad: list[str], why: str, step: int | None) -> str:
-        return requeue_and_exclude(self.topology, self.options, self.events, bad, ExitCode.HUNG, why_failed=why,
-                                   step=step)
-
     def _exit(self, code: ExitCode) -> NoReturn:
         exit_now(code)
 
 
-def requeue_and_exclude(t: Topology, o: Options, events: EventLog, bad: list[str], code: ExitCode, *,
-                        why_failed: str = "", step: int | None = None) -> str:
-    """Requeue the job unless the options or the requeue-loop guard say no, then exclude ``bad`` nodes from it
-    (Slurm takes ExcNodeList only from a pending job); record all of it, and the exit, in the event log. Under
-    ``slurmrt run`` with a spare node left, a new step in the job replaces the requeue (:mod:`.outcome.injob`)."""
-    supervised = injob.from_environ(os.environ) if t.is_slurm else None
-    if supervised is not None:
-        asked = injob.request(supervised, events, bad, code, node=t.hostname, why=why_failed, step=step)
-        if asked is not None:
-            return asked
-    job = t.requeue_id
-    futile = outcome.futile_runs(runs(read_events(events.path))) \
-        if events.path is not None and events.path.exists() else 0
-    why = outcome.requeue_refused(requeue_enabled=o.requeue, is_slurm=t.is_slurm and job is not None,
-                                  restart_count=t.restart_count, max_restarts=o.max_restarts, futile=futile,
-                                  max_futile=o.max_futile_runs)
-    name = "HUNG" if code is ExitCode.HUNG else "UNHEALTHY"
-    if why is not None:
-        logger.error("not requeued: %s", why)
-        events.emit(Event.EXIT, code=int(code), outcome=name, why=why, reasons=[name.lower()], step=step, lead=True)
-        return f"not requeued: {why}"
-    assert job is not None
-    done, message = outcome.requeue(job)
-    events.emit(Event.REQUEUE, done=done, message=message, restart_count=t.restart_count, lead=True)
-    (logger.warning if done else logger.error)("%s", message)
-    if done and bad:
-        exclusion.exclude_and_record(job, bad, events, max_excluded=o.max_excluded_nodes)
-    events.emit(Event.EXIT, code=int(code), outcome=name, why=message, reasons=[name.lower()], step=step,
-                lead=True)
-    return message
-
-
-def unhealthy(t: Topology, o: Options, events: EventLog, failures: list[str], *, nodes: list[str]) -> NoReturn:
-    """The health check failed on ``nodes``: requeue without them, and exit with ExitCode.UNHEALTHY."""
+def unhealthy(executor: Executor, failures: list[str], *, nodes: list[str], node: str) -> NoReturn:
+    """The health check failed on ``nodes``: recover without them (a new step, or the requeue), and exit with
+    ExitCode.UNHEALTHY."""
     logger.error("health check failed on %s: %s", ", ".join(nodes), "; ".join(failures))
-    events.emit(Event.HEALTH, ok=False, failed=failures, nodes=nodes, node=t.hostname)
-    requeue_and_exclude(t, o, events, nodes, ExitCode.UNHEALTHY, why_failed="health check: " + "; ".join(failures))
-    exit_now(ExitCode.UNHEALTHY)
-
+    executor.events.emit(Event.HEALTH, ok=False, failed=failures, nodes=nodes, node=node)
+    done = executor.recover(Trigger.UNHEALTHY, nodes=nodes, detail="health check: " + "; ".join(failures))
+    exit_now(done.code)

@@ -25,7 +25,7 @@ import threading
 import time
 from typing import Any
 
-from ..outcome.policy import ExitCode
+from ..recovery.policy import ExitCode
 from ..stop.decision import Reason
 
 __all__ = ["StopBridge", "finish", "megatron_argv"]

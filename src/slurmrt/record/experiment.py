@@ -23,7 +23,7 @@ from typing import Any
 
 from .. import _clock
 from .._errors import ConfigError
-from ..checkpoint._files import replace_text, write_text
+from .._safefs import replace_text, write_text
 
 __all__ = ["EXPERIMENT_FILE", "TRACKERS_FILE", "establish", "read_trackers", "remember_tracker"]
 

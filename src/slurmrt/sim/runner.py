@@ -20,7 +20,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -28,38 +28,18 @@ import psutil
 
 from .._errors import SlurmrtError
 from ..launch import hostlist
-from ..record.events import COPY_ENV, Event, EventFollower, Run, read_events, runs
+from ..record.events import COPY_ENV, read_events
 from . import jobids, processes
 from .environ import batch_env, default_node_names
 from .shims import install
 from .spec import JobSpec
 from .state import ENV, SimState
+from .summary import RunRecord, _annotate, _Follow, _is_terminal, summary
 
 __all__ = ["RunRecord", "SimInterrupted", "simulate"]
 
 #: ``--slow-node``: how often the slowed node's CPU time is charged.
 SLOW_TICK_S = 0.002
-
-
-@dataclass
-class RunRecord:
-    restart: int
-    seconds: float = 0.0
-    ended_by: str = ""
-    exit_code: int | None = None
-    requeued: bool = False
-    reasons: tuple[str, ...] = ()
-    checkpoint: int | None = None
-    resumed_from: int | None = None
-    #: The exit code slurmrt chose for the run (its event log's ``exit``): 3 for a stop and requeue, even when the
-    #: requeue then ended the tasks before they could exit with it, as Slurm's requeue does.
-    chosen_code: int | None = None
-    #: Exit status of each task of the run's largest step, by rank (negative: ended by that signal).
-    task_codes: dict[int, int] = field(default_factory=dict)
-    #: The run's in-job restarts (``slurmrt run``): the nodes each new step left out.
-    in_job: list[tuple[str, ...]] = field(default_factory=list)
-    #: The stragglers the run named: (rank, node).
-    stragglers: list[tuple[int, str | None]] = field(default_factory=list)
 
 
 class _Run:
@@ -311,64 +291,6 @@ class _Run:
             self.record.ended_by = self.record.ended_by or f"node {name} failed"
 
 
-class _Follow:
-    """Follows the events the job appends to the simulator's copy: which runs committed a checkpoint (what
-    --after-checkpoint waits for), and, on a terminal, the progress of the run (its step, its last checkpoint)."""
-
-    def __init__(self, path: Path, progress: Callable[[str], None] | None = None) -> None:
-        self._follower = EventFollower(path)
-        self._saved: dict[int, int] = {}  # restart -> its last committed step
-        self._progress = progress
-        self._next_read = 0.0
-
-    def poll(self, *, final: bool = False) -> None:
-        now = time.monotonic()
-        if now < self._next_read and not final:
-            return
-        self._next_read = now + 0.1
-        for event in self._follower.new():
-            kind, restart, step = event.get("event"), int(event.get("restart", 0)), event.get("step")
-            if kind == Event.SAVE.value and isinstance(step, int):
-                self._saved[restart] = step
-            if self._progress is not None and kind in (Event.PROGRESS.value, Event.DECISION.value):
-                last = self._saved.get(restart)
-                stopping = f" -- stopping: {', '.join(event.get('reasons', []))}" if kind == "decision" else ""
-                self._progress(f"run {restart}: step {step}, last checkpoint "
-                               f"{'none' if last is None else f'step {last}'}{stopping}")
-
-    def saved(self, restart: int) -> bool:
-        """True once run ``restart`` has committed a checkpoint (as of the last poll)."""
-        return restart in self._saved
-
-
-def _is_terminal(out: IO[str]) -> bool:
-    try:
-        return out.isatty()
-    except (AttributeError, ValueError):
-        return False
-
-
-def _annotate(records: list[RunRecord], events: list[dict[str, Any]]) -> None:
-    """Each run's story from the event log; a run of the job made of several steps (in-job restarts) reads as its
-    first step's resume and its last step's end."""
-    by_restart: dict[int, list[Run]] = {}
-    for run in runs(events):
-        by_restart.setdefault(run.restart, []).append(run)
-    for rec in records:
-        steps = by_restart.get(rec.restart)
-        if not steps:
-            continue
-        first, last = steps[0], steps[-1]
-        exit_event = last.first(Event.EXIT)
-        rec.reasons = last.reasons
-        rec.checkpoint = next((s.last_checkpoint for s in reversed(steps) if s.last_checkpoint is not None), None)
-        rec.resumed_from = first.resumed_from
-        rec.chosen_code = exit_event.get("code") if exit_event else None
-        for step in steps:
-            rec.in_job += [tuple(str(n) for n in e.get("nodes") or ()) for e in step.all(Event.IN_JOB_RESTART)]
-            rec.stragglers += [(int(e.get("straggler", -1)), e.get("node")) for e in step.all(Event.STRAGGLER)]
-
-
 def simulate(spec: JobSpec, *, out: IO[str] = sys.stdout, state_dir: Path | None = None) -> list[RunRecord]:
     """Run the job train: the job, and each requeued run of it, until one is not requeued or max_restarts."""
     if not spec.node_names:
@@ -448,35 +370,3 @@ class SimInterrupted(SlurmrtError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (SimInterrupted, (self.signum,))
-
-
-def _status(code: int) -> str:
-    return f"SIG{signal.Signals(-code).name[3:]}" if code < 0 and -code in signal.valid_signals() else str(code)
-
-
-def summary(records: list[RunRecord]) -> str:
-    """One row per run. ``ended by`` says how the run ended (the time limit, a preemption...); ``exit`` is the code
-    slurmrt chose (3: stopped and requeued); ``tasks`` how the training processes really ended, and ``batch`` the
-    batch shell: a requeue or the time limit ends them with signals, as Slurm does."""
-    rows = [("run", "duration", "ended by", "exit", "tasks", "batch", "stop reasons", "checkpoint", "resumed from")]
-    for r in records:
-        codes = sorted(set(r.task_codes.values()), key=lambda c: (c < 0, c))
-        ended = r.ended_by + (" (requeued)" if r.requeued else "")
-        if r.in_job:  # the new steps `slurmrt run` started inside this run
-            ended += "; in-job restart(s) without " + ", ".join("+".join(nodes) for nodes in r.in_job)
-        if r.stragglers:
-            ended += "; straggler " + ", ".join(f"rank {rank} on {node or '?'}" for rank, node in r.stragglers)
-        rows.append((
-            str(r.restart),
-            f"{r.seconds:.1f} s",
-            ended,
-            "-" if r.chosen_code is None else str(r.chosen_code),
-            ",".join(_status(c) for c in codes) or "-",
-            "-" if r.exit_code is None else _status(r.exit_code),
-            ", ".join(r.reasons) or "-",
-            "-" if r.checkpoint is None else f"step {r.checkpoint}",
-            "fresh start" if r.resumed_from is None else f"step {r.resumed_from}",
-        ))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
-    return "\n".join(["", "slurmrt sim summary", *lines])

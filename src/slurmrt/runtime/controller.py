@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 from collections.abc import Callable, Iterator
 
 from .. import _clock
@@ -19,14 +18,13 @@ from .._comm import Groups
 from ..hang.watchdog import Activity, PhaseTimes
 from ..launch.topology import Topology
 from ..options import Options
-from ..outcome import injob
-from ..record.report import Reporter
-from .agreement import Agreement, DistributedAgreement, LocalAgreement
-from .deadline import Budget, EndTime
-from .decision import Contribution, Reason, StopDecision, contribution
-from .killswitch import KillSwitch
-from .signals import SignalRecorder
-from .straggler import ComputeTimer, Straggler, StragglerJudge, Timing
+from ..stop.agreement import Agreement, DistributedAgreement, LocalAgreement
+from ..stop.deadline import Budget, EndTime
+from ..stop.decision import Contribution, Reason, StopDecision, contribution
+from ..stop.killswitch import KillSwitch
+from ..stop.signals import SignalRecorder
+from ..stop.straggler import ComputeTimer, Straggler, StragglerJudge, Timing
+from .report import Reporter
 
 __all__ = ["StopController"]
 
@@ -38,11 +36,13 @@ class StopController:
                  signals: SignalRecorder, kill_switch: KillSwitch | None, phases: PhaseTimes | None = None,
                  groups: Callable[[], Groups], watch: Callable[[Agreement], None] = lambda agreement: None,
                  poll_saves: Callable[[], None] = lambda: None, settle_saves: Callable[[], None] = lambda: None,
-                 node_of: Callable[[int], str | None] = lambda rank: None) -> None:
+                 node_of: Callable[[int], str | None] = lambda rank: None,
+                 can_replace: Callable[[str], bool] = lambda node: False) -> None:
         """``groups`` opens slurmrt's groups (collectively) on first use; ``watch`` is told the agreement (for the
         exit hooks); ``poll_saves`` takes a finished background save's result (per step, cheap) and
         ``settle_saves`` waits for it (before a collective on the work group, which is the save's until it ends);
-        ``node_of`` names a rank's node (the census), for a straggler."""
+        ``node_of`` names a rank's node (the census), for a straggler; ``can_replace`` says whether a stop would lead
+        to a restart without a node (the recovery plan: a spare under ``slurmrt run``, or a requeue)."""
         self.topology, self.options, self._report = topology, options, report
         self.budget, self._end, self._signals, self._switch = budget, end_time, signals, kill_switch
         self.phases = phases or PhaseTimes()
@@ -67,6 +67,7 @@ class StopController:
         #: What a straggler is compared across: nodes (a restart leaves a node out), ranks in a job on one node.
         self._unit = topology.node_rank if topology.nnodes > 1 else topology.rank
         self._node_of = node_of
+        self._can_replace = can_replace
         #: The straggler named last, and its node (None when the census could not place it).
         self.straggler: Straggler | None = None
         self.straggler_node: str | None = None
@@ -131,19 +132,12 @@ class StopController:
         step = self.agreement.last_step if self.agreement is not None else None
         self._report.straggler(named, node=node, action=action, step=step)
         if action == "replace" and node is not None:
-            if self._can_restart():
+            if self._can_replace(node):
                 self._replace_straggler = True  # every rank names it at this round: the reason is raised together
             else:
                 logger.warning("straggler=replace, but no restart can leave %s out (no spare node under `slurmrt "
                                "run`, and no requeue: requeue=False or not a Slurm job): training goes on with it",
                                node)
-
-    def _can_restart(self) -> bool:
-        """A stop for a straggler leads to a restart without it: a spare under ``slurmrt run``, or a requeue."""
-        supervised = injob.from_environ(os.environ) if self.topology.is_slurm else None
-        if supervised is not None and supervised.spares and supervised.attempt < supervised.max_restarts:
-            return True
-        return self.options.requeue and self.topology.requeue_id is not None
 
     @property
     def exclude_nodes(self) -> list[str]:

@@ -4,7 +4,7 @@ The job is allocated with spare nodes and ``--no-kill`` (``#SBATCH --nodes=3 --n
 ``slurmrt run --spare-nodes 1 -- python train.py``. The supervisor runs in the batch shell:
 
 1. It starts the training as an ``srun`` step on all but the spare nodes, ``--kill-on-bad-exit=1`` (a rank that
-   exits non-zero ends the step), and tells the step's processes how to ask for a restart (:mod:`..outcome.injob`).
+   exits non-zero ends the step), and tells the step's processes how to ask for a restart (:mod:`..recovery.injob`).
 2. Slurm's warning signals (``--signal=B:USR1@120``) reach the batch shell only; the supervisor passes them to the
    training processes only (``slurmrt signal`` on each node of the step), never to a launcher (torchrun dies of
    SIGUSR1).
@@ -18,6 +18,7 @@ SIGTERM or SIGINT to the supervisor (scancel, the time limit: Slurm signals the 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
@@ -26,16 +27,20 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
 from .._errors import ConfigError
 from .._safefs import private_dir
-from ..outcome import exclusion, injob
-from ..outcome.policy import ExitCode
-from . import hostlist
+from ..launch import hostlist
+from ..record.events import EventLog
+from . import exclusion, injob
+from .executor import Executor
+from .facts import ATTEMPT_ENV, DIR_ENV, MAX_ENV, SPARES_ENV, Facts, InJob
+from .plan import Action, Trigger
+from .policy import ExitCode
 
 __all__ = ["Placement", "Supervisor", "place", "srun_command", "tasks_per_node"]
 
@@ -91,6 +96,11 @@ class Supervisor:
     srun_args: list[str] = field(default_factory=list)
     forward: tuple[signal.Signals, ...] = (signal.SIGUSR1, signal.SIGUSR2)
     srun: str = "srun"
+    #: What the recovery plan weighs besides the step's own spares and attempt (``slurmrt run`` resolves them from
+    #: the job's options); None: the defaults.
+    facts: Facts | None = None
+    #: The job's event log for a step (by attempt); by default none.
+    event_log: Callable[[int], EventLog] = lambda attempt: EventLog(None, job=None, restart=0, rank=-1)
     #: Seconds between two tries to pass a signal on while some node's training processes have not registered yet.
     retry_s: float = 2.0
     #: Tries before giving up on that (the start-up of a step: torch's import, the rendezvous).
@@ -117,6 +127,8 @@ class Supervisor:
                               f"({hostlist.compress(self.allocation)}): at least one node must train. Allocate "
                               f"{max(self.spare_nodes, 0) + 1} or more (#SBATCH --nodes)")
         self.per_node = tasks_per_node(self.env)
+        raw_restarts = self.env.get("SLURM_RESTART_COUNT") or "0"
+        self.restart_count = int(raw_restarts) if raw_restarts.isdigit() else 0
 
     def run(self) -> int:
         if under_batch_shell(os.getppid()):
@@ -147,10 +159,11 @@ class Supervisor:
             placement = place([n for n in self.allocation if n in held], excluded, self.wanted)
             if placement is None:  # a spare failed after the ranks counted it: the requeue they left to us
                 self._say(f"no {self.wanted} node(s) left in the job without {', '.join(excluded)}: requeueing it")
-                self._requeue(excluded)
-                return int(ExitCode.HUNG)
+                done = self._executor(attempt, ()).recover(Trigger.NODE_GONE, nodes=excluded, ask=False,
+                                                           detail="no spare node left to start a step on")
+                return done.code
             code = self._step_once(placement, attempt)
-            bad = self._bad_nodes(placement, attempt, code)
+            bad, code = self._bad_nodes(placement, attempt, code)
             if not bad or self._terminating:
                 self._say(f"step {attempt} ended with exit code {code}" +
                           ("; stopping (SIGTERM/SIGINT)" if bad else ""))
@@ -159,70 +172,52 @@ class Supervisor:
             attempt += 1
             self._say(f"step {attempt - 1} failed (exit code {code}) on {', '.join(bad)}: in-job restart {attempt}")
 
-    def _bad_nodes(self, placement: Placement, attempt: int, code: int) -> list[str]:
-        """The nodes the next step must leave out: those the step's ranks asked for, else those that left the
-        allocation (a node failure: with --no-kill, Slurm kills the step's tasks at once, so nobody could ask), as
-        long as spares and restarts are left for them."""
-        ask = injob.read_request(self.directory, attempt)
-        if ask is not None:
-            bad = [n for n in ask["exclude"] if n in placement.nodes]
-            if not bad:
-                self._say(f"step {attempt} asked to leave out {ask['exclude']}, none of them in the step")
-            return bad
+    def _bad_nodes(self, placement: Placement, attempt: int, code: int) -> tuple[list[str], int]:
+        """The nodes the next step must leave out (none: no next step), and the exit code so far. Those the step's
+        ranks asked for; else those that left the allocation (a node failure: with --no-kill, Slurm kills the
+        step's tasks at once, so nobody could ask), for which the supervisor asks the recovery plan itself: a new
+        step on a spare, or the requeue without them."""
+        asked = self._asked(placement, attempt)
+        if asked is not None:
+            return asked, code
         if code in {int(c) for c in ExitCode}:
-            return []  # slurmrt in the step decided (finished, stopped, requeued or refused): no node was lost
+            return [], code  # slurmrt in the step decided (finished, stopped, requeued or refused): no node was lost
         held = self._allocated()
         gone = [n for n in placement.nodes if n not in held]
         if not gone:
-            return []
-        left = [n for n in placement.spares if n in held]
-        if len(left) < len(gone) or attempt >= self.max_restarts:
-            self._say(f"{', '.join(gone)} left the job (node failure) but no in-job restart: {len(left)} spare(s) "
-                      f"left, {attempt} of {self.max_restarts} in-job restarts made")
-            return []
+            return [], code
         self._say(f"{', '.join(gone)} left the job (node failure)")
-        self._record(gone, attempt, code, left)
-        return gone
+        spares = tuple(n for n in placement.spares if n in held)
+        done = self._executor(attempt, spares).recover(
+            Trigger.NODE_GONE, nodes=gone, ask=False,
+            detail=f"{', '.join(gone)} left the job (node failure); the step ended with exit code {code}")
+        if done.action is Action.IN_JOB_RESTART:
+            return gone, code
+        self._say(f"no in-job restart ({done.in_job_refused}): {done.why}")
+        return [], done.code
 
-    def _record(self, gone: list[str], attempt: int, code: int, spares: list[str]) -> None:
-        """Nobody in the step could record this in-job restart (the node's failure killed every task): record it in
-        the job's event log, when the environment names one (``SLURMRT_CHECKPOINT_DIR`` or ``SLURMRT_EVENT_LOG``)."""
-        from ..options import Options
-        from ..record.events import Event, EventLog
+    def _asked(self, placement: Placement, attempt: int) -> list[str] | None:
+        """The nodes the step's ranks asked to leave out (the plan chose an in-job restart there); None: no
+        request."""
+        ask = injob.read_request(self.directory, attempt)
+        if ask is None:
+            return None
+        bad = [n for n in ask["exclude"] if n in placement.nodes]
+        if not bad:
+            self._say(f"step {attempt} asked to leave out {ask['exclude']}, none of them in the step")
+        return bad
 
-        try:
-            o = Options.resolve({}, self.env)
-            restart = int(self.env.get("SLURM_RESTART_COUNT") or 0)
-        except (ConfigError, ValueError) as err:
-            self._say(f"the in-job restart is not recorded in the event log: {err}")
-            return
-        events = EventLog.for_job(o.event_log, o.checkpoint_dir, job=self.requeue_id, restart=restart, rank=-1,
-                                  env=self.env, attempt=attempt)
-        why = f"{', '.join(gone)} left the job (node failure); the step ended with exit code {code}"
-        events.emit(Event.IN_JOB_RESTART, nodes=gone, spares=spares, why=why, next_attempt=attempt + 1, lead=True)
+    def _executor(self, attempt: int, spares: tuple[str, ...]) -> Executor:
+        """The recovery executor for step ``attempt``, whose spares still in the job are ``spares``."""
+        facts = dataclasses.replace(self.facts or Facts(job=self.requeue_id, restart_count=self.restart_count),
+                                    in_job=InJob(self.directory, attempt, spares, self.max_restarts))
+        return Executor(facts, self.event_log(attempt), node=None)
 
     @property
     def requeue_id(self) -> str:
         """The id to requeue, and the event log's: ``ARRAY_TASK`` for a task of a job array."""
         array, task = self.env.get("SLURM_ARRAY_JOB_ID"), self.env.get("SLURM_ARRAY_TASK_ID")
         return f"{array}_{task}" if array and task else self.job
-
-    def _requeue(self, bad: list[str]) -> None:
-        """The fallback the ranks would have taken: requeue the job, then keep ``bad`` out of it."""
-        from ..options import Options
-        from ..outcome.policy import requeue
-
-        job = self.requeue_id
-        try:
-            most = Options.resolve({}, self.env).max_excluded_nodes
-        except ConfigError as err:
-            self._say(f"{err}: excluding at most {Options.max_excluded_nodes} nodes")
-            most = Options.max_excluded_nodes
-        done, message = requeue(job)
-        self._say(message)
-        if done:
-            _, said = exclusion.exclude_after_requeue(job, bad, max_excluded=most)
-            self._say(said)
 
     def _allocated(self) -> list[str]:
         """The job's nodes now (``scontrol show job``): with --no-kill, a failed node leaves the job's NodeList."""
@@ -233,8 +228,8 @@ class Supervisor:
 
     def _step_once(self, placement: Placement, attempt: int) -> int:
         env = dict(self.env)
-        env.update({injob.DIR_ENV: str(self.directory), injob.ATTEMPT_ENV: str(attempt),
-                    injob.SPARES_ENV: ",".join(placement.spares), injob.MAX_ENV: str(self.max_restarts)})
+        env.update({DIR_ENV: str(self.directory), ATTEMPT_ENV: str(attempt), SPARES_ENV: ",".join(placement.spares),
+                    MAX_ENV: str(self.max_restarts)})
         argv = srun_command(self.srun, placement, self.per_node, self.srun_args, self.command)
         self._say(f"step {attempt} on {hostlist.compress(placement.nodes)}" +
                   (f", spare {hostlist.compress(placement.spares)}" if placement.spares else ", no spare left"))

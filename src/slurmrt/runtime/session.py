@@ -16,13 +16,13 @@ from typing import Any
 
 from .._comm import Comm
 from .._errors import CheckpointError, ConfigError
+from ..checkpoint.background import PendingSave, SaveResult, Staged
+from ..checkpoint.local import LocalTier
+from ..checkpoint.store import CheckpointStore, Loaded, SaveFn
 from ..options import Options
-from ..record.report import Reporter
 from ..stop.deadline import Budget
 from ..stop.decision import StopDecision
-from .background import PendingSave, SaveResult, Staged
-from .local import LocalTier
-from .store import CheckpointStore, Loaded, SaveFn
+from .report import Reporter
 
 __all__ = ["CheckpointSession"]
 
@@ -174,6 +174,6 @@ class CheckpointSession:
 
 
 def _sharded(state: Any) -> bool:
-    from . import sharded
+    from ..checkpoint import sharded
 
     return isinstance(state, dict) and sharded.is_sharded(state)

@@ -21,11 +21,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ._comm import Groups, open_groups
-from .log import exit_now
-from .stop.agreement import Agreement
-from .stop.pidfiles import register_process, unregister_process
-from .stop.signals import ChildShield, SignalRecorder
+from .._comm import Groups, open_groups
+from ..log import exit_now
+from ..stop.agreement import Agreement
+from ..stop.pidfiles import register_process, unregister_process
+from ..stop.signals import ChildShield, SignalRecorder
 
 __all__ = ["ProcessHooks", "exit_now"]
 

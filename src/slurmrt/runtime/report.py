@@ -8,11 +8,10 @@ from typing import Any
 from .. import _clock
 from ..checkpoint.store import SaveResult
 from ..launch.topology import Topology
-from ..outcome.policy import Outcome, Verdict
+from ..record.events import Event, EventLog
 from ..stop.decision import Reason, StopDecision
 from ..stop.signals import SignalRecorder
 from ..stop.straggler import Straggler
-from .events import Event, EventLog
 
 __all__ = ["Reporter"]
 
@@ -96,16 +95,6 @@ class Reporter:
                                                                    "from_peers": from_peers}
             self.events.emit(Event.RESUME if got else Event.FRESH_START, step=got[0] if got else None, **extra)
 
-    def exit(self, chosen: Outcome, verdict: Verdict, decision: StopDecision | None, **extra: Any) -> None:
-        if not self._lead:
-            return
-        self.events.emit(Event.EXIT, code=int(chosen.code), outcome=chosen.name, why=verdict.why,
-                         reasons=sorted(r.value for r in decision.reasons) if decision else [], **extra)
-        if chosen.code:
-            logger.warning("exit %d (%s): %s", chosen.code, chosen.name, verdict.why)
-        else:
-            logger.info("%s: %s", chosen.name.lower(), verdict.why)
-
     def straggler(self, s: Straggler, *, node: str | None, action: str, step: int | None = None) -> None:
         """A straggler named (every rank names it at the same round): rank 0 records it, the straggler says so."""
         what = {"name": "", "exclude": "; it will be left out at the next restart",
@@ -119,7 +108,3 @@ class Reporter:
             self.events.emit(Event.STRAGGLER, step=step, straggler=s.rank, node=node, ratio=round(s.ratio, 3),
                              cost=round(s.cost, 3), window=s.window, slow_s=round(s.slow_s, 6),
                              others_s=round(s.others_s, 6), step_s=round(s.step_s, 6), action=action)
-
-    def requeue(self, done: bool, message: str) -> None:
-        self.events.emit(Event.REQUEUE, done=done, message=message, restart_count=self.topology.restart_count)
-        (logger.warning if done else logger.error)("%s", message)

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from dataclasses import dataclass
 
-from .. import _slurm
+from .. import _clock, _slurm
 from .._errors import HostlistError
 from ..launch import hostlist
 from ..record.events import Event, EventLog
@@ -105,14 +106,25 @@ def partition_nodes(partition: str) -> int | None:
     return sum(counts) if counts else None
 
 
-def apply(job_id: str, nodes: tuple[str, ...]) -> tuple[bool, str]:
+#: How long :func:`apply` tries again while slurmctld says "try again in a bit" (measured on the test cluster: a job
+#: just requeued answers "Job update not available right now, the DB index is being set" for a moment). It must end
+#: well inside KillWait, after which Slurm kills the process that requeued.
+RETRY_S = 8.0
+
+
+def apply(job_id: str, nodes: tuple[str, ...], *, retry_s: float = RETRY_S) -> tuple[bool, str]:
     """Set the job's ExcNodeList to ``nodes`` (the job must be pending)."""
-    out = _slurm.run("scontrol", "update", f"JobId={job_id}", f"ExcNodeList={','.join(nodes)}")
-    if isinstance(out, str):
-        return False, out
-    if out.returncode != 0:
-        return False, f"scontrol update JobId={job_id} ExcNodeList=... refused: {out.stderr.strip()}"
-    return True, f"job {job_id} now excludes {hostlist.compress(nodes)}"
+    deadline = _clock.mono() + retry_s
+    while True:
+        out = _slurm.run("scontrol", "update", f"JobId={job_id}", f"ExcNodeList={','.join(nodes)}")
+        if isinstance(out, str):
+            return False, out
+        if out.returncode == 0:
+            return True, f"job {job_id} now excludes {hostlist.compress(nodes)}"
+        said = out.stderr.strip()
+        if "try again" not in said.lower() or _clock.mono() >= deadline:
+            return False, f"scontrol update JobId={job_id} ExcNodeList=... refused: {said}"
+        time.sleep(0.5)
 
 
 def exclude_after_requeue(job_id: str, bad: list[str], *, max_excluded: int) -> tuple[Plan | None, str]:
@@ -126,7 +138,9 @@ def exclude_after_requeue(job_id: str, bad: list[str], *, max_excluded: int) -> 
     if not p.added:
         return p, p.why or "nothing new to exclude"
     done, message = apply(job_id, p.nodes)
-    return p, message + (f"; {p.why}" if p.why else "") if done else message
+    if not done:  # nothing was excluded: the event must not say otherwise
+        return None, message
+    return p, message + (f"; {p.why}" if p.why else "")
 
 
 def exclude_and_record(job_id: str, bad: list[str], events: EventLog, *, max_excluded: int) -> None:

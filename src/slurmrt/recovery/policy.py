@@ -1,20 +1,16 @@
-"""How a run ends: its :class:`Outcome`, the exit code that tells ``sacct`` why, and whether slurmrt requeues the job.
-
-The policy is one pure function, :func:`choose`, of the agreed stop decision and a few facts about the job; rank 0
-applies it for every rank. :func:`requeue` is the one side effect, ``scontrol requeue``.
+"""How a run ends: its :class:`Outcome`, the exit code that tells ``sacct`` why; the requeue-loop count read from the
+event log; ``scontrol requeue``. Which outcome a run gets is :func:`slurmrt.recovery.plan.plan`'s to say.
 """
 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
-from pathlib import Path
 
 from .. import _slurm
 from ..record.events import Event, Run
-from ..stop.decision import Reason, StopDecision
+from ..stop.decision import StopDecision
 
-__all__ = ["ExitCode", "Outcome", "Verdict", "choose", "futile_runs", "requeue"]
+__all__ = ["ExitCode", "Outcome", "at_time_limit", "futile_runs", "futile_why", "requeue"]
 
 #: Stop requeueing after this many runs in a row committed no newer checkpoint (``max_futile_runs``).
 MAX_FUTILE_RUNS = 3
@@ -61,55 +57,6 @@ class Outcome(enum.Enum):
         self.meaning = meaning
 
 
-@dataclass(frozen=True)
-class Verdict:
-    outcome: Outcome
-    #: Why, in words, for the log and the event log.
-    why: str
-
-    @property
-    def requeue(self) -> bool:
-        """slurmrt must requeue the job itself (``scontrol requeue``)."""
-        return self.outcome is Outcome.REQUEUED
-
-
-def choose(decision: StopDecision | None, *, requeue_enabled: bool, is_slurm: bool, restart_count: int,
-           max_restarts: int | None, kill_switch: Path | None = None, futile: int = 0,
-           max_futile: int | None = MAX_FUTILE_RUNS) -> Verdict:
-    """The outcome of a run that stopped for ``decision`` (None: it ran all its steps), before any save failure.
-    ``futile``: how many runs in a row, this one included, committed no newer checkpoint (:func:`futile_runs`)."""
-    if decision is None:
-        return Verdict(Outcome.FINISHED, "all steps done")
-    if Reason.KILL_SWITCH in decision.reasons:
-        return Verdict(Outcome.KILL_SWITCH, f"kill switch {kill_switch}: stopped, not requeued")
-    if Reason.INTERRUPT in decision.reasons:
-        return Verdict(Outcome.STOPPED, "SIGINT: stopped, not requeued")
-    if decision.reasons == {Reason.TERM} and not at_time_limit(decision):
-        return Verdict(Outcome.STOPPED, "SIGTERM before the time limit (scancel, or preemption, which Slurm requeues "
-                                        "itself): not requeued by slurmrt")
-    refused = requeue_refused(requeue_enabled=requeue_enabled, is_slurm=is_slurm, restart_count=restart_count,
-                              max_restarts=max_restarts, futile=futile, max_futile=max_futile)
-    if refused is not None:
-        return Verdict(Outcome.STOPPED, refused)
-    reasons = ", ".join(sorted(r.value for r in decision.reasons))
-    return Verdict(Outcome.REQUEUED, f"stopped at step {decision.step} ({reasons}): requeue")
-
-
-def requeue_refused(*, requeue_enabled: bool, is_slurm: bool, restart_count: int, max_restarts: int | None,
-                    futile: int, max_futile: int | None) -> str | None:
-    """Why a run that should be requeued is not (the options, no Slurm, max_restarts, the loop guard); None: requeue.
-    The one policy for every requeue slurmrt makes: a stop (:func:`choose`), a hang, a failed health check."""
-    if not requeue_enabled:
-        return "stopped; requeue is off (requeue=False)"
-    if not is_slurm:
-        return "stopped; not a SLURM job, nothing to requeue"
-    if max_restarts is not None and restart_count >= max_restarts:
-        return f"stopped; restart {restart_count} reached max_restarts={max_restarts}"
-    if max_futile is not None and futile >= max_futile:
-        return futile_why(futile)
-    return None
-
-
 def futile_why(futile: int) -> str:
     return (f"stopped, not requeued: the last {futile} runs committed no checkpoint newer than the one they resumed "
             "from, so another run would most likely do the same (a requeue loop). The event log says what each run "
@@ -126,13 +73,6 @@ def futile_runs(runs: list[Run]) -> int:
             break
         count += 1
     return count
-
-
-def after_failed_save(outcome: Outcome) -> Outcome:
-    """A run that ends for good (all steps done, or the kill switch) without its last checkpoint has failed: its
-    final state is not on disk. A stop that exits non-zero already says something went wrong, and a requeued run
-    resumes from the checkpoint before."""
-    return Outcome.FAILED if outcome in (Outcome.FINISHED, Outcome.KILL_SWITCH) else outcome
 
 
 def at_time_limit(decision: StopDecision) -> bool:

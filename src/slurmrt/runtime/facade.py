@@ -1,11 +1,8 @@
-"""``init()`` and the :class:`Runtime` it returns: a thin facade over parts that each stand alone.
-
-``init()`` reads and checks the launch (:mod:`slurmrt.launch`), takes the checkpoint directory's lease, and builds
-the parts: the stop controller (:mod:`slurmrt.stop.controller`), the hang monitor (:mod:`slurmrt.hang.monitor`),
-the checkpoint session (:mod:`slurmrt.checkpoint.session`), and the process-global hooks (:mod:`slurmrt._hooks`).
-The Runtime forwards the training loop's calls to them; how a run ends is :func:`slurmrt.outcome.conclude.conclude`.
-``docs/architecture.md`` walks one step, one stop, one save and one hang through them.
+"""The :class:`Runtime` that ``init()`` returns: a thin facade over parts that each stand alone (the stop controller,
+the checkpoint session, the hang monitor, the process hooks), which it builds and forwards the training loop's calls
+to. How a run ends is the recovery executor's (:mod:`slurmrt.recovery`).
 """
+
 
 from __future__ import annotations
 
@@ -14,82 +11,45 @@ import logging
 import os
 from typing import Any, NoReturn
 
-from . import log
-from ._comm import destroy_default_group
-from ._errors import ConfigError
-from ._hooks import ProcessHooks
-from .checkpoint import lease as leases
-from .checkpoint.background import Staged
-from .checkpoint.session import CheckpointSession
-from .checkpoint.store import SaveFn
-from .hang.monitor import HangMonitor
-from .hang.response import unhealthy
-from .hang.watchdog import PhaseTimes
-from .launch import cuda, health, preflight
-from .launch.launcher import launcher_argv
-from .launch.topology import Topology, from_environ
-from .options import Options, warn_unknown
-from .outcome.conclude import conclude, exit_at_init
-from .outcome.policy import ExitCode, Outcome
-from .record import experiment
-from .record.events import EventLog, measured_earlier
-from .record.report import Reporter
-from .stop import killswitch
-from .stop.controller import StopController
-from .stop.deadline import Budget, EndTime
-from .stop.decision import Reason, StopDecision
-from .stop.killswitch import KillSwitch
-from .stop.signals import SignalRecorder
-from .stop.watcher import Watcher
+from .._comm import destroy_default_group
+from .._errors import ConfigError
+from ..checkpoint import lease as leases
+from ..checkpoint.background import Staged
+from ..checkpoint.store import SaveFn
+from ..hang.monitor import HangMonitor
+from ..hang.watchdog import PhaseTimes
+from ..launch.topology import Topology
+from ..options import Options
+from ..record import experiment
+from ..record.events import measured_earlier
+from ..recovery.conclude import conclude
+from ..recovery.executor import Executor
+from ..recovery.plan import Trigger, plan
+from ..recovery.policy import ExitCode, Outcome
+from ..stop.deadline import Budget, EndTime
+from ..stop.decision import Reason, StopDecision
+from ..stop.killswitch import KillSwitch
+from ..stop.signals import SignalRecorder
+from ..stop.watcher import Watcher
+from .controller import StopController
+from .hooks import ProcessHooks
+from .report import Reporter
+from .session import CheckpointSession
 
-__all__ = ["Runtime", "init"]
+__all__ = ["Runtime"]
 
 logger = logging.getLogger(__name__)
-
-
-def init(options: Options | None = None, **overrides: Any) -> Runtime:
-    """Read the launch, check it, export what ``torch.distributed`` needs, install the signal recorders.
-
-    Call it first thing in the script, before anything touches CUDA. ``options`` (a :class:`slurmrt.Options`) and
-    keyword ``overrides`` (its field names: ``checkpoint_dir=...``) win over the ``SLURMRT_*`` variables, which win
-    over the defaults. Exits the process with code 0 when the kill switch already exists.
-    """
-    env = os.environ
-    opts = Options.resolve(overrides, env, base=options)
-    warn_unknown(env)
-    topo = from_environ(env, launcher_argv=launcher_argv() if "RANK" in env else None)
-    for warning in topo.warnings:
-        logger.warning("%s", warning)
-    node_gpus = cuda.node_gpu_count(env)
-    preflight.check(topo, opts.parallel, node_gpus=node_gpus)
-    preflight.check_master_port(topo)
-    connections = cuda.apply(env, cuda.gpu_arch_major() if node_gpus else None, opts.parallel)
-    lease = leases.take(opts.checkpoint_dir, topo) if opts.checkpoint_dir is not None else None
-    events = EventLog.for_job(opts.event_log, opts.checkpoint_dir, job=topo.requeue_id, restart=topo.restart_count,
-                              rank=topo.rank, env=env, attempt=topo.attempt)
-    if opts.health_check:
-        failures = health.check_node(env, checkpoint_dir=opts.checkpoint_dir, gpus=node_gpus or 0,
-                                     local_rank=topo.local_rank)
-        if failures:
-            unhealthy(topo, opts, events, failures, nodes=[topo.hostname])
-    if opts.kill_switch is not None and killswitch.exists(opts.kill_switch):
-        exit_at_init(opts.kill_switch, Reporter(events, topo))
-    experiment_id = experiment.establish(opts.checkpoint_dir, job=topo.requeue_id, override=opts.experiment_id) \
-        if topo.rank == 0 else None
-    topo.apply(env)
-    log.forget_prefix()  # log lines written before init() had no RANK yet
-    rt = Runtime(topo, opts, events, connections=connections, lease=lease, experiment_id=experiment_id)
-    rt._start()
-    return rt
 
 
 class Runtime:
     """Returned by :func:`slurmrt.init`: the topology, then the training-loop calls (docs/reference/api.md)."""
 
-    def __init__(self, topology: Topology, options: Options, events: EventLog, *, connections: str | None = None,
-                 lease: leases.Lease | None = None, experiment_id: str | None = None) -> None:
+    def __init__(self, topology: Topology, options: Options, executor: Executor, *,
+                 connections: str | None = None, lease: leases.Lease | None = None,
+                 experiment_id: str | None = None) -> None:
         env = os.environ
-        self.topology, self.options, self.events = topology, options, events
+        self.topology, self.options, self._executor = topology, options, executor
+        self.events = events = executor.events
         self.cuda_device_max_connections = connections
         self._report = Reporter(events, topology)
         self._lease, self._experiment_id = lease, experiment_id
@@ -112,8 +72,10 @@ class Runtime:
         self.stop = StopController(topology, options, self._report, budget=budget, end_time=end_time,
                                    signals=signals, kill_switch=self._switch, phases=PhaseTimes(earlier.phases),
                                    groups=self._hooks.groups, watch=self._hooks.watch, poll_saves=self.checkpoints.poll,
-                                   settle_saves=self.checkpoints.settle, node_of=lambda rank: self.hangs.node_of(rank))
-        self.hangs = HangMonitor(topology, options, events, signals=signals, kill_switch=self._switch,
+                                   settle_saves=self.checkpoints.settle, node_of=lambda rank: self.hangs.node_of(rank),
+                                   can_replace=lambda node: plan(Trigger.STRAGGLER, executor.facts,
+                                                                 nodes=[node]).restarts)
+        self.hangs = HangMonitor(topology, options, executor, signals=signals, kill_switch=self._switch,
                                  agreement=lambda: self.stop.agreement, also_exclude=lambda: self.stop.exclude_nodes)
         self._hooks.on_groups = self.hangs.first_collective
         pollers = [p.poll for p in (self._switch, end_time if end_time.asks else None) if p is not None]
@@ -254,8 +216,7 @@ class Runtime:
         with self.stop.doing("save"):  # waits for saves, and for the other ranks
             failed_save = not self.checkpoints.wait()
             self.stop.end_rounds()
-            self.outcome = conclude(self.stop.decision, topology=self.topology, options=self.options,
-                                    comm=self._hooks.groups().work, report=self._report, events=self.events.path,
+            self.outcome = conclude(self.stop.decision, executor=self._executor, comm=self._hooks.groups().work,
                                     failed_save=failed_save, step=self.stop.last_step,
                                     exclude=self.stop.exclude_nodes)
         if self.outcome is Outcome.FINISHED:  # nothing will resume from this node's local tier

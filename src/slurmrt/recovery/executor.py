@@ -1,0 +1,114 @@
+"""The one executor of recovery: it asks :func:`~slurmrt.recovery.plan.plan`, carries the decision out and records it.
+
+It is the only writer of the ``exit`` event. The rank (or ``slurmrt run``) that acts for the job calls
+:meth:`Executor.recover`; the others only exit with the code it chose.
+
+- In-job restart: a rank leaves the request for ``slurmrt run`` (:mod:`.injob`); when that fails, the requeue takes
+  over. ``slurmrt run`` itself (``ask=False``) only records it, and starts the step.
+- Requeue: the ``exit`` event first (Slurm ends every task once it requeues the job), then ``scontrol requeue``, then
+  the bad nodes into ``ExcNodeList`` (:mod:`.exclusion`: Slurm takes it only from a pending job).
+- Stop, finish, fail: the ``exit`` event.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..record.events import Event, EventLog, read_events, runs
+from ..stop.decision import StopDecision
+from . import exclusion, injob
+from .facts import Facts
+from .plan import Action, Decision, Trigger, plan
+from .policy import Outcome, futile_runs, requeue
+
+__all__ = ["Executor"]
+
+logger = logging.getLogger(__name__)
+
+#: The triggers whose failed requeue leaves the batch script to requeue (exit 75); after a fault the exit code
+#: stays the fault's.
+_STOPS = {Trigger.FINISHED, Trigger.STOPPED, Trigger.STRAGGLER}
+
+
+class Executor:
+    def __init__(self, facts: Facts, events: EventLog, *, node: str | None,
+                 requeue_job: Callable[[str], tuple[bool, str]] = requeue) -> None:
+        """``node``: where the acting process runs (the request names it); ``requeue_job``: ``scontrol requeue``."""
+        self.facts, self.events, self._node = facts, events, node
+        self._requeue = requeue_job
+
+    def futile(self) -> int:
+        """Runs or steps in a row, this one included, that committed no newer checkpoint (the event log)."""
+        path = self.events.path
+        return futile_runs(runs(read_events(path))) if path is not None and path.exists() else 0
+
+    def recover(self, trigger: Trigger, *, nodes: Sequence[str] = (), stop: StopDecision | None = None,
+                failed_save: bool = False, step: int | None = None, ask: bool = True, detail: str = "",
+                **extra: Any) -> Decision:
+        """Decide what ``trigger`` means for the job, do it, record it; returns what was done. ``ask``: an in-job
+        restart is asked of ``slurmrt run`` with a request file (False: the caller is ``slurmrt run``);
+        ``detail``: what failed, in words, for the log and the request."""
+        facts = self.facts
+        decision = plan(trigger, facts, nodes=nodes, stop=stop, failed_save=failed_save)
+        if decision.restarts:  # the loop guard has a say: read the event log (only the acting process does)
+            facts = facts.with_futile(self.futile())
+            decision = plan(trigger, facts, nodes=nodes, stop=stop, failed_save=failed_save)
+        reasons = sorted(r.value for r in stop.reasons) if stop is not None else \
+            [] if trigger is Trigger.FINISHED else [decision.outcome.name.lower()]
+        if decision.action is Action.IN_JOB_RESTART:
+            refused = self._in_job(decision, detail or decision.why, step, reasons, ask)
+            if refused is None:
+                return decision
+            decision = plan(trigger, facts.without_in_job(), nodes=nodes, stop=stop, failed_save=failed_save)
+            decision = Decision(decision.action, decision.outcome, decision.why, decision.exclude, refused)
+        if decision.in_job_refused is not None and facts.in_job is not None:
+            logger.error("no in-job restart: %s; falling back to the requeue", decision.in_job_refused)
+            self.events.emit(Event.IN_JOB_REFUSED, nodes=list(decision.exclude), why=decision.in_job_refused,
+                             lead=True)
+        self._exit(decision, decision.outcome, step, reasons, **extra)
+        if decision.action is Action.REQUEUE:
+            return self._requeue_job(decision, stops=trigger in _STOPS)
+        return decision
+
+    def _in_job(self, decision: Decision, why: str, step: int | None, reasons: list[str], ask: bool) -> str | None:
+        """Ask for (or, for ``slurmrt run``, record) a new step without the decision's nodes; why not, or None."""
+        sup = self.facts.in_job
+        assert sup is not None
+        bad = list(decision.exclude)
+        if ask:
+            no = injob.write_request(sup, {"attempt": sup.attempt, "exclude": bad, "code": decision.code,
+                                           "node": self._node, "why": why})
+            if no is not None:
+                return no
+        message = f"in-job restart {sup.attempt + 1}: a new step without {', '.join(bad)}"
+        logger.warning("%s (spares: %s)", message, ", ".join(sup.spares))
+        self.events.emit(Event.IN_JOB_RESTART, nodes=bad, spares=list(sup.spares), why=why,
+                         next_attempt=sup.attempt + 1, lead=True)
+        self._exit(decision, decision.outcome, step, reasons, why=message)
+        return None
+
+    def _exit(self, decision: Decision, outcome: Outcome, step: int | None, reasons: list[str], *,
+              why: str | None = None, **extra: Any) -> None:
+        said = why or decision.why
+        if outcome.code:
+            logger.warning("exit %d (%s): %s", outcome.code, outcome.name, said)
+        else:
+            logger.info("%s: %s", outcome.name.lower(), said)
+        self.events.emit(Event.EXIT, code=int(outcome.code), outcome=outcome.name, why=said, reasons=reasons,
+                         step=step, lead=True, **extra)
+
+    def _requeue_job(self, decision: Decision, *, stops: bool) -> Decision:
+        job = self.facts.job
+        assert job is not None  # plan() requeues only a Slurm job
+        done, message = self._requeue(job)
+        self.events.emit(Event.REQUEUE, done=done, message=message, restart_count=self.facts.restart_count,
+                         lead=True)
+        (logger.warning if done else logger.error)("%s", message)
+        if done and decision.exclude:
+            exclusion.exclude_and_record(job, list(decision.exclude), self.events,
+                                         max_excluded=self.facts.max_excluded_nodes)
+        if done or not stops:
+            return decision
+        return Decision(decision.action, Outcome.REQUEUE_NEEDED, message, decision.exclude)

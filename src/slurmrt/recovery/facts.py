@@ -1,0 +1,92 @@
+"""What recovery needs to know about the job, resolved once: at ``init()`` for the ranks, by ``slurmrt run`` for its
+steps. :func:`slurmrt.recovery.plan.plan` decides from these values alone; nothing in recovery reads the environment
+after this.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..launch.topology import Topology
+from ..options import Options
+
+__all__ = ["ATTEMPT_ENV", "DIR_ENV", "MAX_ENV", "SPARES_ENV", "Facts", "InJob", "in_job_from_environ", "resolve"]
+
+logger = logging.getLogger(__name__)
+
+#: Set by ``slurmrt run`` in the training step's environment (:mod:`slurmrt.recovery.supervisor`).
+DIR_ENV = "SLURMRT_RUN_DIR"
+ATTEMPT_ENV = "SLURMRT_RUN_ATTEMPT"
+SPARES_ENV = "SLURMRT_RUN_SPARES"
+MAX_ENV = "SLURMRT_RUN_MAX_RESTARTS"
+
+
+@dataclass(frozen=True)
+class InJob:
+    """What ``slurmrt run`` told this step: where to leave a request, which attempt this is, the spare nodes."""
+
+    directory: Path
+    attempt: int
+    spares: tuple[str, ...]
+    max_restarts: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Facts:
+    """Everything :func:`~slurmrt.recovery.plan.plan` weighs besides the trigger itself."""
+
+    #: The id ``scontrol requeue`` takes (``ARRAY_TASK`` for a task of an array); None: not a Slurm job.
+    job: str | None = None
+    #: The ``requeue`` option.
+    requeue: bool = True
+    #: ``SLURM_RESTART_COUNT``: requeues before this run.
+    restart_count: int = 0
+    max_restarts: int | None = None
+    #: Runs (or in-job steps) in a row, this one included, that committed no checkpoint newer than the one they
+    #: resumed from. Only the rank that acts knows it, from the event log, when it acts (:meth:`with_futile`); 0
+    #: before that, so that every rank asking "could a restart happen?" gets the same answer.
+    futile: int = 0
+    max_futile_runs: int | None = 3
+    max_excluded_nodes: int = 4
+    #: Set under ``slurmrt run``: an in-job restart is possible in principle.
+    in_job: InJob | None = None
+    #: The kill switch's path, for the words of a kill-switch stop.
+    kill_switch: Path | None = None
+
+    def with_futile(self, futile: int) -> Facts:
+        return dataclasses.replace(self, futile=futile)
+
+    def without_in_job(self) -> Facts:
+        """The same facts with no supervisor to ask: what is left when a request cannot be left for it."""
+        return dataclasses.replace(self, in_job=None)
+
+
+def in_job_from_environ(env: Mapping[str, str]) -> InJob | None:
+    """The supervisor's settings, or None without one. Values that ``slurmrt run`` would never write are reported
+    and ignored: the step then fails over to the requeue, which loses nothing."""
+    raw = env.get(DIR_ENV)
+    if not raw:
+        return None
+    try:
+        attempt, most = int(env.get(ATTEMPT_ENV, "0")), int(env.get(MAX_ENV, "0"))
+        if attempt < 0 or most < 0 or not os.path.isabs(raw):
+            raise ValueError
+    except ValueError:
+        logger.warning("%s=%r, %s=%r, %s=%r: not what `slurmrt run` sets; no in-job restart", DIR_ENV, raw,
+                       ATTEMPT_ENV, env.get(ATTEMPT_ENV), MAX_ENV, env.get(MAX_ENV))
+        return None
+    spares = tuple(n for n in env.get(SPARES_ENV, "").split(",") if n)
+    return InJob(Path(raw), attempt, spares, most)
+
+
+def resolve(options: Options, topology: Topology, env: Mapping[str, str]) -> Facts:
+    """The facts of this run of the job, from its options, its topology and ``slurmrt run``'s variables."""
+    return Facts(job=topology.requeue_id if topology.is_slurm else None, requeue=options.requeue,
+                 restart_count=topology.restart_count, max_restarts=options.max_restarts,
+                 max_futile_runs=options.max_futile_runs, max_excluded_nodes=options.max_excluded_nodes,
+                 in_job=in_job_from_environ(env) if topology.is_slurm else None, kill_switch=options.kill_switch)

@@ -1,0 +1,66 @@
+"""In-job restart: the request a failed step leaves for ``slurmrt run``, which replaces the step on a spare node.
+
+``slurmrt run --spare-nodes S -- CMD`` (:mod:`slurmrt.recovery.supervisor`) starts the training step on all but
+``S`` of the job's nodes and tells its processes so through the environment
+(:func:`slurmrt.recovery.facts.in_job_from_environ`). When the plan (:mod:`slurmrt.recovery.plan`) chooses an in-job
+restart, the rank that acts writes the request here (the nodes to leave out); the supervisor reads it once the step
+has ended and starts the next step without those nodes.
+
+The supervisor's directory is created by it, ours and 0700 (:func:`slurmrt._safefs.private_dir`); a request file is
+created with ``O_EXCL``, one per attempt, so a planted or stale file is never read as this step's request.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from .._safefs import open_new, private_dir
+from .facts import InJob
+
+__all__ = ["read_request", "request_path", "write_request"]
+
+logger = logging.getLogger(__name__)
+
+
+def request_path(directory: Path, attempt: int) -> Path:
+    return directory / f"request-{attempt}.json"
+
+
+def write_request(sup: InJob, data: dict[str, Any]) -> str | None:
+    """The request file, created once (``O_EXCL``) in the supervisor's private directory; why not, or None."""
+    try:
+        private_dir(sup.directory)  # exists, ours, 0700: checked, not created by a rank
+        fd = open_new(request_path(sup.directory, sup.attempt))
+        try:
+            os.write(fd, json.dumps(data).encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except FileExistsError:  # another rank asked first (ranks of one node that failed its health check)
+        if read_request(sup.directory, sup.attempt) is not None:
+            return None
+        return f"{request_path(sup.directory, sup.attempt)} exists and is not a request slurmrt wrote"
+    except Exception as err:  # an unsafe or unreachable directory: the requeue still works
+        return f"cannot leave the request in {sup.directory}: {err}"
+    return None
+
+
+def read_request(directory: Path, attempt: int) -> dict[str, Any] | None:
+    """The step's request (``slurmrt run``'s side), or None: none, or not a well-formed one (reported)."""
+    path = request_path(directory, attempt)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as err:
+        logger.error("in-job restart request %s unreadable: %s", path, err)
+        return None
+    if not (isinstance(data, dict) and data.get("attempt") == attempt and isinstance(data.get("exclude"), list)
+            and data["exclude"] and all(isinstance(n, str) and n for n in data["exclude"])):
+        logger.error("in-job restart request %s is not one slurmrt writes: %r", path, data)
+        return None
+    return data

@@ -1,0 +1,66 @@
+"""``init()``: read and check the launch, take the checkpoint directory's lease, resolve the recovery facts, and
+build the :class:`~slurmrt.runtime.facade.Runtime`."""
+
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from .. import log
+from ..checkpoint import lease as leases
+from ..hang.response import unhealthy
+from ..launch import cuda, health, preflight
+from ..launch.launcher import launcher_argv
+from ..launch.topology import from_environ
+from ..options import Options, warn_unknown
+from ..record import experiment
+from ..record.events import EventLog
+from ..recovery import facts as recovery_facts
+from ..recovery.conclude import exit_at_init
+from ..recovery.executor import Executor
+from ..stop import killswitch
+from .facade import Runtime
+
+__all__ = ["init"]
+
+logger = logging.getLogger(__name__)
+
+
+
+def init(options: Options | None = None, **overrides: Any) -> Runtime:
+    """Read the launch, check it, export what ``torch.distributed`` needs, install the signal recorders.
+
+    Call it first thing in the script, before anything touches CUDA. ``options`` (a :class:`slurmrt.Options`) and
+    keyword ``overrides`` (its field names: ``checkpoint_dir=...``) win over the ``SLURMRT_*`` variables, which win
+    over the defaults. Exits the process with code 0 when the kill switch already exists.
+    """
+    env = os.environ
+    opts = Options.resolve(overrides, env, base=options)
+    warn_unknown(env)
+    topo = from_environ(env, launcher_argv=launcher_argv() if "RANK" in env else None)
+    for warning in topo.warnings:
+        logger.warning("%s", warning)
+    node_gpus = cuda.node_gpu_count(env)
+    preflight.check(topo, opts.parallel, node_gpus=node_gpus)
+    preflight.check_master_port(topo)
+    connections = cuda.apply(env, cuda.gpu_arch_major() if node_gpus else None, opts.parallel)
+    lease = leases.take(opts.checkpoint_dir, topo) if opts.checkpoint_dir is not None else None
+    events = EventLog.for_job(opts.event_log, opts.checkpoint_dir, job=topo.requeue_id, restart=topo.restart_count,
+                              rank=topo.rank, env=env, attempt=topo.attempt)
+    executor = Executor(recovery_facts.resolve(opts, topo, env), events, node=topo.hostname)
+    if opts.health_check:
+        failures = health.check_node(env, checkpoint_dir=opts.checkpoint_dir, gpus=node_gpus or 0,
+                                     local_rank=topo.local_rank)
+        if failures:
+            unhealthy(executor, failures, nodes=[topo.hostname], node=topo.hostname)
+    if opts.kill_switch is not None and killswitch.exists(opts.kill_switch):
+        exit_at_init(opts.kill_switch, executor, lead=topo.rank == 0)
+    experiment_id = experiment.establish(opts.checkpoint_dir, job=topo.requeue_id, override=opts.experiment_id) \
+        if topo.rank == 0 else None
+    topo.apply(env)
+    log.forget_prefix()  # log lines written before init() had no RANK yet
+    rt = Runtime(topo, opts, executor, connections=connections, lease=lease, experiment_id=experiment_id)
+    rt._start()
+    return rt
