@@ -122,8 +122,9 @@ def _executor(tmp_path: Path, facts: Facts, requeued: list[str], *, works: bool 
 def test_a_node_lost_with_no_spare_left_is_recorded_once_and_requeued(tmp_path: Path,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     excluded: list[list[str]] = []
-    monkeypatch.setattr("slurmrt.recovery.exclusion.exclude_and_record",
-                        lambda job, bad, events, *, max_excluded: excluded.append(bad))
+    monkeypatch.setattr("slurmrt.recovery.exclusion.prepare", lambda job, bad, *, max_excluded: bad)
+    monkeypatch.setattr("slurmrt.recovery.exclusion.apply_and_record",
+                        lambda job, prepared, events: excluded.append(prepared))
     requeued: list[str] = []
     done = _executor(tmp_path, NO_SPARE, requeued).recover(Trigger.NODE_GONE, nodes=["n2"], ask=False, step=12)
     assert done.action is Action.REQUEUE and requeued == ["7"] and excluded == [["n2"]]

@@ -23,7 +23,7 @@ from .._errors import HostlistError
 from ..launch import hostlist
 from ..record.events import Event, EventLog
 
-__all__ = ["Plan", "apply", "exclude_after_requeue", "plan", "read_job"]
+__all__ = ["Plan", "apply", "apply_and_record", "plan", "prepare", "read_job"]
 
 logger = logging.getLogger(__name__)
 
@@ -127,25 +127,28 @@ def apply(job_id: str, nodes: tuple[str, ...], *, retry_s: float = RETRY_S) -> t
         time.sleep(0.5)
 
 
-def exclude_after_requeue(job_id: str, bad: list[str], *, max_excluded: int) -> tuple[Plan | None, str]:
-    """Add ``bad`` to the (requeued, pending) job's exclusions within the limits; (the plan, what happened)."""
+def prepare(job_id: str, bad: list[str], *, max_excluded: int) -> Plan | str:
+    """The exclusions to set once the job is requeued: ``bad`` added to what the job excludes, within the limits; or
+    why not, in words. Read while the job still runs (its ExcNodeList cannot change then): after the requeue every
+    second counts, as Slurm kills the requeuing process KillWait after it."""
     job = read_job(job_id)
     if isinstance(job, str):
-        return None, job
+        return job
     total = partition_nodes(job.partition) if job.partition else None
     room = None if total is None or job.num_nodes is None else total - job.num_nodes - len(job.excluded)
-    p = plan(job.excluded, bad, max_excluded=max_excluded, room=room)
-    if not p.added:
-        return p, p.why or "nothing new to exclude"
-    done, message = apply(job_id, p.nodes)
-    if not done:  # nothing was excluded: the event must not say otherwise
-        return None, message
-    return p, message + (f"; {p.why}" if p.why else "")
+    return plan(job.excluded, bad, max_excluded=max_excluded, room=room)
 
 
-def exclude_and_record(job_id: str, bad: list[str], events: EventLog, *, max_excluded: int) -> None:
-    """:func:`exclude_after_requeue`, logged and recorded as an ``exclude`` event."""
-    excluded, said = exclude_after_requeue(job_id, bad, max_excluded=max_excluded)
+def apply_and_record(job_id: str, prepared: Plan | str, events: EventLog) -> None:
+    """Set the (requeued, pending) job's exclusions as :func:`prepare` planned them; log it, and record it as an
+    ``exclude`` event (nothing as excluded unless Slurm took it)."""
+    excluded, said = None, prepared if isinstance(prepared, str) else prepared.why or "nothing new to exclude"
+    if isinstance(prepared, Plan) and prepared.added:
+        done, message = apply(job_id, prepared.nodes)
+        excluded, said = (prepared, message + (f"; {prepared.why}" if prepared.why else "")) if done else \
+            (None, message)
+    elif isinstance(prepared, Plan):
+        excluded = prepared
     logger.warning("%s", said)
     events.emit(Event.EXCLUDE, nodes=list(excluded.nodes) if excluded else None,
                 added=list(excluded.added) if excluded else [], refused=list(excluded.refused) if excluded else [],

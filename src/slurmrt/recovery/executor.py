@@ -102,13 +102,14 @@ class Executor:
     def _requeue_job(self, decision: Decision, *, stops: bool) -> Decision:
         job = self.facts.job
         assert job is not None  # plan() requeues only a Slurm job
+        prepared = exclusion.prepare(job, list(decision.exclude), max_excluded=self.facts.max_excluded_nodes) \
+            if decision.exclude else None
         done, message = self._requeue(job)
         self.events.emit(Event.REQUEUE, done=done, message=message, restart_count=self.facts.restart_count,
                          lead=True)
         (logger.warning if done else logger.error)("%s", message)
-        if done and decision.exclude:
-            exclusion.exclude_and_record(job, list(decision.exclude), self.events,
-                                         max_excluded=self.facts.max_excluded_nodes)
+        if done and prepared is not None:
+            exclusion.apply_and_record(job, prepared, self.events)
         if done or not stops:
             return decision
         return Decision(decision.action, Outcome.REQUEUE_NEEDED, message, decision.exclude)
