@@ -34,7 +34,7 @@ def _per_step(quick: bool) -> tuple[str, dict[str, float]]:
     samples: dict[str, list[float]] = {"on": [], "off": []}
     for _ in range(2 if quick else 4):
         for mode in ("on", "off"):
-            env = {"SLURMRT_WATCHDOG": "1" if mode == "on" else "0", "SLURMRT_KILL_SWITCH_POLL_S": "0.2"}
+            env = {"SLURMRT_WATCHDOG": "1" if mode == "on" else "0", "SLURMRT_WATCH_INTERVAL_S": "0.2"}
             results = run_ranks(STOP_CHECK, 2, [steps, "0"], extra_env=env)
             slowest = {k: max(r[k] for r in results) for k in results[0]}
             samples[mode].append((slowest["slurmrt"] - slowest["empty"]) * 1e6)
@@ -50,7 +50,7 @@ def _hang_to_exit(floor: float) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         env = {"SLURMRT_CHECKPOINT_DIR": str(d / "ckpt"), "SLURMRT_HANG_FLOOR_S": str(floor),
-               "SLURMRT_STARTUP_TIMEOUT_S": "300", "SLURMRT_KILL_SWITCH_POLL_S": "0.5"}
+               "SLURMRT_STARTUP_TIMEOUT_S": "300", "SLURMRT_WATCH_INTERVAL_S": "0.5"}
         procs = start(3, d, ["--mode", "sleep", "--out", str(d)], script=HANG, extra=env)
         while not (d / "stuck").exists():
             time.sleep(0.01)

@@ -9,6 +9,7 @@ import logging
 import math
 import os
 import signal
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -18,7 +19,7 @@ from ._errors import ConfigError
 from .launch.parallel import ParallelConfig
 from .stop.signals import DEFAULT_SIGNALS, parse_signal
 
-__all__ = ["OTHER_VARIABLES", "Options", "unknown_variables", "warn_unknown"]
+__all__ = ["DEPRECATED", "OTHER_VARIABLES", "Options", "unknown_variables", "warn_unknown"]
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +56,11 @@ class Options:
     save_time_s: float = 30.0
     #: Slurm's KillWait: time between SIGTERM and SIGKILL.
     kill_wait_s: float = 30.0
-    kill_switch_poll_s: float = 5.0
+    #: How often the watcher thread looks at what may stop or end the run between two steps: the kill switch, the
+    #: job's end time, the lease's heartbeat and the hang watchdog. (Was ``kill_switch_poll_s``.)
+    watch_interval_s: float = 5.0
+    #: How long a hang's census waits for every rank's answer; None: 3 watch intervals, at least 10 s.
+    census_wait_s: float | None = None
     end_time_refresh_s: float = 900.0
     #: The hang watchdog (see slurmrt.hang.watchdog): on by default.
     watchdog: bool = True
@@ -91,6 +96,13 @@ class Options:
     #: own (``tp=2``, ``SLURMRT_TP``), and so is ``megatron_args``, Megatron-LM's command line, read in their place.
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
+    @property
+    def kill_switch_poll_s(self) -> float:
+        """Deprecated: :attr:`watch_interval_s` (it paces more than the kill switch)."""
+        warnings.warn("Options.kill_switch_poll_s is deprecated: use watch_interval_s", DeprecationWarning,
+                      stacklevel=2)
+        return self.watch_interval_s
+
     def explicit(self) -> dict[str, Any]:
         """The fields set to something other than their default, the job's shape flattened (``tp=2``)."""
         default, shape = Options(), ParallelConfig()
@@ -107,19 +119,46 @@ class Options:
             given = {**base.explicit(), **given}
         own = {f.name for f in fields(cls)} - {"parallel"}
         shape = {f.name for f in fields(ParallelConfig)} | {"megatron_args"}
-        unknown = sorted(set(given) - own - shape)
+        unknown = sorted(set(given) - own - shape - set(DEPRECATED))
         if unknown:
             raise TypeError(f"slurmrt.init() got unknown options {unknown}; known: {sorted(own | shape)}")
-        values: dict[str, Any] = {}
-        for name in sorted(own | shape):
-            if name in given and given[name] is not None:
-                values[name] = _convert(name, given[name])
-                continue
-            raw = env.get(f"SLURMRT_{name.upper()}")
-            if raw is not None and raw != "":
-                values[name] = _convert(name, raw)
+        values = {name: value for name in sorted(own | shape) if (value := _value(name, given, env)) is not _UNSET}
+        for name, value in _deprecated(given, env).items():
+            values.setdefault(name, value)  # the new name, when given too, wins
         declared = {k: values.pop(k) for k in shape if k in values}
         return cls(parallel=ParallelConfig.declared(env, **declared), **values)
+
+
+#: Options renamed, by their old names: the old name (argument or variable) still works, with a warning.
+DEPRECATED = {"kill_switch_poll_s": "watch_interval_s"}
+
+
+#: An option that neither an argument nor the environment sets (None is a value: "none" for max_futile_runs).
+_UNSET = object()
+
+
+def _value(name: str, given: Mapping[str, Any], env: Mapping[str, str]) -> Any:
+    """Option ``name`` as given, else as ``SLURMRT_<NAME>`` says, checked; ``_UNSET`` when neither sets it."""
+    if given.get(name) is not None:
+        return _convert(name, given[name])
+    raw = env.get(f"SLURMRT_{name.upper()}")
+    return _convert(name, raw) if raw else _UNSET
+
+
+def _deprecated(given: Mapping[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
+    """Values set under an old name, checked under the name the user wrote, keyed by the new name."""
+    found: dict[str, Any] = {}
+    for old, new in DEPRECATED.items():
+        source, raw = old, given.get(old)
+        if raw is None:
+            source, raw = f"SLURMRT_{old.upper()}", env.get(f"SLURMRT_{old.upper()}") or None
+        if raw is None:
+            continue
+        said = f"{source} is deprecated: use {new} (SLURMRT_{new.upper()}); it paces more than its old name says"
+        warnings.warn(said, DeprecationWarning, stacklevel=4)
+        logger.warning("%s", said)
+        found[new] = _convert(old, raw)
+    return found
 
 
 #: ``SLURMRT_*`` variables that are not init() options, each read where it acts (docs/reference/environment.md).
@@ -139,6 +178,7 @@ def unknown_variables(env: Mapping[str, str]) -> list[str]:
     would otherwise leave its protection off without a word."""
     known = {f"SLURMRT_{f.name.upper()}" for f in fields(Options) if f.name != "parallel"}
     known |= {f"SLURMRT_{f.name.upper()}" for f in fields(ParallelConfig)} | {"SLURMRT_MEGATRON_ARGS"}
+    known |= {f"SLURMRT_{old.upper()}" for old in DEPRECATED}
     return sorted(k for k in env if k.startswith("SLURMRT_") and k not in known and k not in OTHER_VARIABLES)
 
 
@@ -150,10 +190,11 @@ _INTS = {"keep_last": 1, "local_keep": 1, "keep_every": 1, "save_threads": 1, "s
 #: Seconds and the least value each takes (a poll of 0 s burns a core; a negative margin or save time turns the
 #: deadline off without a word).
 _FLOATS = {"deadline_margin_s": 0.0, "save_time_s": 0.0, "kill_wait_s": 0.0, "kill_switch_poll_s": 0.01,
+           "watch_interval_s": 0.01, "census_wait_s": 0.01,
            "end_time_refresh_s": 1.0, "hang_timeout_s": 0.01, "progress_s": 0.0, "hang_floor_s": 0.01,
            "startup_timeout_s": 0.01}
 #: Options whose "none"/"off"/"never" is a value: no limit, no milestones, no fixed allowance, no progress events.
-_OPTIONAL = {"max_restarts", "max_futile_runs", "keep_every", "hang_timeout_s", "progress_s"}
+_OPTIONAL = {"max_restarts", "max_futile_runs", "keep_every", "hang_timeout_s", "progress_s", "census_wait_s"}
 #: Options that take one of a few words.
 _CHOICES = {"straggler": ("name", "exclude", "replace")}
 _BOOLS = {"requeue", "deadline", "watchdog", "health_check", "save_process", "fsdp", "moe_overlap"}

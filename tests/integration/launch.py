@@ -65,7 +65,7 @@ def step_env(rank: int, ntasks: int, tmp: Path, *, job_id: str = "4242", extra: 
         "MASTER_PORT": str(port),
         "OMP_NUM_THREADS": "1",
         "PYTHONUNBUFFERED": "1",
-        "SLURMRT_KILL_SWITCH_POLL_S": "0.2",
+        "SLURMRT_WATCH_INTERVAL_S": "0.2",
     })
     env.update(extra or {})
     return env

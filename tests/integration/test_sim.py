@@ -248,7 +248,7 @@ def test_a_hung_task_is_found_named_and_its_node_kept_out_of_the_requeued_run(tm
               "--after-checkpoint", "--", sys.executable, str(WORKER), "--out", str(tmp_path / "out"),
               "--steps", "100000", "--resume-steps", "20", "--step-time", "0.05", "--save-every", "10",
               env={"SLURMRT_CHECKPOINT_DIR": str(tmp_path / "ckpt"), "SLURMRT_HANG_FLOOR_S": "3",
-                   "SLURMRT_KILL_SWITCH_POLL_S": "0.5"})
+                   "SLURMRT_WATCH_INTERVAL_S": "0.5"})
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     rows = summary_rows(out.stdout)
     assert [r["exit"] for r in rows] == ["5", "0"] and rows[1]["ended by"] == "finished"

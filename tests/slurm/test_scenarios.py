@@ -132,7 +132,7 @@ def test_6_kill_switch_during_an_array_drains_every_task_without_requeue(cluster
             "srun $PY $WORKER --out $OUT-task$SLURM_ARRAY_TASK_ID --steps 100000 --step-time 0.2 "
             "--ready $OUT-task$SLURM_ARRAY_TASK_ID.ready")
     job = submit(tmp_path, body, "--array=1-4%1", "-N1", "--ntasks-per-node=2", "--requeue", name="array",
-                 exports={"SLURMRT_KILL_SWITCH": str(switch), "SLURMRT_KILL_SWITCH_POLL_S": "1"})
+                 exports={"SLURMRT_KILL_SWITCH": str(switch), "SLURMRT_WATCH_INTERVAL_S": "1"})
     wait_for_file(tmp_path / "run0-task1.ready", 300, job)
     switch.touch()
     infos = job.wait_all(300)
@@ -631,7 +631,7 @@ def test_12_megatron_core_kill_switch_stops_saves_and_is_not_requeued(cluster: P
     d = tmp_path
     # A job that would train for hours: the switch certainly finds it running.
     job = _megatron_job(d, "mcore_killswitch", "--step-time 0.2", steps=100000,
-                        exports={"SLURMRT_KILL_SWITCH": str(d / "STOP"), "SLURMRT_KILL_SWITCH_POLL_S": "1"})
+                        exports={"SLURMRT_KILL_SWITCH": str(d / "STOP"), "SLURMRT_WATCH_INTERVAL_S": "1"})
     wait_for_file(d / "ckpt" / "latest", 600, job)
     (d / "STOP").touch()
     info = job.wait(600)
@@ -649,7 +649,7 @@ def _fault_job(directory: Path, fault: str, *srun_args: str) -> Job:
                    f"--fault {fault} --fault-at 35",
         "-N2", "--ntasks-per-node=1", "--requeue", name=f"fault-{fault}",
         # The floor is 180 s by default; 5 s keeps the scenario short. The allowance is still learned from the steps.
-        exports={"SLURMRT_HANG_FLOOR_S": "5", "SLURMRT_KILL_SWITCH_POLL_S": "0.5"})
+        exports={"SLURMRT_HANG_FLOOR_S": "5", "SLURMRT_WATCH_INTERVAL_S": "0.5"})
 
 
 @pytest.mark.parametrize(("fault", "srun_args"), [("hang", ("--kill-on-bad-exit=1",)),
@@ -682,7 +682,7 @@ def test_13_a_hung_or_killed_task_ends_the_run_which_resumes_without_its_node(cl
 # -- In-job recovery: `slurmrt run --spare-nodes` in an allocation with --no-kill --
 
 INJOB_STEPS = 80
-INJOB_EXPORTS = {"SLURMRT_HANG_FLOOR_S": "5", "SLURMRT_KILL_SWITCH_POLL_S": "0.5"}
+INJOB_EXPORTS = {"SLURMRT_HANG_FLOOR_S": "5", "SLURMRT_WATCH_INTERVAL_S": "0.5"}
 
 
 @pytest.fixture(scope="module")

@@ -245,7 +245,8 @@ def test_events_of_any_shape_are_read_or_skipped_and_status_never_raises(
 _OPTION_NAMES = sorted({"checkpoint_dir", "kill_switch", "keep_last", "keep_every", "save_threads", "save_nice",
                         "save_process", "signals", "requeue", "max_restarts", "deadline", "deadline_margin_s",
                         "save_time_s",
-                        "kill_wait_s", "kill_switch_poll_s", "end_time_refresh_s", "watchdog", "hang_timeout_s",
+                        "kill_wait_s", "kill_switch_poll_s", "watch_interval_s", "census_wait_s", "end_time_refresh_s",
+                        "watchdog", "hang_timeout_s",
                         "hang_floor_s", "startup_timeout_s", "max_excluded_nodes", "max_futile_runs", "health_check",
                         "progress_s", "tp", "pp", "cp", "fsdp", "nnodes", "gpus_per_node"})
 
@@ -261,7 +262,7 @@ def test_options_parse_to_options_or_a_config_error(values: dict[str, Any]) -> N
             opts = Options.resolve(source["given"], source["env"])
         except ConfigError:
             continue
-        assert opts.kill_switch_poll_s >= 0.01 and opts.kill_wait_s >= 0 and opts.keep_last >= 1
+        assert opts.watch_interval_s >= 0.01 and opts.kill_wait_s >= 0 and opts.keep_last >= 1
 
 
 _SLURM_NAMES = ["SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_NTASKS",
@@ -302,3 +303,22 @@ def test_a_sim_option_applies_or_gives_a_config_error(name: str, value: str) -> 
         assert repr(value) in str(err)  # the value, named
         return
     assert spec.nodes >= 1 and spec.ntasks_per_node >= 1 and (spec.time_s is None or spec.time_s >= 0)
+
+
+def test_the_old_name_of_the_watch_interval_still_works_and_says_it_is_deprecated() -> None:
+    with pytest.warns(DeprecationWarning, match="kill_switch_poll_s is deprecated: use watch_interval_s"):
+        assert Options.resolve({"kill_switch_poll_s": 0.5}, {}).watch_interval_s == 0.5
+    with pytest.warns(DeprecationWarning, match="SLURMRT_KILL_SWITCH_POLL_S is deprecated"):
+        assert Options.resolve({}, {"SLURMRT_KILL_SWITCH_POLL_S": "2"}).watch_interval_s == 2.0
+    with pytest.warns(DeprecationWarning):  # the new name, given too, wins
+        assert Options.resolve({"kill_switch_poll_s": 0.5, "watch_interval_s": 1}, {}).watch_interval_s == 1.0
+    with pytest.warns(DeprecationWarning, match="use watch_interval_s"):
+        assert Options(watch_interval_s=3.0).kill_switch_poll_s == 3.0
+    assert "SLURMRT_KILL_SWITCH_POLL_S" not in unknown_variables({"SLURMRT_KILL_SWITCH_POLL_S": "2"})
+
+
+@pytest.mark.parametrize(("name", "default"), [("max_futile_runs", 3), ("progress_s", 10.0), ("max_restarts", None)])
+def test_none_is_a_value_of_its_own_not_the_default(name: str, default: object) -> None:
+    assert getattr(Options.resolve({}, {}), name) == default
+    assert getattr(Options.resolve({}, {f"SLURMRT_{name.upper()}": "none"}), name) is None
+    assert getattr(Options.resolve({name: "never"}, {}), name) is None

@@ -37,7 +37,7 @@ TOO_COMPLEX = {
     "checkpoint/sharded.py:merge_metadata": 19, "checkpoint/store.py:CheckpointStore._save": 15,
     "cli/sim.py:run": 17, "cli/status.py:_describe": 19, "cli/status.py:status": 16,
     "hang/census.py:Census.collect": 13, "hang/census.py:name_suspects": 19,
-    "hang/response.py:HangResponse._respond": 25, "launch/launcher.py:identify": 14,
+    "launch/launcher.py:identify": 14,
     "launch/launcher.py:python_target": 18, "launch/topology.py:from_environ": 18,
     "record/timeline.py:_Canvas.run": 16, "record/timeline.py:_account_lost": 17, "record/timeline.py:_run_life": 21,
     "record/timeline.py:draw": 23, "runtime/session.py:CheckpointSession.load_latest": 18,

@@ -164,7 +164,7 @@ def test_without_scontrol_the_exit_code_asks_the_batch_script_to_requeue(clock: 
 def test_kill_switch_polled_in_the_background_stops_with_exit_zero(clock: FakeClock, job: Path,
                                                                    tmp_path: Path) -> None:
     switch = tmp_path / "STOP"
-    rt = slurmrt.init(kill_switch=switch, kill_switch_poll_s=0.01, deadline=False)
+    rt = slurmrt.init(kill_switch=switch, watch_interval_s=0.01, deadline=False)
     assert not rt.should_stop(0)
     switch.touch()
     deadline = time.monotonic() + 10

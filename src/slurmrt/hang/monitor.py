@@ -60,7 +60,8 @@ class HangMonitor:
         o = self.options
         self._response = HangResponse(
             self.topology, self.executor, kill_switch_seen=self.kill_switch_seen, last_step=self._last_step,
-            census=self.census, census_wait_s=max(10.0, 3 * o.kill_switch_poll_s), also_exclude=self._also_exclude,
+            census=self.census, census_wait_s=o.census_wait_s or max(10.0, 3 * o.watch_interval_s),
+            also_exclude=self._also_exclude,
             terminating=lambda: signal.SIGTERM in self._signals.first_seen,
             cancel=functools.partial(cancel_and_exit, o.kill_switch, self.topology.requeue_id)
             if o.kill_switch else None)

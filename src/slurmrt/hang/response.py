@@ -146,19 +146,42 @@ class HangResponse:
             # The other thread responds already (the watcher found the hang, then the training thread's collective
             # failed as the peers left, or the other way round): it ends the process.
             threading.Event().wait()
+        step = self.last_step()
+        state = self._record(what, step, idle, victim, detail)
+        census, states, store_lost = self._gather(state)
+        self._exit_if_not_a_node(states, idle)
+        suspects, why, nodes, lead = self._suspects(census, states, store_lost)
+        if not self._leads(lead):
+            if census is not None and not store_lost:
+                with contextlib.suppress(CensusError):
+                    census.wait_finished(self._wait(60.0))
+            self._exit(ExitCode.HUNG)
+        bad = self._name(suspects, why, nodes, states)
+        decision = self.executor.recover(trigger, nodes=bad, step=step,
+                                         detail=f"{what}; suspects {suspects or 'none'}: {why}")
+        if census is not None and not store_lost:
+            with contextlib.suppress(CensusError):
+                census.finish(decision.why)
+                census.wait_acknowledged(states, self._wait(10.0))  # this process may host the store
+        self._exit(ExitCode(decision.code))
+
+    def _record(self, what: str, step: int | None, idle: float, victim: str | None,
+                detail: dict[str, Any]) -> RankState:
+        """All stacks to the log and a ``hang`` event; this rank's state for the census."""
         t = self.topology
         stacks = all_stacks()
         waiting, where = (True, victim) if victim is not None else main_thread_state()
-        step = self.last_step()
         logger.error("rank %d on %s: %s; the training thread is at %s. Stacks of every thread:\n%s", t.rank,
                      t.hostname, what, where, stacks)
-        self.executor.events.emit(Event.HANG, node=t.hostname, step=step, where=where, waiting=waiting, stacks=stacks,
-                         **detail)
-        switch = self.kill_switch_seen()
-        state = RankState(t.rank, t.hostname, step, waiting, where, round(idle, 1), kill_switch=switch)
-        census, states, store_lost = self._gather(state)
-        if switch or any(s.kill_switch for s in states.values()):
-            if self.cancel is not None and t.local_rank == 0:
+        self.executor.events.emit(Event.HANG, node=t.hostname, step=step, where=where, waiting=waiting,
+                                  stacks=stacks, **detail)
+        return RankState(t.rank, t.hostname, step, waiting, where, round(idle, 1), kill_switch=self.kill_switch_seen())
+
+    def _exit_if_not_a_node(self, states: dict[int, RankState], idle: float) -> None:
+        """The kill switch was seen (cancel, exit 0), or a rank crashed on an error of its own (no bad node: the
+        plan's code for a software error)."""
+        if any(s.kill_switch for s in states.values()):
+            if self.cancel is not None and self.topology.local_rank == 0:
                 self.cancel(idle)
             self._exit(ExitCode.FINISHED)
         crash = self._crash_seen(states)
@@ -166,34 +189,27 @@ class HangResponse:
             decision = plan(Trigger.SOFTWARE_ERROR, self.executor.facts)
             logger.error("%s: %s", crash, decision.why)
             self._exit(ExitCode(decision.code))
-        suspects, why, nodes, lead = self._suspects(census, states, store_lost)
-        answered = self._answered_already()
-        if lead and answered is not None:
+
+    def _leads(self, lead: bool) -> bool:
+        """Whether this rank acts for the job: the census says so, and no leader acted for this run already."""
+        answered = self._answered_already() if lead else None
+        if answered is not None:
             # A rank that was frozen (SIGSTOP, a process stuck in the kernel) wakes when Slurm takes the step down
             # (SIGCONT, SIGTERM), finds its peers gone and the store with them, and would name the leader's node.
             logger.error("this run's response was made already (%s): not responding again", answered)
-            lead = False
-        if not lead:
-            if census is not None and not store_lost:
-                with contextlib.suppress(CensusError):
-                    census.wait_finished(self._wait(60.0))
-            self._exit(ExitCode.HUNG)
+        return lead and answered is None
+
+    def _name(self, suspects: list[int], why: str, nodes: dict[int, str], states: dict[int, RankState]) -> list[str]:
+        """Log and record the suspects; the nodes to leave out (theirs, and a straggler's)."""
         bad = sorted(set(nodes.values()))
         extra = [n for n in self.also_exclude() if n not in bad]
         if extra:
             logger.error("also leaving out straggler node(s) %s", ", ".join(extra))
         logger.error("suspects: %s (%s); node(s) %s", suspects or "none", why, ", ".join(bad) or "none")
-        self.executor.events.emit(Event.SUSPECTS, suspects=[{"rank": r, "node": nodes.get(r), "where": states[r].where
-                                                    if r in states else None, "step": states[r].step
-                                                    if r in states else None} for r in suspects],
-                         nodes=bad, why=why, lead=True)
-        verdict = self.executor.recover(trigger, nodes=sorted(bad + extra), step=step,
-                                        detail=f"{what}; suspects {suspects or 'none'}: {why}").why
-        if census is not None and not store_lost:
-            with contextlib.suppress(CensusError):
-                census.finish(verdict)
-                census.wait_acknowledged(states, self._wait(10.0))  # this process may host the store
-        self._exit(ExitCode.HUNG)
+        named = [{"rank": r, "node": nodes.get(r), "where": states[r].where if r in states else None,
+                  "step": states[r].step if r in states else None} for r in suspects]
+        self.executor.events.emit(Event.SUSPECTS, suspects=named, nodes=bad, why=why, lead=True)
+        return sorted(bad + extra)
 
     def _gather(self, state: RankState) -> tuple[Census | None, dict[int, RankState], bool]:
         """Every rank's state through the census (only this rank's without one), and whether the store is lost."""

@@ -1,7 +1,7 @@
 """The hang watchdog: a training thread that makes no progress for longer than it plausibly could is hung.
 
 The training thread pays one clock read per step for it (the stop controller's ``heartbeat``, which ``should_stop``
-sets anyway); everything else runs on the watcher thread, every ``kill_switch_poll_s``. What the thread is doing is an
+sets anyway); everything else runs on the watcher thread, every ``watch_interval_s``. What the thread is doing is an
 :class:`Activity`, changed only at the rare boundaries (a save, a load, a phase, the first steps), and each kind gets
 its own allowance:
 

@@ -85,7 +85,7 @@ class Runtime:
             self._hooks.on_uncaught = self.hangs.uncaught
             pollers.append(self.hangs.watchdog(budget, self.stop.phases, heartbeat=lambda: self.stop.heartbeat,
                                                activity=lambda: self.stop.activity).poll)
-        self._watcher = Watcher(pollers, period_s=options.kill_switch_poll_s)
+        self._watcher = Watcher(pollers, period_s=options.watch_interval_s)
         self.outcome: Outcome | None = None  #: how the run ended, once finish() decided
         self._closed = False
 
