@@ -1,9 +1,8 @@
 """The agreement's all-reduce in O(log N) hops over O(log N) connections per process.
 
 A gloo group of all ranks (``new_group``) connects every process to every other one when it is made (N - 1
-sockets each, about N² store reads in all) and reduces along a ring: a round of the agreement took 2(N - 1)
-latency-bound hops. At 16,384 ranks that is 16,383 sockets per process, beyond the usual open-file limit, and a
-round of about a second.
+sockets each, about N² store reads in all) and reduces along a ring, in 2(N - 1) latency-bound hops: at large N
+beyond the usual open-file limit, and slow (``benchmarks/RESULTS.md``, "The control plane at scale").
 
 Here the ranks reduce by *recursive doubling*: at hop ``k`` each rank exchanges its running MAX with the rank whose
 number differs in bit ``k``, so after ``log2(P)`` hops every one of the ``P`` ranks (the largest power of two up to
@@ -11,8 +10,8 @@ N) holds the MAX of all. The other ``N - P`` ranks first fold their value into r
 back from it at the end: two hops more. Each hop runs on a gloo group of just those two ranks, made here from the
 default group's store under a prefix of its own (not registered with ``torch.distributed``: no name to collide with
 a user's group, nothing to destroy in its registry). All of a process's pairs share one gloo device: one listening
-socket and one event loop, whatever the number of pairs. (A gloo event loop wakes every 10 ms even when idle: about
-0.2 % of a core here, each. slurmrt's two trees share one.)
+socket and one event loop, whatever the number of pairs (an event loop wakes even when idle, so slurmrt's two trees
+share one).
 
 MAX is idempotent, which is what makes the folded ranks' second hop correct and lets the same pair group serve both.
 

@@ -1,5 +1,16 @@
-"""Checkpoints that are complete or absent, the same on every rank.
+"""Checkpoints that are complete or absent, the same on every rank. Floor: above ``launch/`` and ``stop/``, beside
+``options``; below ``recovery/``, ``hang/`` and ``runtime/`` (whose ``session`` coordinates these parts).
 
 - :mod:`.store`: the commit protocol, background saves, pruning, and loading the newest sound checkpoint.
-- :mod:`._files`: durable writes (fsync of files, directories and trees).
+- :mod:`.reader`: what a run reads from a sound checkpoint, or why it cannot.
+- :mod:`.manifest`: the manifest's form and the check of the files against it.
+- :mod:`.retention`: which checkpoints are kept; deletion out of sight.
+- :mod:`.background`: a save in flight (``PendingSave``) and the two-part save (``Staged``).
+- :mod:`.staging`: the host-buffer snapshot a background save writes.
+- :mod:`.helper` and :mod:`.shm`: the save helper process and the shared memory it reads.
+- :mod:`.parts`: one rank's state written in parts, by threads.
+- :mod:`.sharded`: sharded state (DTensor) through DCP, planned and written by each rank alone.
+- :mod:`.local`: the node-local tier, replicated to a partner node.
+- :mod:`.lease`: one live job per checkpoint directory.
+- :mod:`._files`: durable writes, checksums, the disk's early writeback.
 """

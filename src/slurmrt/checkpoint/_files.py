@@ -1,6 +1,6 @@
 """Durable writes: a file, a directory entry or a whole tree is on disk (fsync) before the commit relies on it. And
-the content checksum the manifest carries for every file: XXH3-64, about 6 GiB/s on one core here (CRC-32: 2; SHA-1:
-0.9), computed as the bytes are written where slurmrt writes them (torch.save, DCP's files), else read back while
+the content checksum the manifest carries for every file: XXH3-64 (several times CRC-32's speed), computed as the
+bytes are written where slurmrt writes them (torch.save, DCP's files), else read back while
 they are still in the page cache (what a save function wrote).
 
 The disk starts on a file's bytes while the rest are still being serialized and hashed: every
@@ -8,8 +8,8 @@ The disk starts on a file's bytes while the rest are still being serialized and 
 (``sync_file_range(SYNC_FILE_RANGE_WRITE)``, which does not wait). A checkpoint file of less than a tenth of the
 machine's memory stays under the kernel's background writeback threshold (``vm.dirty_background_ratio``), so without
 the hint nothing goes to the disk before the final ``fsync``: the copies into the page cache, the pickling and the
-checksum, then all of the disk's work, in series. With it the two overlap (1 GiB by 4 writer threads here: 0.47 s
-against 0.57 s with the checksum and 0.54 s for a raw write of the same bytes, ``benchmarks/RESULTS.md``). The
+checksum, then all of the disk's work, in series. With it the two overlap (``benchmarks/RESULTS.md``, "Checkpoint
+write and resume"). The
 ``fsync`` stays what makes a file durable; the hint only moves the disk's work earlier, and a file system that
 refuses it is written as before."""
 

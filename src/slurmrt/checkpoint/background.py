@@ -8,10 +8,10 @@ thread's own): on a thread of its own, ``slurmrt-save-write``, whose priority th
 which hands the tensors to the save helper process (:mod:`.helper`), started at the same lowered priority. The
 commit, on ``slurmrt-save``, runs at the training's priority, and so does any long-lived thread it starts (a log
 writer): a thread cannot raise its priority again. A save's writers are several threads of serialization, hashing
-and copies into the page cache. At the training's priority they took the cores from a busy-Python training loop,
-which ran 52-60 % slower while they wrote (2 cores, 1 GiB, 4 writers). At +10, as threads of the training process,
-14-18 % slower (medians of twelve runs): a low-priority thread that holds the GIL and is preempted keeps the training
-thread waiting. At +10 in the helper process, which has a GIL of its own, 1-10 % (``benchmarks/RESULTS.md``).
+and copies into the page cache: at the training's priority they take the cores from a busy-Python training loop; at
+a lower one, as threads of the training process, a low-priority thread that holds the GIL and is preempted still
+keeps the training thread waiting; in the helper process, which has a GIL of its own, far less
+(``benchmarks/RESULTS.md``, "Checkpoint write and resume").
 Whenever the training thread waits for the save (the next save, the stop, ``wait()``), it leaves the cores to it,
 and the save runs at full speed.
 """

@@ -6,7 +6,7 @@ out of the window. Deletion renames a checkpoint out of sight before it unlinks 
 an ``rmtree`` once left a committed-looking directory whose manifest outlived some of its files.
 
 The renames are made at once, right after the commit; the files are unlinked by a background thread, off the save's
-critical path (deleting a 1 GiB checkpoint took 0.2 s of every blocking save while the other ranks waited). What a
+critical path (a blocking save, and every rank waiting for it, would otherwise wait for the deletion). What a
 killed process leaves half-deleted is out of sight, and the next pruning clears it.
 """
 

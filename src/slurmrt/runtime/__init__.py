@@ -4,7 +4,13 @@
 the parts: the stop controller (:mod:`.controller`), the hang monitor (:mod:`slurmrt.hang.monitor`), the checkpoint
 session (:mod:`.session`), the reporter (:mod:`.report`) and the process-global hooks (:mod:`.hooks`).
 The Runtime forwards the training loop's calls to them; how a run ends is :func:`slurmrt.recovery.conclude.conclude`.
-``docs/architecture.md`` walks one step, one stop, one save and one hang through them.
+``docs/architecture.md`` walks one step, one stop, one save and one hang through them. Floor: above every part it
+coordinates (``hang/``, ``recovery/``, ``checkpoint/``, ``stop/``, ``launch/``, ``record/``); only the public
+package, the CLI, the simulator and the integrations stand above it.
+
+- :mod:`.startup`: ``init()``. :mod:`.facade`: the ``Runtime``.
+- :mod:`.controller`: the stop controller. :mod:`.session`: one run's checkpoints. :mod:`.report`: what a run says.
+- :mod:`.hooks`: every process-global change, made and undone in one place.
 """
 
 from __future__ import annotations

@@ -1,42 +1,21 @@
 """Stragglers: a rank whose own work is consistently slower than the other ranks', named with its node.
 
-Step times cannot name a slow rank: in lockstep training every rank's step lasts as long as the slowest one's, since
-the others wait for it in the gradient all-reduce. The time of a section without collectives can, so the measure is
-opt-in: ``with rt.time_compute(): loss = model(batch)`` (the forward of DDP, a pipeline stage's compute). Each use
-costs two clock reads and a few additions, on the training thread; nothing else runs there.
+Step times cannot name a slow rank (in lockstep training every rank waits for the slowest in the all-reduce), so
+the measure is a section without collectives that the script times: ``with rt.time_compute(): ...``, two clock
+reads per use on the training thread.
 
-- **A rank's own time, not its turn for a core.** At each window's close, the thread reads its scheduler statistics
-  (``/proc/thread-self/schedstat``: the time it ran, and the time it waited in the run queue, runnable while the
-  cores ran other processes). The share of its runnable time spent waiting, over the window, is taken out of the
-  window's mean: a section that waited for a core is charged only the part it ran. A slow node still shows (a
-  throttled CPU or GPU, a process stopped by a debugger or by the simulator's ``--slow-node``: none of that is a
-  wait in the run queue), but a rank starved of CPU on a machine whose cores are shared out among more busy
-  processes than it has does not, or much less: leaving its node out would not help it. One read per window, not
-  per section: per section it cost 5 µs a step, 5x the stop check, for the same judgement (measured on the suite's
-  machine: the two gave the same ratios, to 0.03). Where the statistics cannot be read (not Linux, or the kernel
-  keeps none), the mean is the sections' wall time.
-- **Windows.** Each rank closes a window every ``window`` timed sections: the mean section time, and the step time
-  the stop controller measures (the median of the recent steps).
-- **The reduction.** The agreement's rounds (:mod:`slurmrt.stop.agreement`, a MAX all-reduce) carry six more
-  integers: the slowest rank's mean with its rank, and with its node; the slowest mean of the ranks *outside the
-  suspect's node* (below); the range of the ranks' window numbers; and the longest step period. No extra collective,
-  no extra round.
-- **Against the rest, not against the fastest.** The suspect is the node of the slowest rank of the last judged
-  window (the rank, in a job on one node). A window is slow when its slowest rank is on the suspect's node again,
-  its mean is at least ``1 + margin`` times the slowest mean elsewhere, and the difference costs at least
-  :data:`MIN_COST` of a step (a rank that is 2x slower in a section that is 1 % of the step does not slow the job).
-  That difference is what leaving the node out would save: the job steps at its slowest rank's pace, and without
-  the suspect that is the slowest rank elsewhere. Comparing with the fastest rank instead named ranks of a
-  machine whose cores were shared: two ranks starved of CPU by turns, each 1.5-2x the luckiest, one named.
-- **The judgement.** A round whose ranks all report the same window, newer than the last judged, judges it. A rank
-  is named after ``windows`` judged windows in a row are slow with it slowest (after the window that made its node
-  the suspect).
-- **Everyone agrees.** The judgement reads only reduced values, and each rank's part of a round depends only on
-  the judgements of earlier rounds, so every rank names the same straggler at the same round, and with
-  ``straggler="replace"`` every rank raises the stop reason together.
+- **A rank's own time.** Each window's mean leaves out the share of time the thread waited in the run queue for a
+  core (``/proc/thread-self/schedstat``, read once per window): a throttled or stopped node still shows, a rank
+  starved of CPU on an oversubscribed machine does not.
+- **Windows** of ``window`` timed sections each; the agreement's rounds (a MAX all-reduce) carry the window's
+  figures, with no collective of their own.
+- **Against the slowest rank elsewhere**, not the fastest: a window is slow when its slowest rank is on the
+  suspect's node again, at least ``1 + margin`` times the slowest mean outside that node, and the difference costs
+  at least :data:`MIN_COST` of a step. That difference is what leaving the node out would save.
+- **Named** after ``windows`` slow windows in a row. Every rank reads the same reduced values, so every rank names
+  the same straggler at the same round, and with ``straggler="replace"`` raises the stop together.
 
-Defaults: margin 0.25, windows of 20 timed steps, 3 windows: a node 25 % slower than the slowest other node is named
-80 to 100 timed steps after it slowed down (the suspect's window and 3 more).
+Why these choices, and what they cost: ``benchmarks/RESULTS.md``, "Stragglers, and recovery in the simulator".
 """
 
 from __future__ import annotations
