@@ -3,7 +3,8 @@ below ``runtime/``.
 
 - :mod:`.watchdog`: the allowances (learned step, save, load and phase times) and the check the watcher thread runs.
 - :mod:`.census`: who is stuck, asked through the rendezvous store, not through a collective; the suspects.
-- :mod:`.response`: what a rank does when the watchdog fires or a peer is lost (stacks, census, the recovery executor, exit 5).
+- :mod:`.response`: what a rank does when the watchdog fires or a peer is lost (stacks, census, the recovery
+  executor, exit 5).
 - :mod:`.monitor`: the part ``init()`` builds: the watchdog, the census, the response and the start-up barrier,
   wired to one run.
 """
