@@ -96,7 +96,10 @@ JobCompType=jobcomp/none
 MpiDefault=none
 ReturnToService=2
 SlurmdParameters=config_overrides
-KillWait=10
+# Slurm's default. A requeue made from the batch script (slurmrt run, after a node failure) kills it KillWait later,
+# and the ExcNodeList update that must follow it blocked for about 8 s in slurmctld (measured here): with 10 s it
+# was lost.
+KillWait=30
 MinJobAge=300
 SchedulerType=sched/backfill
 SchedulerParameters=bf_interval=5
@@ -108,6 +111,11 @@ NodeName=n[1-4] NodeHostname=$host NodeAddr=127.0.0.1 Port=17001-17004 CPUs=8 Re
 PartitionName=low Nodes=n[1-4] Default=YES MaxTime=INFINITE State=UP PriorityTier=1 GraceTime=20 OverSubscribe=NO
 PartitionName=high Nodes=n[1-4] MaxTime=INFINITE State=UP PriorityTier=10 PreemptMode=OFF OverSubscribe=NO
 CONF
+    if [ -f "$CONF" ] && ! cmp -s "$CONF.new" "$CONF" && running; then
+        mv "$CONF.new" "$CONF"
+        scontrol reconfigure   # a running cluster takes the new settings
+        return
+    fi
     mv "$CONF.new" "$CONF"
 }
 

@@ -109,7 +109,7 @@ def test_1_two_nodes_two_tasks_topology_and_all_reduce_across_nodes(cluster: Pat
 
 
 def test_5_scancel_stops_cleanly_saves_within_killwait_and_is_not_requeued(cluster: Path, tmp_path: Path) -> None:
-    # Periodic saves measure the save time, so the stop knows a save fits in KillWait (10 s on this cluster).
+    # Periodic saves measure the save time, so the stop knows a save fits in KillWait (told: 10 s).
     job = submit(tmp_path, "srun $PY $WORKER --out $OUT --steps 100000 --step-time 0.2 --save-every 5",
                  "-N2", "--ntasks-per-node=1", "--requeue", name="scancel", exports={"SLURMRT_KILL_WAIT_S": "10"})
     wait_for_file(tmp_path / "ckpt" / "latest", 300, job)

@@ -106,10 +106,10 @@ def partition_nodes(partition: str) -> int | None:
     return sum(counts) if counts else None
 
 
-#: How long :func:`apply` tries again while slurmctld says "try again in a bit" (measured on the test cluster: a job
-#: just requeued answers "Job update not available right now, the DB index is being set" for a moment). It must end
-#: well inside KillWait, after which Slurm kills the process that requeued.
-RETRY_S = 8.0
+#: How long :func:`apply` tries again while slurmctld says "try again in a bit" (docs/slurm.md: after a requeue from
+#: the batch script, updates blocked for about 8 s and the first was refused). Slurm kills the process that requeued
+#: KillWait (30 s by default) after the requeue.
+RETRY_S = 15.0
 
 
 def apply(job_id: str, nodes: tuple[str, ...], *, retry_s: float = RETRY_S) -> tuple[bool, str]:
