@@ -96,10 +96,7 @@ JobCompType=jobcomp/none
 MpiDefault=none
 ReturnToService=2
 SlurmdParameters=config_overrides
-# Slurm's default. A requeue made from the batch script (slurmrt run, after a node failure) kills it KillWait later,
-# and the ExcNodeList update that must follow it blocked for about 8 s in slurmctld (measured here): with 10 s it
-# was lost.
-KillWait=30
+KillWait=10
 MinJobAge=300
 SchedulerType=sched/backfill
 SchedulerParameters=bf_interval=5

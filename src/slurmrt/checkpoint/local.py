@@ -299,18 +299,20 @@ def _choose(everyone: list[dict[int, dict[int, dict[str, Any]]]], world: int, fl
     for step in steps:
         if floor is not None and step < floor:
             return None
-        holder: list[int] = []
-        metas: list[dict[str, Any]] = []
-        for r in range(world):
-            owners = [i for i, held in enumerate(everyone) if r in held.get(step, {}) and
-                      held[step][r].get("world_size") == world]
-            if not owners:
-                break
-            holder.append(r if r in owners else owners[0])
-            metas.append(everyone[holder[-1]][step][r])
-        else:
-            return step, holder, metas
+        holders = [_holder(everyone, step, r, world) for r in range(world)]
+        if all(h is not None for h in holders):
+            chosen = [h for h in holders if h is not None]
+            return step, chosen, [everyone[h][step][r] for r, h in enumerate(chosen)]
     return None
+
+
+def _holder(everyone: list[dict[int, dict[int, dict[str, Any]]]], step: int, rank: int, world: int) -> int | None:
+    """Who reads ``rank``'s part of ``step``: the rank itself when its node holds it, else the lowest rank that
+    holds it; None when nobody does (for this world size)."""
+    owners = [i for i, held in enumerate(everyone) if held.get(step, {}).get(rank, {}).get("world_size") == world]
+    if not owners:
+        return None
+    return rank if rank in owners else owners[0]
 
 
 def _pairwise(ops: list[tuple[Any, int, bool]], group: Any) -> None:

@@ -29,12 +29,18 @@ def _integer(value: Any, minimum: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
 
 
-def _entry_problem(name: Any, entry: Any, version: int) -> str | None:
+def _name_problem(name: Any) -> str | None:
     if not isinstance(name, str) or not name:
         return f"a file name {name!r}"
-    parts = PurePosixPath(name).parts
-    if name.startswith("/") or ".." in parts or "\\" in name or "\0" in name:
+    if name.startswith("/") or ".." in PurePosixPath(name).parts or "\\" in name or "\0" in name:
         return f"file name {name!r} points outside the checkpoint"
+    return None
+
+
+def _entry_problem(name: Any, entry: Any, version: int) -> str | None:
+    named = _name_problem(name)
+    if named is not None:
+        return named
     if version == 1 and _integer(entry, 0):
         return None
     if not isinstance(entry, dict) or not _integer(entry.get("size"), 0):
@@ -49,12 +55,28 @@ def manifest_problems(manifest: Any, directory: Path | None = None) -> list[str]
     wrote. ``directory``: the step directory it was read from, whose step it must name."""
     if not isinstance(manifest, dict):
         return [f"the manifest is a JSON {type(manifest).__name__}, not an object"]
-    problems = []
-    version = manifest.get("version")
-    if version not in (1, 2) or isinstance(version, bool):
-        problems.append(f"version {version!r} (slurmrt writes 2)")
-        version = 2
+    raw = manifest.get("version")
+    version = raw if raw in (1, 2) and not isinstance(raw, bool) else None
+    problems = [] if version is not None else [f"version {raw!r} (slurmrt writes 2)"]
     step, world, kind, files = (manifest.get(k) for k in ("step", "world_size", "kind", "files"))
+    problems += _header_problems(step, world, kind, directory)
+    return problems + _files_problems(files, kind, version or 2)
+
+
+def _files_problems(files: Any, kind: Any, version: int) -> list[str]:
+    """The map of files: each name and entry, and the file a kind cannot do without."""
+    if not isinstance(files, dict) or not files:
+        return ["it lists no file: a checkpoint that restores nothing" if isinstance(files, dict)
+                else f"files {files!r} is not a map of file names"]
+    problems = [p for p in (_entry_problem(n, e, version) for n, e in files.items()) if p]
+    if kind == "dcp" and ".metadata" not in files:
+        problems.append("a DCP checkpoint without .metadata")
+    return problems
+
+
+def _header_problems(step: Any, world: Any, kind: Any, directory: Path | None) -> list[str]:
+    """The step (and the directory that must name it), the world size and the kind."""
+    problems = []
     if not _integer(step, 0):
         problems.append(f"step {step!r} is not a step number")
     elif directory is not None:
@@ -65,13 +87,6 @@ def manifest_problems(manifest: Any, directory: Path | None = None) -> list[str]
         problems.append(f"world_size {world!r} is not a number of ranks")
     if kind not in KINDS:
         problems.append(f"kind {kind!r} (one of {', '.join(KINDS)})")
-    if not isinstance(files, dict) or not files:
-        problems.append("it lists no file: a checkpoint that restores nothing" if isinstance(files, dict)
-                        else f"files {files!r} is not a map of file names")
-        return problems
-    problems.extend(p for p in (_entry_problem(n, e, version) for n, e in files.items()) if p)
-    if kind == "dcp" and ".metadata" not in files:
-        problems.append("a DCP checkpoint without .metadata")
     return problems
 
 
@@ -113,39 +128,47 @@ def check_files(path: Path, manifest: dict[str, Any], *, checksums: list[str] | 
     """What is wrong with the files of the checkpoint at ``path`` (its manifest well formed): a file missing, not a
     file, of another size, or (for the names in ``checksums``; None: all) of another checksum than the manifest
     says. ``only``: look at these files alone (None: every file). Manifests of version 1 carry sizes only."""
-    problems = []
     entries: dict[str, Any] = manifest["files"]
-    present = []
-    looked_at = None if only is None else set(only)
-    for name, entry in entries.items():
-        if looked_at is not None and name not in looked_at:
-            continue
-        size = entry if isinstance(entry, int) else int(entry["size"])
-        file = path / name
-        try:
-            if file.is_symlink() or not file.is_file():
-                problems.append(f"{file} is not a regular file" if file.exists() or file.is_symlink()
-                                else f"{file} is missing")
-                continue
-            actual = file.stat().st_size
-        except OSError as err:
-            problems.append(f"{file} cannot be read: {err}")
-            continue
-        if actual != size:
-            problems.append(f"{file} has {actual} bytes, the manifest says {size} (truncated?)")
-        else:
-            present.append(name)
+    problems, present = _sizes(path, entries, set(entries) if only is None else set(only))
     wanted = [n for n in (present if checksums is None else [c for c in checksums if c in present])
               if isinstance(entries[n], dict) and HASH in entries[n]]
+    return problems + _checksum_problems(path, entries, wanted)
+
+
+def _checksum_problems(path: Path, entries: dict[str, Any], names: list[str]) -> list[str]:
+    """The files among ``names`` (of the right size) whose checksum is not the manifest's."""
     try:
-        sums = checksum_files(path, wanted)
+        sums = checksum_files(path, names)
     except OSError as err:
-        return [*problems, f"{path}: a file cannot be read: {err}"]
-    for name, info in sums.items():
-        if info["size"] == int(entries[name]["size"]) and info[HASH] != entries[name][HASH]:
-            problems.append(f"{path / name}: checksum {info[HASH]}, the manifest says {entries[name][HASH]} "
-                            f"({HASH}; the content changed after the save: a flipped bit, or an overwrite)")
-    return problems
+        return [f"{path}: a file cannot be read: {err}"]
+    return [f"{path / name}: checksum {info[HASH]}, the manifest says {entries[name][HASH]} ({HASH}; the content "
+            "changed after the save: a flipped bit, or an overwrite)" for name, info in sums.items()
+            if info["size"] == int(entries[name]["size"]) and info[HASH] != entries[name][HASH]]
+
+
+def _sizes(path: Path, entries: dict[str, Any], names: set[str]) -> tuple[list[str], list[str]]:
+    """(what is wrong, the files of the right size) among ``names``."""
+    problems, present = [], []
+    for name, entry in entries.items():
+        if name not in names:
+            continue
+        problem = _size_problem(path / name, entry if isinstance(entry, int) else int(entry["size"]))
+        if problem is None:
+            present.append(name)
+        else:
+            problems.append(problem)
+    return problems, present
+
+
+def _size_problem(file: Path, size: int) -> str | None:
+    """What is wrong with ``file`` against the size its manifest gives (None: nothing)."""
+    try:
+        if file.is_symlink() or not file.is_file():
+            return f"{file} is not a regular file" if file.exists() or file.is_symlink() else f"{file} is missing"
+        actual = file.stat().st_size
+    except OSError as err:
+        return f"{file} cannot be read: {err}"
+    return f"{file} has {actual} bytes, the manifest says {size} (truncated?)" if actual != size else None
 
 
 def verify(path: Path) -> list[str]:

@@ -106,10 +106,10 @@ def partition_nodes(partition: str) -> int | None:
     return sum(counts) if counts else None
 
 
-#: How long :func:`apply` tries again while slurmctld says "try again in a bit" (docs/slurm.md: after a requeue from
-#: the batch script, updates blocked for about 8 s and the first was refused). Slurm kills the process that requeued
-#: KillWait (30 s by default) after the requeue.
-RETRY_S = 15.0
+#: How long :func:`apply` tries again while slurmctld says "try again in a bit". Short: after a node left a
+#: --no-kill job, slurmctld refuses the update for as long as the requeued job completes (docs/slurm.md), and the
+#: process that asks is one of those it waits for.
+RETRY_S = 3.0
 
 
 def apply(job_id: str, nodes: tuple[str, ...], *, retry_s: float = RETRY_S) -> tuple[bool, str]:
