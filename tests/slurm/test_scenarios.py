@@ -780,8 +780,12 @@ def test_14_a_node_that_fails_with_no_spare_left_is_requeued_without_it(cluster:
     victim = slurm("scontrol", "show", "hostnames", job.info()[0]["NodeList"]).split()[1]  # not the batch node
     try:
         slurm("scontrol", "update", f"nodename={victim}", "state=down", "reason=slurmrt-test-node-failure")
-        # Back to service only once the requeued run holds its nodes.
-        job.wait_state(lambda i: int(i.get("Restarts", 0)) >= 1 and i.get("JobState") == "RUNNING", 600)
+        # Back to service only once the requeued run holds its nodes (its batch script has started: Restarts and
+        # RUNNING alone are both true before the requeue has ended the first run).
+        deadline = time.monotonic() + 600
+        while "restart=1 at" not in job.output():
+            assert time.monotonic() < deadline, job.output()[-3000:]
+            time.sleep(0.5)
     finally:
         for state in ("resume", "idle"):
             slurm("scontrol", "update", f"nodename={victim}", f"state={state}", check=False)

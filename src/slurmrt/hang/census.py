@@ -76,14 +76,23 @@ def name_suspects(states: dict[int, RankState], world: int) -> tuple[list[int], 
     missing = [r for r in range(world) if r not in states]
     busy = sorted(r for r, s in states.items() if not s.waiting)
     if missing and len(missing) < world:
-        why = f"rank(s) {_ranks(missing)} did not answer (dead, or the whole process is frozen)"
-        if busy and len(busy) < len(states):
-            why += f"; rank(s) {_ranks(busy)} are not waiting for their peers"
-            return sorted(missing + busy), why
-        return missing, why
+        return _silent(missing, busy, len(states))
     if busy and len(busy) < world:
         where = "; ".join(f"rank {r}: {states[r].where}" for r in busy[:4])
         return busy, f"rank(s) {_ranks(busy)} are not in a collective while the others wait for them ({where})"
+    return _behind(states, busy)
+
+
+def _silent(missing: list[int], busy: list[int], answered: int) -> tuple[list[int], str]:
+    """Some ranks did not answer: they are the suspects, and so are ranks that answered busy while others wait."""
+    why = f"rank(s) {_ranks(missing)} did not answer (dead, or the whole process is frozen)"
+    if busy and len(busy) < answered:
+        return sorted(missing + busy), why + f"; rank(s) {_ranks(busy)} are not waiting for their peers"
+    return missing, why
+
+
+def _behind(states: dict[int, RankState], busy: list[int]) -> tuple[list[int], str]:
+    """Every rank answered, all waiting or all busy: the ranks at the lowest step, if the steps differ."""
     steps = {r: s.step for r, s in states.items() if s.step is not None}
     if steps and len(set(steps.values())) > 1:
         low = min(steps.values())
@@ -138,13 +147,7 @@ class Census:
     def collect(self, wait_s: float | Callable[[], float]) -> dict[int, RankState]:
         """The answers, waiting up to ``wait_s`` for every rank's (a callable is asked again at each poll: the
         wait can shrink while it runs, when Slurm starts to take the step down). Polls the count of answers."""
-        start = time.monotonic()
-        while True:
-            answered = int(self._call("add", f"{self._prefix}answered", 0))
-            limit = wait_s() if callable(wait_s) else wait_s
-            if answered >= self.world or time.monotonic() - start >= limit:
-                break
-            time.sleep(0.2)
+        answered = self._answers(wait_s)
         keys = [f"{self._prefix}rank/{r}" for r in range(self.world)]
         if answered >= self.world and self._call("check", keys):  # every key there (check: all of them, or False)
             try:
@@ -158,6 +161,16 @@ class Census:
             if self._call("check", [key]):
                 states[r] = RankState.from_json(self._call("get", key))
         return states
+
+    def _answers(self, wait_s: float | Callable[[], float]) -> int:
+        """How many ranks answered, once all did or ``wait_s`` is over."""
+        start = time.monotonic()
+        while True:
+            answered = int(self._call("add", f"{self._prefix}answered", 0))
+            limit = wait_s() if callable(wait_s) else wait_s
+            if answered >= self.world or time.monotonic() - start >= limit:
+                return answered
+            time.sleep(0.2)
 
     def nodes(self, ranks: Iterable[int]) -> dict[int, str]:
         """The nodes the ranks registered; the ranks that did not register are left out."""

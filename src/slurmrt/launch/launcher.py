@@ -52,21 +52,29 @@ def python_target(argv: Sequence[str]) -> tuple[str, str, list[str]] | None:
             continue
         if not word.startswith("-") or word == "-":
             return None if word == "-" else ("script", word, list(argv[i + 1:]))
-        for k, letter in enumerate(word[1:], start=1):
-            if letter in _PY_FLAGS:
-                continue
-            attached = word[k + 1:]
-            if letter in ("m", "c"):
-                kind = "module" if letter == "m" else "command"
-                if attached:
-                    return kind, attached, list(argv[i + 1:])
-                return (kind, argv[i + 1], list(argv[i + 2:])) if i + 1 < len(argv) else None
-            if letter in _PY_VALUED:
-                i += 0 if attached else 1  # the value is the rest of this word, or the next word
-                break
-            return None  # an option this reader does not know: it cannot tell what follows
-        i += 1
+        done, target, i = _short_options(argv, i)
+        if done:
+            return target
     return None
+
+
+def _short_options(argv: Sequence[str], i: int) -> tuple[bool, tuple[str, str, list[str]] | None, int]:
+    """A word of short options at ``argv[i]`` (``-u``, ``-Wd``, ``-m name``): (whether the target is known, the
+    target, the index of the next word to read)."""
+    word = argv[i]
+    for k, letter in enumerate(word[1:], start=1):
+        if letter in _PY_FLAGS:
+            continue
+        attached = word[k + 1:]
+        if letter in ("m", "c"):
+            kind = "module" if letter == "m" else "command"
+            if attached:
+                return True, (kind, attached, list(argv[i + 1:])), i
+            return True, (kind, argv[i + 1], list(argv[i + 2:])) if i + 1 < len(argv) else None, i
+        if letter in _PY_VALUED:
+            return False, None, i + (1 if attached else 2)  # the value is the rest of this word, or the next word
+        return True, None, i  # an option this reader does not know: it cannot tell what follows
+    return False, None, i + 1
 
 
 def identify(argv: Sequence[str], cwd: str = "") -> tuple[str, list[str]] | None:
@@ -79,13 +87,10 @@ def identify(argv: Sequence[str], cwd: str = "") -> tuple[str, list[str]] | None
             return None
         program = os.path.basename(argv[0])
         if _PYTHON.match(program):
-            target = python_target(argv)
-            if target is None or target[0] == "command":
-                return None
-            kind, name, rest = target
-            if kind == "module":
-                return _launcher(name, _LAUNCHER_MODULES, rest)
-            argv = [name, *rest]  # a script: read on as if it ran by itself
+            found, script = _through_python(argv)
+            if script is None:
+                return found
+            argv = script  # a script: read on as if it ran by itself
             continue
         if program in _LAUNCHER_PROGRAMS:
             return _launcher(program, _LAUNCHER_PROGRAMS, list(argv[1:]))
@@ -100,6 +105,18 @@ def identify(argv: Sequence[str], cwd: str = "") -> tuple[str, list[str]] | None
             return None
         return _launcher(module, _LAUNCHER_MODULES, list(argv[1:]))
     return None
+
+
+def _through_python(argv: Sequence[str]) -> tuple[tuple[str, list[str]] | None, list[str] | None]:
+    """What ``python ...`` runs: (the launcher it runs as a module, or None; None) when that settles it, or (None, the
+    script's command line) to read on."""
+    target = python_target(argv)
+    if target is None or target[0] == "command":
+        return None, None
+    kind, name, rest = target
+    if kind == "module":
+        return _launcher(name, _LAUNCHER_MODULES, rest), None
+    return None, [name, *rest]
 
 
 def _launcher(name: str, table: dict[str, str | None], rest: list[str]) -> tuple[str, list[str]] | None:

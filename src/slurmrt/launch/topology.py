@@ -1,8 +1,6 @@
 """Who am I in this job: rank, node, world, master, derived purely from an environment mapping.
 
-:func:`from_environ` reads; :meth:`Topology.exports` says what to write. Nothing here touches ``os.environ``: the one
-place that writes it is :func:`slurmrt.init`.
-
+:func:`from_environ` reads; :meth:`Topology.exports` says what to write; only ``init()`` writes ``os.environ``.
 Launch shapes (see docs/slurm.md for the variables measured in real steps):
 
 ``SRUN``
@@ -27,12 +25,7 @@ from dataclasses import dataclass, field
 from typing import TypedDict
 
 from .._env import first_int, first_str, get_int, parse_tasks_per_node, truthy
-from .._errors import (
-    EnvironmentVariableError,
-    HostlistError,
-    LauncherConflictError,
-    NodeRankError,
-)
+from .._errors import EnvironmentVariableError, HostlistError, LauncherConflictError, NodeRankError
 from . import hostlist
 from .launcher import rendezvous_backend
 from .ports import master_port_for
@@ -120,38 +113,49 @@ def from_environ(env: Mapping[str, str], *, hostname: str | None = None,
     common = _common(env, job_id, host)
 
     if in_step:
-        slurm = _slurm_step(env)
-        if launcher and not _srun_is_the_launcher(env, slurm):
-            return _launcher_under_srun(env, slurm, common, launcher_argv)
-        rank, local_rank, node_rank, world, tasks, hosts = slurm
-        return _build(LaunchMode.SRUN, env, common, rank=rank, local_rank=local_rank, node_rank=node_rank,
-                      world=world, local_world=tasks[node_rank], nnodes=len(hosts), nodelist=tuple(hosts))
+        return _srun_step(env, common, launcher=launcher, launcher_argv=launcher_argv)
     if launcher:
         return _launcher(env, LaunchMode.LAUNCHER, common, nodelist=())
     if job_id is not None:
-        procid = get_int(env, "SLURM_PROCID")
-        if procid:
-            raise EnvironmentVariableError(
-                f"SLURM_PROCID={procid} without SLURM_STEP_ID: the batch shell always has SLURM_PROCID=0, and a task "
-                "of an srun step always has SLURM_STEP_ID. Something exported SLURM_PROCID by hand, or removed "
-                "SLURM_STEP_ID; launch the script with srun and leave the SLURM_* variables as Slurm sets them",
-                variable="SLURM_PROCID",
-                value=procid,
-            )
-        warnings: list[str] = []
-        ntasks = get_int(env, "SLURM_NTASKS", minimum=1)
-        get_int(env, "WORLD_SIZE", minimum=1)  # for `slurmrt env`, which exports from the batch shell
-        _allocation(env, ("SLURM_JOB_NODELIST", "SLURM_NODELIST"), ("SLURM_JOB_NUM_NODES", "SLURM_NNODES"),
-                    ("SLURM_TASKS_PER_NODE",), ("SLURM_NTASKS", ntasks) if ntasks is not None else None)
-        if ntasks is not None and ntasks > 1:
-            warnings.append(
-                f"running in the batch shell without srun, but SLURM_NTASKS={ntasks}: this is one process, and the "
-                f"other {ntasks - 1} tasks will never start. Launch the script with `srun python train.py` "
-                "(one task per GPU) or `srun torchrun ...` (one task per node)"
-            )
-        return _one_process(LaunchMode.BATCH, env, _port(env, job_id, "batch"), common, warnings=tuple(warnings))
+        return _batch_shell(env, job_id, common)
     port = _port(env, None, None) if env.get("MASTER_PORT") else 29500
     return _one_process(LaunchMode.LOCAL, env, port, common)
+
+
+def _srun_step(env: Mapping[str, str], common: _Common, *, launcher: bool,
+               launcher_argv: Sequence[str] | None) -> Topology:
+    """A task of an srun step: srun's ranks, or a launcher's inside it (torchrun or ``accelerate launch``)."""
+    slurm = _slurm_step(env)
+    if launcher and not _srun_is_the_launcher(env, slurm):
+        return _launcher_under_srun(env, slurm, common, launcher_argv)
+    rank, local_rank, node_rank, world, tasks, hosts = slurm
+    return _build(LaunchMode.SRUN, env, common, rank=rank, local_rank=local_rank, node_rank=node_rank,
+                  world=world, local_world=tasks[node_rank], nnodes=len(hosts), nodelist=tuple(hosts))
+
+
+def _batch_shell(env: Mapping[str, str], job_id: str, common: _Common) -> Topology:
+    """The batch script itself (no srun): one process, whatever the allocation's task count says."""
+    procid = get_int(env, "SLURM_PROCID")
+    if procid:
+        raise EnvironmentVariableError(
+            f"SLURM_PROCID={procid} without SLURM_STEP_ID: the batch shell always has SLURM_PROCID=0, and a task "
+            "of an srun step always has SLURM_STEP_ID. Something exported SLURM_PROCID by hand, or removed "
+            "SLURM_STEP_ID; launch the script with srun and leave the SLURM_* variables as Slurm sets them",
+            variable="SLURM_PROCID",
+            value=procid,
+        )
+    warnings: list[str] = []
+    ntasks = get_int(env, "SLURM_NTASKS", minimum=1)
+    get_int(env, "WORLD_SIZE", minimum=1)  # for `slurmrt env`, which exports from the batch shell
+    _allocation(env, ("SLURM_JOB_NODELIST", "SLURM_NODELIST"), ("SLURM_JOB_NUM_NODES", "SLURM_NNODES"),
+                ("SLURM_TASKS_PER_NODE",), ("SLURM_NTASKS", ntasks) if ntasks is not None else None)
+    if ntasks is not None and ntasks > 1:
+        warnings.append(
+            f"running in the batch shell without srun, but SLURM_NTASKS={ntasks}: this is one process, and the "
+            f"other {ntasks - 1} tasks will never start. Launch the script with `srun python train.py` "
+            "(one task per GPU) or `srun torchrun ...` (one task per node)"
+        )
+    return _one_process(LaunchMode.BATCH, env, _port(env, job_id, "batch"), common, warnings=tuple(warnings))
 
 
 def _one_process(mode: LaunchMode, env: Mapping[str, str], port: int, common: _Common,
