@@ -780,6 +780,9 @@ def test_14_a_node_that_fails_with_no_spare_left_is_requeued_without_it(cluster:
     victim = slurm("scontrol", "show", "hostnames", job.info()[0]["NodeList"]).split()[1]  # not the batch node
     try:
         slurm("scontrol", "update", f"nodename={victim}", "state=down", "reason=slurmrt-test-node-failure")
+        # A dead node stays out until it is repaired; here its slurmd answers, and ReturnToService=2 would take it
+        # back at once: drained, it stays out as a dead one would.
+        slurm("scontrol", "update", f"nodename={victim}", "state=drain", "reason=slurmrt-test-node-failure")
         # Back to service only once the requeued run holds its nodes (its batch script has started: Restarts and
         # RUNNING alone are both true before the requeue has ended the first run).
         deadline = time.monotonic() + 600

@@ -251,6 +251,7 @@ class _Run:
         return self.record
 
     def act(self, what: str) -> None:
+        """Do what the schedule says now: a signal, the time limit, a preemption, scancel, a hang, a node failure."""
         spec = self.spec
         if what == "signal" and spec.signal is not None:
             where = "the batch shell" if spec.signal_batch else "every task"
@@ -259,36 +260,50 @@ class _Run:
         elif what == "time":
             self.say(f"*** JOB {spec.job_id} CANCELLED DUE TO TIME LIMIT ***")
             self.terminate("time limit")
-        elif what == "preempt":
-            self.say(f"job {spec.job_id} preempted: grace time {spec.grace_s:.0f} s")
-            self.record.ended_by = "preemption"
-            if spec.signal is not None:  # preempt_send_user_signal
-                (self.signal_batch if spec.signal_batch else self.signal_tasks)(spec.signal)
-        elif what == "preempt_term":
-            self.terminate("preemption")
-            self.record.requeued = spec.requeue
+        elif what in ("preempt", "preempt_term"):
+            self._preempt(what == "preempt_term")
         elif what == "cancel":
             self.say(f"scancel {spec.job_id}")
             self.terminate("scancel")
         elif what == "hang":
-            for pid, node, rank in self.state.tasks():
-                if rank == spec.hang_task:
-                    self.say(f"task {rank} on {spec.node_names[node]} hangs: SIGSTOP (slurmrt's watchdog should "
-                             "find it; the floor is SLURMRT_HANG_FLOOR_S)")
-                    with contextlib.suppress(ProcessLookupError, PermissionError):
-                        os.killpg(pid, signal.SIGSTOP)
+            self._hang()
         elif what == "fail":
-            node = spec.fail_node or 0
-            name = spec.node_names[node]
-            if spec.no_kill and node > 0:  # the job keeps the nodes it still holds; the node leaves its NodeList
-                self.say(f"node {name} fails: SIGKILL to its tasks; --no-kill: the job goes on without it")
-                self.state.mark_down(name)
-                self.signal_tasks(signal.SIGKILL, node)
-                return
-            self.say(f"node {name} fails: SIGKILL to its tasks" +
-                     (" (the batch script's node: --no-kill does not keep the job)" if spec.no_kill else ""))
+            self._fail()
+
+    def _preempt(self, term: bool) -> None:
+        """A preemption: the job's --signal at once (preempt_send_user_signal), SIGTERM after the grace time."""
+        spec = self.spec
+        if term:
+            self.terminate("preemption")
+            self.record.requeued = spec.requeue
+            return
+        self.say(f"job {spec.job_id} preempted: grace time {spec.grace_s:.0f} s")
+        self.record.ended_by = "preemption"
+        if spec.signal is not None:
+            (self.signal_batch if spec.signal_batch else self.signal_tasks)(spec.signal)
+
+    def _hang(self) -> None:
+        spec = self.spec
+        for pid, node, rank in self.state.tasks():
+            if rank == spec.hang_task:
+                self.say(f"task {rank} on {spec.node_names[node]} hangs: SIGSTOP (slurmrt's watchdog should "
+                         "find it; the floor is SLURMRT_HANG_FLOOR_S)")
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pid, signal.SIGSTOP)
+
+    def _fail(self) -> None:
+        spec = self.spec
+        node = spec.fail_node or 0
+        name = spec.node_names[node]
+        if spec.no_kill and node > 0:  # the job keeps the nodes it still holds; the node leaves its NodeList
+            self.say(f"node {name} fails: SIGKILL to its tasks; --no-kill: the job goes on without it")
+            self.state.mark_down(name)
             self.signal_tasks(signal.SIGKILL, node)
-            self.record.ended_by = self.record.ended_by or f"node {name} failed"
+            return
+        self.say(f"node {name} fails: SIGKILL to its tasks" +
+                 (" (the batch script's node: --no-kill does not keep the job)" if spec.no_kill else ""))
+        self.signal_tasks(signal.SIGKILL, node)
+        self.record.ended_by = self.record.ended_by or f"node {name} failed"
 
 
 def simulate(spec: JobSpec, *, out: IO[str] = sys.stdout, state_dir: Path | None = None) -> list[RunRecord]:
@@ -315,14 +330,7 @@ def _simulate(spec: JobSpec, out: IO[str], state_dir: Path | None) -> list[RunRe
     state = SimState(directory)
     bin_dir = install(directory / "bin")
     events = directory / "events.jsonl"
-    describe = (f"job {spec.job_id}: {spec.nodes} node(s) x {spec.ntasks_per_node} task(s) on "
-                f"{hostlist.compress(spec.node_names)}")
-    if spec.time_s:
-        describe += f", --time {spec.time_s:.0f} s"
-    if spec.signal:
-        describe += f", --signal {'B:' if spec.signal_batch else ''}{spec.signal.name}@{spec.signal_lead_s:.0f}"
-    print(f"slurmrt sim: {describe}{', requeue' if spec.requeue else ''} (state in {directory})", file=out,
-          flush=True)
+    print(f"slurmrt sim: {_describe(spec)} (state in {directory})", file=out, flush=True)
     records: list[RunRecord] = []
     # Ctrl-C, `timeout`, a CI runner's SIGTERM, a closed terminal: the job ends as Slurm ends a cancelled one
     # (SIGTERM to the tasks, SIGKILL after the kill wait), then the simulator exits 128 + the signal.
@@ -333,12 +341,7 @@ def _simulate(spec: JobSpec, out: IO[str], state_dir: Path | None) -> list[RunRe
         signal.signal(sig, lambda signum, frame: received.append(signum))
     try:
         for restart in range(spec.max_restarts + 1):
-            excluded = state.excluded() | state.down()
-            if excluded & set(spec.node_names):  # the scheduler places the requeued job elsewhere
-                spare = [n for n in default_node_names(spec.nodes + len(excluded)) if n not in excluded]
-                spec = replace(spec, node_names=tuple(spare[:spec.nodes]))
-                print(f"slurmrt sim: {hostlist.compress(sorted(excluded))} excluded: run {restart} gets "
-                      f"{hostlist.compress(spec.node_names)}", file=out, flush=True)
+            spec = _placed(spec, state, restart, out)
             run = _Run(spec, restart, state, bin_dir, events, out, lambda: received[0] if received else None)
             record = run.run()
             records.append(record)
@@ -359,6 +362,28 @@ def _simulate(spec: JobSpec, out: IO[str], state_dir: Path | None) -> list[RunRe
     if received:
         raise SimInterrupted(received[0])
     return records
+
+
+def _describe(spec: JobSpec) -> str:
+    said = (f"job {spec.job_id}: {spec.nodes} node(s) x {spec.ntasks_per_node} task(s) on "
+            f"{hostlist.compress(spec.node_names)}")
+    if spec.time_s:
+        said += f", --time {spec.time_s:.0f} s"
+    if spec.signal:
+        said += f", --signal {'B:' if spec.signal_batch else ''}{spec.signal.name}@{spec.signal_lead_s:.0f}"
+    return said + (", requeue" if spec.requeue else "")
+
+
+def _placed(spec: JobSpec, state: SimState, restart: int, out: IO[str]) -> JobSpec:
+    """The job as the scheduler places run ``restart``: on other nodes than the excluded and the down ones."""
+    excluded = state.excluded() | state.down()
+    if not excluded & set(spec.node_names):
+        return spec
+    spare = [n for n in default_node_names(spec.nodes + len(excluded)) if n not in excluded]
+    spec = replace(spec, node_names=tuple(spare[:spec.nodes]))
+    print(f"slurmrt sim: {hostlist.compress(sorted(excluded))} excluded: run {restart} gets "
+          f"{hostlist.compress(spec.node_names)}", file=out, flush=True)
+    return spec
 
 
 class SimInterrupted(SlurmrtError):

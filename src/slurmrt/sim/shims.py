@@ -12,8 +12,10 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from ..launch import hostlist
+from .spec import JobSpec
 from .state import SimState
 
 _SHIMS = ("srun", "scontrol", "squeue", "scancel")
@@ -40,34 +42,45 @@ def scontrol(args: Sequence[str]) -> int:
     state = SimState.from_env()
     spec, job = state.read_job()
     if args[:1] == ["requeue"] and len(args) == 2:
-        if not spec.requeue:
-            print(f"scontrol: error: Requested operation is presently disabled for job {args[1]}", file=sys.stderr)
-            return 1
-        state.request("requeue")
-        return 0
+        return _requeue(state, spec, args[1])
     if args[:2] == ["show", "hostnames"]:
         for host in hostlist.expand(args[2] if len(args) > 2 else os.environ.get("SLURM_JOB_NODELIST", "")):
             print(host)
         return 0
     if args[:2] == ["show", "job"]:
-        end = _end_time(state)
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(end)) if end else "Unknown"
-        excluded = hostlist.compress(sorted(state.excluded())) or "(null)"
-        held = [n for n in spec.node_names if n not in state.down()]  # a failed node leaves a --no-kill job
-        running = "PENDING" if state.requested("requeue") else "RUNNING"
-        print(f"JobId={spec.job_id} JobName={spec.job_name} JobState={running} Requeue={int(spec.requeue)} "
-              f"Restarts={job['restart']} EndTime={stamp} Partition=sim NumNodes={len(held)} "
-              f"ExcNodeList={excluded} NodeList={hostlist.compress(held)}")
-        return 0
+        return _show_job(state, spec, job)
     if args[:1] == ["update"] and any(a.startswith("ExcNodeList=") for a in args):
-        if not state.requested("requeue"):  # as Slurm: only a pending job takes it
-            print(f"Job is no longer pending execution for job {spec.job_id}", file=sys.stderr)
-            return 1
-        value = next(a for a in args if a.startswith("ExcNodeList="))[len("ExcNodeList="):]
-        state.exclude(hostlist.expand(value) if value else [])
-        return 0
+        return _exclude(state, spec, next(a for a in args if a.startswith("ExcNodeList="))[len("ExcNodeList="):])
     print(f"scontrol (slurmrt sim): unsupported: {shlex.join(args)}", file=sys.stderr)
     return 1
+
+
+def _requeue(state: SimState, spec: JobSpec, job_id: str) -> int:
+    if not spec.requeue:
+        print(f"scontrol: error: Requested operation is presently disabled for job {job_id}", file=sys.stderr)
+        return 1
+    state.request("requeue")
+    return 0
+
+
+def _show_job(state: SimState, spec: JobSpec, job: dict[str, Any]) -> int:
+    end = _end_time(state)
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(end)) if end else "Unknown"
+    excluded = hostlist.compress(sorted(state.excluded())) or "(null)"
+    held = [n for n in spec.node_names if n not in state.down()]  # a failed node leaves a --no-kill job
+    running = "PENDING" if state.requested("requeue") else "RUNNING"
+    print(f"JobId={spec.job_id} JobName={spec.job_name} JobState={running} Requeue={int(spec.requeue)} "
+          f"Restarts={job['restart']} EndTime={stamp} Partition=sim NumNodes={len(held)} "
+          f"ExcNodeList={excluded} NodeList={hostlist.compress(held)}")
+    return 0
+
+
+def _exclude(state: SimState, spec: JobSpec, value: str) -> int:
+    if not state.requested("requeue"):  # as Slurm: only a pending job takes it
+        print(f"Job is no longer pending execution for job {spec.job_id}", file=sys.stderr)
+        return 1
+    state.exclude(hostlist.expand(value) if value else [])
+    return 0
 
 
 def squeue(args: Sequence[str]) -> int:

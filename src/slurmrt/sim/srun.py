@@ -62,48 +62,59 @@ def parse(argv: Sequence[str]) -> StepArgs:
         if name in _WITH_VALUE and not eq and name != "--kill-on-bad-exit":
             i += 1
             value = args[i] if i < len(args) else ""
-        if name == "--kill-on-bad-exit":
-            out.kill_on_bad_exit = value != "0" if eq else True
-        elif name == "--nodes":
-            out.nodes = int(value.split("-")[0])
-        elif name in ("--nodelist", "--exclude"):
-            hosts = hostlist.expand(value)
-            if name == "--nodelist":
-                out.nodelist = hosts
-            else:
-                out.exclude = hosts
-        elif name == "--ntasks":
-            out.ntasks = int(value)
-        elif name == "--ntasks-per-node":
-            out.per_node = int(value)
+        _apply(out, name, value, given=bool(eq))
         i += 1
     out.command = args[i:]
     return out
 
 
+def _apply(out: StepArgs, name: str, value: str, *, given: bool) -> None:
+    """One option of the step (its long name) into ``out``; options the simulator does not model are ignored."""
+    if name == "--kill-on-bad-exit":
+        out.kill_on_bad_exit = value != "0" if given else True
+    elif name == "--nodes":
+        out.nodes = int(value.split("-")[0])
+    elif name == "--nodelist":
+        out.nodelist = hostlist.expand(value)
+    elif name == "--exclude":
+        out.exclude = hostlist.expand(value)
+    elif name == "--ntasks":
+        out.ntasks = int(value)
+    elif name == "--ntasks-per-node":
+        out.per_node = int(value)
+
+
 def layout(spec: JobSpec, step: StepArgs, down: set[str]) -> StepLayout:
     """The step's nodes and tasks per node, as Slurm places them in the job; SimSrunError when it cannot."""
-    if step.nodelist is not None:
-        foreign = [n for n in step.nodelist if n not in spec.node_names]
-        if foreign:
-            raise SimSrunError(f"Requested node configuration is not available: {','.join(foreign)} not in the job")
-        gone = [n for n in step.nodelist if n in down]
-        if gone:
-            raise SimSrunError(f"Unable to create step: node(s) {','.join(gone)} are DOWN")
-        nodes = [n for n in spec.node_names if n in step.nodelist]
-    else:
-        nodes = [n for n in spec.node_names if n not in down and n not in step.exclude]
-        wanted = step.nodes
-        if wanted is None and step.ntasks is not None and step.per_node:
-            wanted = -(-step.ntasks // step.per_node)
-        if wanted is not None:
-            if wanted > len(nodes):
-                raise SimSrunError(f"Unable to create step: {wanted} node(s) asked, {len(nodes)} usable in the job")
-            nodes = nodes[:wanted]
+    nodes = _named(spec, step.nodelist, down) if step.nodelist is not None else _placed(spec, step, down)
     if not nodes:
         raise SimSrunError("Unable to create step: no usable node left in the job")
     per_node = step.per_node or (-(-step.ntasks // len(nodes)) if step.ntasks else spec.ntasks_per_node)
     return StepLayout(tuple(nodes), per_node)
+
+
+def _named(spec: JobSpec, nodelist: list[str], down: set[str]) -> list[str]:
+    """The nodes ``--nodelist`` names, in the job's order: each must be in the job and up."""
+    foreign = [n for n in nodelist if n not in spec.node_names]
+    if foreign:
+        raise SimSrunError(f"Requested node configuration is not available: {','.join(foreign)} not in the job")
+    gone = [n for n in nodelist if n in down]
+    if gone:
+        raise SimSrunError(f"Unable to create step: node(s) {','.join(gone)} are DOWN")
+    return [n for n in spec.node_names if n in nodelist]
+
+
+def _placed(spec: JobSpec, step: StepArgs, down: set[str]) -> list[str]:
+    """The first usable nodes of the job, as many as ``--nodes`` (or the tasks) ask for."""
+    nodes = [n for n in spec.node_names if n not in down and n not in step.exclude]
+    wanted = step.nodes
+    if wanted is None and step.ntasks is not None and step.per_node:
+        wanted = -(-step.ntasks // step.per_node)
+    if wanted is None:
+        return nodes
+    if wanted > len(nodes):
+        raise SimSrunError(f"Unable to create step: {wanted} node(s) asked, {len(nodes)} usable in the job")
+    return nodes[:wanted]
 
 
 _Task = tuple[subprocess.Popen[bytes], int, int]  # (process, node, rank)
@@ -184,14 +195,8 @@ def _wait(state: SimState, spec: JobSpec, step: int, procs: list[_Task], kill_on
         for p, node, rank in procs:
             if rank in codes or p.poll() is None:
                 continue
-            code = p.returncode
-            codes[rank] = code if code >= 0 else 128 - code
-            state.add_task_exit(step, rank, code)  # at once: srun itself may be killed before the step ends
-            if code == 0:
-                continue
-            what = f"Exited with exit code {code}" if code > 0 else (signal.strsignal(-code) or f"signal {-code}")
-            print(f"srun: error: {spec.node_names[node]}: task {rank}: {what}", file=sys.stderr, flush=True)
-            if kill_on_bad_exit and kill_at is None:
+            failed = _ended(state, spec, step, p.returncode, node, rank, codes)
+            if failed and kill_on_bad_exit and kill_at is None:
                 kill_at = time.monotonic() + spec.kill_wait_s
                 print(f"srun: Terminating StepId={spec.job_id}.{step}", file=sys.stderr, flush=True)
                 _signal(procs, signal.SIGCONT)
@@ -201,6 +206,18 @@ def _wait(state: SimState, spec: JobSpec, step: int, procs: list[_Task], kill_on
             kill_at = float("inf")
         time.sleep(0.02)
     return codes
+
+
+def _ended(state: SimState, spec: JobSpec, step: int, code: int, node: int, rank: int, codes: dict[int, int]) -> bool:
+    """A task ended with ``code``: recorded at once (srun itself may be killed before the step ends) and, when it
+    failed, said as srun says it. True when it failed."""
+    codes[rank] = code if code >= 0 else 128 - code
+    state.add_task_exit(step, rank, code)
+    if code == 0:
+        return False
+    what = f"Exited with exit code {code}" if code > 0 else (signal.strsignal(-code) or f"signal {-code}")
+    print(f"srun: error: {spec.node_names[node]}: task {rank}: {what}", file=sys.stderr, flush=True)
+    return True
 
 
 _OUTPUT_LOCK = threading.Lock()

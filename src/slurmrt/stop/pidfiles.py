@@ -18,6 +18,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .._errors import UnsafePathError
 from .._safefs import open_new, private_dir, process_start_time, runtime_base
@@ -88,20 +89,28 @@ def registered(job_id: str | None) -> list[Registered]:
         return []
     found = []
     for entry in sorted(directory.iterdir()):
-        if not _PID_FILE.fullmatch(entry.name):
-            continue  # not ours: never touched
-        try:
-            st = entry.lstat()
-            if not entry.is_file() or entry.is_symlink() or st.st_uid != os.getuid():
-                continue
-            record = json.loads(entry.read_text(encoding="utf-8"))
-            pid, start = int(record["pid"]), record["start"]
-        except (OSError, ValueError, TypeError, KeyError):
+        record = _read(entry, job_id) if _PID_FILE.fullmatch(entry.name) else None  # not ours: never touched
+        if record is None:
             continue
-        if pid != int(entry.name) or record.get("job") != (job_id or "local"):
-            continue
+        pid, start = record
         if start is None or process_start_time(pid) != start:
             entry.unlink(missing_ok=True)  # the process is gone, or its pid was reused
             continue
         found.append(Registered(pid, entry))
     return found
+
+
+def _read(entry: Path, job_id: str | None) -> tuple[int, Any] | None:
+    """(pid, start time) of a pid file of ours, for this job; None for anything else (another user's file, a
+    symlink, not in slurmrt's form, another job's)."""
+    try:
+        st = entry.lstat()
+        if not entry.is_file() or entry.is_symlink() or st.st_uid != os.getuid():
+            return None
+        record = json.loads(entry.read_text(encoding="utf-8"))
+        pid, start = int(record["pid"]), record["start"]
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    if pid != int(entry.name) or record.get("job") != (job_id or "local"):
+        return None
+    return pid, start
