@@ -20,21 +20,13 @@ from ._common import add_command
 
 def run(args: argparse.Namespace) -> int:
     from ..sim.runner import SimInterrupted, simulate
-    from ..sim.spec import JobSpec, apply_option, parse_sbatch_script
+    from ..sim.spec import JobSpec, apply_option
 
     command = list(args.command)
     if command[:1] == ["--"]:
         command = command[1:]
     _check_usage(args, command)
-    spec = JobSpec(kill_wait_s=args.kill_wait, grace_s=args.grace, max_restarts=args.max_restarts)
-    if command and command[0].endswith((".sbatch", ".sh")) and Path(command[0]).is_file() and len(command) == 1:
-        spec, ignored = parse_sbatch_script(Path(command[0]), spec)
-        if ignored:
-            print(f"slurmrt sim: ignoring #SBATCH options it does not simulate: {' '.join(ignored)}", file=sys.stderr)
-    elif command:
-        spec = replace(spec, command=tuple(command))
-    else:
-        raise SlurmrtError("nothing to run: give `-- COMMAND ...` or a batch script")
+    spec = _job(JobSpec(kill_wait_s=args.kill_wait, grace_s=args.grace, max_restarts=args.max_restarts), command)
     for name, value in (("nodes", args.nodes), ("ntasks-per-node", args.ntasks_per_node), ("time", args.time),
                         ("signal", args.signal), ("job-name", args.job_name)):
         if value is not None:
@@ -50,6 +42,20 @@ def run(args: argparse.Namespace) -> int:
         return 128 + stop.signum
     last = records[-1]
     return 0 if last.exit_code == 0 and last.ended_by == "finished" else 1
+
+
+def _job(spec: Any, command: list[str]) -> Any:
+    """``spec`` running ``command``: a batch script (its #SBATCH lines read), or a command line."""
+    from ..sim.spec import parse_sbatch_script
+
+    if command and command[0].endswith((".sbatch", ".sh")) and Path(command[0]).is_file() and len(command) == 1:
+        spec, ignored = parse_sbatch_script(Path(command[0]), spec)
+        if ignored:
+            print(f"slurmrt sim: ignoring #SBATCH options it does not simulate: {' '.join(ignored)}", file=sys.stderr)
+        return spec
+    if not command:
+        raise SlurmrtError("nothing to run: give `-- COMMAND ...` or a batch script")
+    return replace(spec, command=tuple(command))
 
 
 def _faults(args: argparse.Namespace, spec: Any) -> Any:

@@ -41,22 +41,27 @@ def status(dirs: Iterable[Path], *, chart: bool = True, plot: Path | None = None
         if not life.runs:
             out.append(f"{_NOTHING} {f}: it is empty, or damaged (each line it skipped is in the warnings above)")
             continue
-        restarts = max((r.restart for r in life.runs), default=0)
-        in_job = sum(1 for r in life.runs if r.attempt)
-        experiment = f", experiment {life.experiment}" if life.experiment else ""
-        out.append(f"job {life.job}{experiment}: {len(life.runs)} run(s), {restarts} restart(s)"
-                   f"{f', {in_job} in-job restart(s)' if in_job else ''}  [{f}]")
-        for i, run_ in enumerate(life.runs):
-            gap = life.gaps[i - 1] if i else None
-            out.append(f"  run {run_.label}: {'; '.join(_describe(run_, gap))}")
-        if chart:
-            out.append("  timeline (wall time across, steps up; 0-9: the run, -: start-up, *: checkpoint, x: stop, "
-                       "!: lost work, .: waiting):")
-            out.extend(f"    {line}" for line in render(life))
-        out.append(f"  {totals(life)}")
+        out += _job(life, f, chart=chart)
         if plot is not None:
             target = plot if len(files) == 1 else plot.with_name(f"{plot.stem}-{life.job}{plot.suffix}")
             out.append(f"  drawn: {_draw(life, target)}")
+    return out
+
+
+def _job(life: JobLife, f: Path, *, chart: bool) -> list[str]:
+    """One job's lines: its runs, the timeline, the totals."""
+    restarts = max((r.restart for r in life.runs), default=0)
+    in_job = sum(1 for r in life.runs if r.attempt)
+    experiment = f", experiment {life.experiment}" if life.experiment else ""
+    out = [f"job {life.job}{experiment}: {len(life.runs)} run(s), {restarts} restart(s)"
+           f"{f', {in_job} in-job restart(s)' if in_job else ''}  [{f}]"]
+    for i, run_ in enumerate(life.runs):
+        out.append(f"  run {run_.label}: {'; '.join(_describe(run_, life.gaps[i - 1] if i else None))}")
+    if chart:
+        out.append("  timeline (wall time across, steps up; 0-9: the run, -: start-up, *: checkpoint, x: stop, "
+                   "!: lost work, .: waiting):")
+        out.extend(f"    {line}" for line in render(life))
+    out.append(f"  {totals(life)}")
     return out
 
 
@@ -67,14 +72,30 @@ def _draw(life: JobLife, path: Path) -> Path:
         raise SlurmrtError(str(err)) from None
 
 
-def _describe(run_: RunLife, gap: float | None) -> list[str]:
+def _resumed(run_: RunLife) -> str:
+    if run_.resumed_from is None:
+        return "fresh start"
     tier = ""
     if run_.resumed_tier == "local":
         tier = f" from the local tier ({run_.from_peers or 0} bytes from other nodes)"
     elif run_.resumed_tier == "shared":
         tier = " from the shared tier"
+    return f"resumed after step {run_.resumed_from}{tier}"
+
+
+def _lost(run_: RunLife, gap: float | None) -> list[str]:
+    lost = []
+    if gap is not None:
+        lost.append(f"{duration(gap)} down between runs")
+    if run_.lost_steps or run_.lost_s:
+        bound = "at least " if run_.cut_short else ""
+        lost.append(f"{duration(run_.lost_s)} of work after the checkpoint kept ({bound}{run_.lost_steps} step(s))")
+    return lost
+
+
+def _describe(run_: RunLife, gap: float | None) -> list[str]:
     parts = [
-        f"resumed after step {run_.resumed_from}{tier}" if run_.resumed_from is not None else "fresh start",
+        _resumed(run_),
         f"stopped at step {run_.stop_step} ({', '.join(run_.reasons)})" if run_.stop_step is not None else "no stop",
         f"last checkpoint step {run_.last_checkpoint}" if run_.checkpoints else "last checkpoint none",
         f"exit {run_.outcome}" if run_.outcome else "no exit recorded (killed?)",
@@ -86,12 +107,7 @@ def _describe(run_: RunLife, gap: float | None) -> list[str]:
     if run_.left:
         why = run_.left_why if len(run_.left_why) <= 100 else run_.left_why[:99] + "…"
         parts.append(f"in-job restart without {', '.join(run_.left)}" + (f" ({why})" if why else ""))
-    lost = []
-    if gap is not None:
-        lost.append(f"{duration(gap)} down between runs")
-    if run_.lost_steps or run_.lost_s:
-        bound = "at least " if run_.cut_short else ""
-        lost.append(f"{duration(run_.lost_s)} of work after the checkpoint kept ({bound}{run_.lost_steps} step(s))")
+    lost = _lost(run_, gap)
     if lost:
         parts.append(f"lost: {', '.join(lost)}")
     return parts

@@ -152,26 +152,9 @@ def _run_life(run: Run) -> RunLife:
                    left=tuple(str(n) for n in moved.get("nodes") or ()) if moved else (),
                    left_why=str(moved.get("why") or "") if moved else "")
     life.stragglers = tuple(_straggler(e) for e in run.all(Event.STRAGGLER))
-    resume = run.first(Event.RESUME)
-    if resume is not None:
-        tier, peers = resume.get("tier"), resume.get("from_peers")
-        life.resumed_tier = tier if isinstance(tier, str) else None
-        life.from_peers = peers if isinstance(peers, int) and not isinstance(peers, bool) else None
-    steps: list[tuple[float, int]] = []
-    for e in run.events:
-        kind, step = e.get("event"), e.get("step")
-        if not isinstance(step, int):
-            continue
-        t = timestamp(e)
-        if kind in (Event.RESUME.value, Event.PROGRESS.value, Event.DECISION.value, Event.EXIT.value):
-            steps.append((t, step))
-        if kind == Event.SAVE.value:
-            life.checkpoints.append((t, step, float(e.get("seconds") or 0.0)))
-            steps.append((t, step))
-        if kind == Event.DECISION.value:
-            life.stop_step = step
+    life.resumed_tier, life.from_peers = _resumed_where(run)
     top = -1
-    for t, step in sorted(steps):
+    for t, step in sorted(_steps(run, life)):
         if step > top:  # a background save commits after later steps ran: it adds no progress
             life.points.append((t, step))
             top = step
@@ -181,27 +164,63 @@ def _run_life(run: Run) -> RunLife:
     return life
 
 
+def _resumed_where(run: Run) -> tuple[str | None, int | None]:
+    """The tier the run resumed from, and the bytes it received from other nodes' local tiers (None: unknown)."""
+    resume = run.first(Event.RESUME)
+    if resume is None:
+        return None, None
+    tier, peers = resume.get("tier"), resume.get("from_peers")
+    return (tier if isinstance(tier, str) else None,
+            peers if isinstance(peers, int) and not isinstance(peers, bool) else None)
+
+
+_AT_STEP = (Event.RESUME.value, Event.PROGRESS.value, Event.DECISION.value, Event.EXIT.value, Event.SAVE.value)
+
+
+def _steps(run: Run, life: RunLife) -> list[tuple[float, int]]:
+    """(time, step) of every event that says where the run was; the checkpoints and the stop go into ``life``."""
+    steps: list[tuple[float, int]] = []
+    for e in run.events:
+        kind, step = e.get("event"), e.get("step")
+        if not isinstance(step, int) or kind not in _AT_STEP:
+            continue
+        steps.append((timestamp(e), step))
+        if kind == Event.SAVE.value:
+            life.checkpoints.append((steps[-1][0], step, float(e.get("seconds") or 0.0)))
+        if kind == Event.DECISION.value:
+            life.stop_step = step
+    return steps
+
+
 def _account_lost(life: RunLife, following: RunLife | None) -> None:
     """The steps ``life`` trained beyond what survived it, and the wall time they took."""
-    if following is not None:
-        kept = following.resumed_from if following.resumed_from is not None else -1
-    elif life.outcome == "FINISHED":
+    if following is None and life.outcome == "FINISHED":
         return  # the last run did all its steps: what it trained after its last checkpoint is its result
-    else:
-        kept = max(life.last_checkpoint if life.last_checkpoint is not None else -1,
-                   life.resumed_from if life.resumed_from is not None else -1)
+    kept = _kept(life, following)
     if life.last_step is not None and life.last_step > kept:
         first_trained = life.resumed_from + 1 if life.resumed_from is not None else 0
         life.lost_steps = life.last_step - max(kept, first_trained - 1)
-    if not life.lost_steps and not life.cut_short:
-        return
+    if life.lost_steps or life.cut_short:
+        life.lost_s = _lost_time(life, kept)
+
+
+def _lost_time(life: RunLife, kept: int) -> float:
+    """The wall time of the steps after ``kept``."""
     # From the moment the run was at the kept step (the kept checkpoint's commit, when this run made it; else the
     # first step of the run) to its last step; for a run that was killed, to its last event.
     since = next((t for t, step, _ in life.checkpoints if step == kept), None)
     if since is None:
         since = next((t for t, step in life.points if step >= kept), life.start)
     until = life.end if life.cut_short else life.points[-1][0]
-    life.lost_s = max(0.0, until - since)
+    return max(0.0, until - since)
+
+
+def _kept(life: RunLife, following: RunLife | None) -> int:
+    """The last step of ``life`` that survived it: where the next run resumed, else its newest checkpoint."""
+    if following is not None:
+        return following.resumed_from if following.resumed_from is not None else -1
+    return max(life.last_checkpoint if life.last_checkpoint is not None else -1,
+               life.resumed_from if life.resumed_from is not None else -1)
 
 
 # -- the text rendering ------------------------------------------------------------------------------------------
@@ -232,16 +251,10 @@ class _Canvas:
         self.grid[self.row(step)][self.col(t)] = mark
 
     def run(self, run: RunLife, following: RunLife | None, index: int) -> None:
-        mark = str(index % 10)
         if run.points:  # start-up: from the run's start to its first step
             for c in range(self.col(run.start), self.col(run.points[0][0])):
                 self.grid[self.row(run.points[0][1])][c] = "-"
-        for (ta, sa), (tb, sb) in zip(run.points, run.points[1:] + run.points[-1:], strict=True):
-            a, b = self.col(ta), self.col(tb)
-            for c in range(a, b + 1):
-                step = round(sa + (0.0 if b == a else (c - a) / (b - a)) * (sb - sa))
-                lost = run.lost_after is not None and step > run.lost_after
-                self.grid[self.row(step)][c] = "!" if lost else mark
+        self._progress(run, str(index % 10))
         for t, step, _ in run.checkpoints:
             self.put(t, step, "*")
         if run.stop_time is not None and run.stop_step is not None:
@@ -251,6 +264,15 @@ class _Canvas:
             for c in range(self.col(run.end) + 1, self.col(following.start)):
                 if self.grid[level][c] == " ":
                     self.grid[level][c] = "."
+
+    def _progress(self, run: RunLife, mark: str) -> None:
+        """The run's steps, line by line between its points; ``!`` where the steps were lost."""
+        for (ta, sa), (tb, sb) in zip(run.points, run.points[1:] + run.points[-1:], strict=True):
+            a, b = self.col(ta), self.col(tb)
+            for c in range(a, b + 1):
+                step = round(sa + (0.0 if b == a else (c - a) / (b - a)) * (sb - sa))
+                lost = run.lost_after is not None and step > run.lost_after
+                self.grid[self.row(step)][c] = "!" if lost else mark
 
     def lines(self) -> list[str]:
         label = len(str(self.s1))
@@ -306,27 +328,7 @@ def draw(life: JobLife, path: Path, *, title: str | None = None) -> Path:
     try:
         colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
         for run, following in _with_next(life.runs):
-            color = colors[run.restart % len(colors)]
-            xs = [t - t0 for t, _ in run.points]
-            ys = [s for _, s in run.points]
-            ending = run.outcome or "no clean exit"
-            why = f" ({', '.join(run.reasons)})" if run.reasons else ""
-            ax.plot(xs, ys, color=color, linewidth=2, label=f"run {run.label}: {ending}{why}" +
-                    (f", in-job restart without {', '.join(run.left)}" if run.left else ""))
-            if run.points:  # start-up: from the run's start to its first step
-                ax.plot([run.start - t0, xs[0]], [ys[0], ys[0]], color=color, linewidth=1, linestyle=":")
-            if run.checkpoints:
-                ax.scatter([t - t0 for t, _, _ in run.checkpoints], [s for _, s, _ in run.checkpoints],
-                           marker="o", color=color, edgecolor="black", zorder=3, s=30)
-            if run.lost_after is not None:
-                lost = [(t - t0, s) for t, s in run.points if s >= run.lost_after]
-                ax.plot([x for x, _ in lost], [s for _, s in lost], color="red", linewidth=5, alpha=0.35)
-                ax.annotate(f"lost {run.lost_steps} steps", (lost[-1][0], lost[-1][1]), textcoords="offset points",
-                            xytext=(4, 6), color="red", fontsize=8)
-            if run.stop_time is not None and run.stop_step is not None:
-                ax.scatter([run.stop_time - t0], [run.stop_step], marker="x", color="black", s=60, zorder=4)
-            if following is not None:
-                ax.axvspan(run.end - t0, following.start - t0, color="grey", alpha=0.2, linewidth=0)
+            _plot_run(ax, run, following, colors[run.restart % len(colors)], t0)
         ax.set_xlim(left=0)
         ax.set_xlabel("wall time since the first run started (s)")
         ax.set_ylabel("step")
@@ -342,3 +344,32 @@ def draw(life: JobLife, path: Path, *, title: str | None = None) -> Path:
     finally:
         plt.close(fig)
     return path
+
+
+def _plot_run(ax: Any, run: RunLife, following: RunLife | None, color: str, t0: float) -> None:
+    """One run on the picture's axes: its steps, start-up, checkpoints, lost work, stop and the wait after it."""
+    xs = [t - t0 for t, _ in run.points]
+    ys = [s for _, s in run.points]
+    ending = run.outcome or "no clean exit"
+    why = f" ({', '.join(run.reasons)})" if run.reasons else ""
+    ax.plot(xs, ys, color=color, linewidth=2, label=f"run {run.label}: {ending}{why}" +
+            (f", in-job restart without {', '.join(run.left)}" if run.left else ""))
+    if run.points:  # start-up: from the run's start to its first step
+        ax.plot([run.start - t0, xs[0]], [ys[0], ys[0]], color=color, linewidth=1, linestyle=":")
+    if run.checkpoints:
+        ax.scatter([t - t0 for t, _, _ in run.checkpoints], [s for _, s, _ in run.checkpoints],
+                   marker="o", color=color, edgecolor="black", zorder=3, s=30)
+    _plot_end(ax, run, following, t0)
+
+
+def _plot_end(ax: Any, run: RunLife, following: RunLife | None, t0: float) -> None:
+    """How the run ended: the work it lost, its stop, and the wait for the next run."""
+    if run.lost_after is not None:
+        lost = [(t - t0, s) for t, s in run.points if s >= run.lost_after]
+        ax.plot([x for x, _ in lost], [s for _, s in lost], color="red", linewidth=5, alpha=0.35)
+        ax.annotate(f"lost {run.lost_steps} steps", (lost[-1][0], lost[-1][1]), textcoords="offset points",
+                    xytext=(4, 6), color="red", fontsize=8)
+    if run.stop_time is not None and run.stop_step is not None:
+        ax.scatter([run.stop_time - t0], [run.stop_step], marker="x", color="black", s=60, zorder=4)
+    if following is not None:
+        ax.axvspan(run.end - t0, following.start - t0, color="grey", alpha=0.2, linewidth=0)

@@ -340,17 +340,7 @@ def _simulate(spec: JobSpec, out: IO[str], state_dir: Path | None) -> list[RunRe
     for sig in ending:
         signal.signal(sig, lambda signum, frame: received.append(signum))
     try:
-        for restart in range(spec.max_restarts + 1):
-            spec = _placed(spec, state, restart, out)
-            run = _Run(spec, restart, state, bin_dir, events, out, lambda: received[0] if received else None)
-            record = run.run()
-            records.append(record)
-            run.say(f"run {restart} ended after {record.seconds:.1f} s: {record.ended_by}"
-                    f"{' -> requeued' if record.requeued else ''}")
-            if not record.requeued or received:
-                break
-            if restart == spec.max_restarts:
-                run.say(f"max restarts ({spec.max_restarts}) reached: not starting again")
+        records = _runs(spec, state, bin_dir, events, out, received)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -361,6 +351,25 @@ def _simulate(spec: JobSpec, out: IO[str], state_dir: Path | None) -> list[RunRe
     print(summary(records), file=out, flush=True)
     if received:
         raise SimInterrupted(received[0])
+    return records
+
+
+def _runs(spec: JobSpec, state: SimState, bin_dir: Path, events: Path, out: IO[str], received: list[int]
+          ) -> list[RunRecord]:
+    """The job's runs: the first, and each requeued one, until one is not requeued, the simulator is told to stop,
+    or max_restarts."""
+    records: list[RunRecord] = []
+    for restart in range(spec.max_restarts + 1):
+        spec = _placed(spec, state, restart, out)
+        run = _Run(spec, restart, state, bin_dir, events, out, lambda: received[0] if received else None)
+        record = run.run()
+        records.append(record)
+        run.say(f"run {restart} ended after {record.seconds:.1f} s: {record.ended_by}"
+                f"{' -> requeued' if record.requeued else ''}")
+        if not record.requeued or received:
+            break
+        if restart == spec.max_restarts:
+            run.say(f"max restarts ({spec.max_restarts}) reached: not starting again")
     return records
 
 

@@ -102,25 +102,33 @@ def summary(records: list[RunRecord]) -> str:
     """One row per run. ``ended by`` says how the run ended (the time limit, a preemption...); ``exit`` is the code
     slurmrt chose (3: stopped and requeued); ``tasks`` how the training processes really ended, and ``batch`` the
     batch shell: a requeue or the time limit ends them with signals, as Slurm does."""
-    rows = [("run", "duration", "ended by", "exit", "tasks", "batch", "stop reasons", "checkpoint", "resumed from")]
-    for r in records:
-        codes = sorted(set(r.task_codes.values()), key=lambda c: (c < 0, c))
-        ended = r.ended_by + (" (requeued)" if r.requeued else "")
-        if r.in_job:  # the new steps `slurmrt run` started inside this run
-            ended += "; in-job restart(s) without " + ", ".join("+".join(nodes) for nodes in r.in_job)
-        if r.stragglers:
-            ended += "; straggler " + ", ".join(f"rank {rank} on {node or '?'}" for rank, node in r.stragglers)
-        rows.append((
-            str(r.restart),
-            f"{r.seconds:.1f} s",
-            ended,
-            "-" if r.chosen_code is None else str(r.chosen_code),
-            ",".join(_status(c) for c in codes) or "-",
-            "-" if r.exit_code is None else _status(r.exit_code),
-            ", ".join(r.reasons) or "-",
-            "-" if r.checkpoint is None else f"step {r.checkpoint}",
-            "fresh start" if r.resumed_from is None else f"step {r.resumed_from}",
-        ))
+    rows: list[tuple[str, ...]] = [("run", "duration", "ended by", "exit", "tasks", "batch", "stop reasons",
+                                    "checkpoint", "resumed from")]
+    rows += [_row(r) for r in records]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
     return "\n".join(["", "slurmrt sim summary", *lines])
+
+
+def _row(r: RunRecord) -> tuple[str, ...]:
+    codes = sorted(set(r.task_codes.values()), key=lambda c: (c < 0, c))
+    return (
+        str(r.restart),
+        f"{r.seconds:.1f} s",
+        _ended_by(r),
+        "-" if r.chosen_code is None else str(r.chosen_code),
+        ",".join(_status(c) for c in codes) or "-",
+        "-" if r.exit_code is None else _status(r.exit_code),
+        ", ".join(r.reasons) or "-",
+        "-" if r.checkpoint is None else f"step {r.checkpoint}",
+        "fresh start" if r.resumed_from is None else f"step {r.resumed_from}",
+    )
+
+
+def _ended_by(r: RunRecord) -> str:
+    ended = r.ended_by + (" (requeued)" if r.requeued else "")
+    if r.in_job:  # the new steps `slurmrt run` started inside this run
+        ended += "; in-job restart(s) without " + ", ".join("+".join(nodes) for nodes in r.in_job)
+    if r.stragglers:
+        ended += "; straggler " + ", ".join(f"rank {rank} on {node or '?'}" for rank, node in r.stragglers)
+    return ended
