@@ -161,27 +161,37 @@ def merge_metadata(parts: list[Any]) -> Any:
     planner_data: dict[Any, Any] = {}
     for part in parts:
         for fqn, item in part.state_dict_metadata.items():
-            have = merged.get(fqn)
-            if have is None:
-                merged[fqn] = dataclasses.replace(item, chunks=list(item.chunks)) \
-                    if isinstance(item, TensorStorageMetadata) else item
-            elif isinstance(item, TensorStorageMetadata) and isinstance(have, TensorStorageMetadata):
-                if have.size != item.size:
-                    raise CheckpointError(f"{fqn}: the ranks saved it with different shapes ({list(have.size)} and "
-                                          f"{list(item.size)})")
-                seen = {tuple(c.offsets) for c in have.chunks}
-                have.chunks.extend(c for c in item.chunks if tuple(c.offsets) not in seen)
+            _merge_item(merged, fqn, item, TensorStorageMetadata)
         for index, info in (part.storage_data or {}).items():
             storage.setdefault(index, info)
         planner_data.update(part.planner_data or {})
     for fqn, item in merged.items():
         if isinstance(item, TensorStorageMetadata):
-            have_volume = sum(math.prod(c.sizes) for c in item.chunks)
-            if have_volume != math.prod(item.size):
-                raise CheckpointError(f"{fqn}: the ranks' chunks hold {have_volume} of its {math.prod(item.size)} "
-                                      "elements; a checkpoint without all of a tensor is not committed")
+            _check_filled(fqn, item)
     return dataclasses.replace(parts[0], state_dict_metadata=merged, storage_data=storage,
                                planner_data=planner_data or parts[0].planner_data)
+
+
+def _merge_item(merged: dict[str, Any], fqn: str, item: Any, tensor_type: Any) -> None:
+    """One rank's metadata of ``fqn`` into ``merged``: a tensor's chunks not seen yet are added."""
+    have = merged.get(fqn)
+    if have is None:
+        merged[fqn] = dataclasses.replace(item, chunks=list(item.chunks)) if isinstance(item, tensor_type) else item
+        return
+    if not (isinstance(item, tensor_type) and isinstance(have, tensor_type)):
+        return
+    if have.size != item.size:
+        raise CheckpointError(f"{fqn}: the ranks saved it with different shapes ({list(have.size)} and "
+                              f"{list(item.size)})")
+    seen = {tuple(c.offsets) for c in have.chunks}
+    have.chunks.extend(c for c in item.chunks if tuple(c.offsets) not in seen)
+
+
+def _check_filled(fqn: str, item: Any) -> None:
+    have_volume = sum(math.prod(c.sizes) for c in item.chunks)
+    if have_volume != math.prod(item.size):
+        raise CheckpointError(f"{fqn}: the ranks' chunks hold {have_volume} of its {math.prod(item.size)} "
+                              "elements; a checkpoint without all of a tensor is not committed")
 
 
 def write_metadata(directory: Path, metadata: Any) -> FileInfo:

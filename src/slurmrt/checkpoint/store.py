@@ -205,24 +205,8 @@ class CheckpointStore:
         # Every rank's files (and DCP metadata) to rank 0, for the manifest, along a tree: O(log N) hops, not a
         # ring's N - 1, and no rank connects to every other one.
         reports: list[_Part] | None = self.comm.gather(part)
-        kind = part[0]
         final = self.root / f"step_{step:09d}"
-        outcome: tuple[str | None, int] = (None, 0)
-        committed = False
-        if rank == 0:
-            assert reports is not None
-            try:
-                kinds = {k for k, _, _ in reports}
-                if len(kinds) != 1:
-                    raise CheckpointError(f"the ranks saved different kinds of state ({sorted(kinds)}); every rank "
-                                          "must pass the same kind", step=step)
-                size = self._prepare(tmp, step, kind, [f for _, f, _ in reports], [m for _, _, m in reports])
-                committed = self._commit(tmp, final, step)
-                outcome = (None, size)
-            except Exception as err:
-                logger.exception("checkpoint step %d: the commit failed", step)  # with the traceback
-                outcome = (repr(err), 0)
-                shutil.rmtree(tmp, ignore_errors=True)
+        outcome, committed = self._lead_commit(tmp, final, step, part[0], reports) if rank == 0 else ((None, 0), False)
         commit_error, size = self.comm.broadcast(outcome)
         if rank == 0 and committed:
             self._after_commit(final)  # after the broadcast: the other ranks do not wait for `latest` and pruning
@@ -234,6 +218,23 @@ class CheckpointStore:
         self._committed.add(step)
         self.retention.damaged.discard(step)
         return SaveResult(step=step, path=final, seconds=_clock.mono() - start, bytes=size, started=started)
+
+    def _lead_commit(self, tmp: Path, final: Path, step: int, kind: str, reports: list[_Part] | None
+                     ) -> tuple[tuple[str | None, int], bool]:
+        """Rank 0: the manifest from every rank's report, then the commit. ((the error or None, the bytes), whether
+        it committed)."""
+        assert reports is not None
+        try:
+            kinds = {k for k, _, _ in reports}
+            if len(kinds) != 1:
+                raise CheckpointError(f"the ranks saved different kinds of state ({sorted(kinds)}); every rank "
+                                      "must pass the same kind", step=step)
+            size = self._prepare(tmp, step, kind, [f for _, f, _ in reports], [m for _, _, m in reports])
+            return (None, size), self._commit(tmp, final, step)
+        except Exception as err:
+            logger.exception("checkpoint step %d: the commit failed", step)  # with the traceback
+            shutil.rmtree(tmp, ignore_errors=True)
+            return (repr(err), 0), False
 
     def _prepare(self, tmp: Path, step: int, kind: str, parts: list[dict[str, FileInfo]],
                  metadata: list[Any]) -> int:

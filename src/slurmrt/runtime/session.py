@@ -139,33 +139,40 @@ class CheckpointSession:
     def load_latest(self, *, into: dict[str, Any] | None, verify: bool, rank: int) -> Loaded | None:
         store = self._get_store()
         tier = self._get_local()
-        got: Loaded | None = None
-        received = 0
-        if tier is not None and into is None:
-            # The shared tier's newest complete step, listed by rank 0 (no data read): the local tier serves when
-            # it holds that step or a newer one, whole. An earlier attempt's partial saves go first, as in
-            # store.load_latest(): this run's saves must not find their temporary names taken.
-            if store.comm.rank == 0:
-                store.retention.clear_leftovers()
-            shared = store.comm.broadcast(store.newest_step() if store.comm.rank == 0 else None)
-            here = tier.load(shared)
-            if here is not None:
-                step, blob, received = here
-                got = Loaded(step, blob["state"], blob["local"])
+        got, received = self._from_local(store, tier) if tier is not None and into is None else (None, 0)
         where = "local" if got is not None else "shared"
         if got is None:
             got = store.load_latest(into=into, verify=verify)
         if tier is not None:
             tier.forget_after(got.step if got is not None else None)
+        self._resumed(got, rank)
+        total = store.comm.gather(received) if tier is not None else None  # rank 0 reports it
+        self._report.loaded((got.step, got.state) if got is not None else None, tier=where,
+                            from_peers=None if tier is None else sum(total or [0]))
+        return got
+
+    def _resumed(self, got: Loaded | None, rank: int) -> None:
+        """What the run resumed from (None: a fresh start), as the Runtime's properties show it."""
         self.resumed_step = got.step if got is not None else None
         self.local_state = got.local if got is not None else None
         if got is not None and got.local_lost is not None:
             logger.warning("rank %d: %s", rank, got.local_lost)
         self.loaded = True
-        total = store.comm.gather(received) if tier is not None else None  # rank 0 reports it
-        self._report.loaded((got.step, got.state) if got is not None else None, tier=where,
-                            from_peers=None if tier is None else sum(total or [0]))
-        return got
+
+    @staticmethod
+    def _from_local(store: CheckpointStore, tier: LocalTier) -> tuple[Loaded | None, int]:
+        """The local tier's checkpoint when it holds the shared tier's newest step or a newer one, whole; and the
+        bytes this rank received from other nodes. The shared tier's newest step is listed by rank 0 (no data
+        read). An earlier attempt's partial saves go first, as in store.load_latest(): this run's saves must not
+        find their temporary names taken."""
+        if store.comm.rank == 0:
+            store.retention.clear_leftovers()
+        shared = store.comm.broadcast(store.newest_step() if store.comm.rank == 0 else None)
+        here = tier.load(shared)
+        if here is None:
+            return None, 0
+        step, blob, received = here
+        return Loaded(step, blob["state"], blob["local"]), received
 
     def clear_local(self) -> None:
         """The run ended for good: nothing resumes from this node's local tier."""

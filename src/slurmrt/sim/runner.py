@@ -330,7 +330,7 @@ def _simulate(spec: JobSpec, out: IO[str], state_dir: Path | None) -> list[RunRe
     state = SimState(directory)
     bin_dir = install(directory / "bin")
     events = directory / "events.jsonl"
-    print(f"slurmrt sim: {_describe(spec)} (state in {directory})", file=out, flush=True)
+    print(f"slurmrt sim: {spec.describe()} (state in {directory})", file=out, flush=True)
     records: list[RunRecord] = []
     # Ctrl-C, `timeout`, a CI runner's SIGTERM, a closed terminal: the job ends as Slurm ends a cancelled one
     # (SIGTERM to the tasks, SIGKILL after the kill wait), then the simulator exits 128 + the signal.
@@ -371,16 +371,6 @@ def _runs(spec: JobSpec, state: SimState, bin_dir: Path, events: Path, out: IO[s
         if restart == spec.max_restarts:
             run.say(f"max restarts ({spec.max_restarts}) reached: not starting again")
     return records
-
-
-def _describe(spec: JobSpec) -> str:
-    said = (f"job {spec.job_id}: {spec.nodes} node(s) x {spec.ntasks_per_node} task(s) on "
-            f"{hostlist.compress(spec.node_names)}")
-    if spec.time_s:
-        said += f", --time {spec.time_s:.0f} s"
-    if spec.signal:
-        said += f", --signal {'B:' if spec.signal_batch else ''}{spec.signal.name}@{spec.signal_lead_s:.0f}"
-    return said + (", requeue" if spec.requeue else "")
 
 
 def _placed(spec: JobSpec, state: SimState, restart: int, out: IO[str]) -> JobSpec:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .._errors import ConfigError
+from ..launch import hostlist
 from ..stop.signals import parse_signal
 
 __all__ = ["JobSpec", "parse_sbatch_script", "parse_signal_option", "parse_time"]
@@ -59,6 +60,16 @@ class JobSpec:
     @property
     def ntasks(self) -> int:
         return self.nodes * self.ntasks_per_node
+
+    def describe(self) -> str:
+        """The job in one line, as the simulator's first line shows it."""
+        said = f"job {self.job_id}: {self.nodes} node(s) x {self.ntasks_per_node} task(s) on " \
+            f"{hostlist.compress(self.node_names)}"
+        if self.time_s:
+            said += f", --time {self.time_s:.0f} s"
+        if self.signal:
+            said += f", --signal {'B:' if self.signal_batch else ''}{self.signal.name}@{self.signal_lead_s:.0f}"
+        return said + (", requeue" if self.requeue else "")
 
 
 def parse_time(value: str) -> float:
