@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test test-repeat bench lint docs clean
+.PHONY: demo test test-unit test-repeat bench lint docs clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,10 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	$(PY) -m pytest
+
+# The unit tests alone: pure, no process started (tests/unit/conftest.py refuses one).
+test-unit: $(VENV)/.installed
+	$(PY) -m pytest tests/unit
 
 # The suite 5 times on an idle machine, then 3 times while two busy loops spin: how often each test passed.
 test-repeat: $(VENV)/.installed

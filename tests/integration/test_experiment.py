@@ -6,6 +6,7 @@ the batch script requeues, and the second run resumes from the checkpoint of ste
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import pty
 import subprocess
@@ -13,15 +14,38 @@ import sys
 import threading
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from slurmrt import trackers
 from slurmrt.record.events import Event, read_events, runs
+from slurmrt.record.experiment import EXPERIMENT_FILE, establish
 from slurmrt.record.timeline import duration
 
 from .launch import ROOT
 from .test_sim import sim
+
+
+def _rt(tmp_path: Path, resumed: int | None, *, loaded: bool = True) -> Any:
+    return SimpleNamespace(experiment_id="4711-abcd1234", resumed_step=resumed, loaded=loaded,
+                           options=SimpleNamespace(checkpoint_dir=tmp_path))
+
+
+def _establish(directory: Path, barrier: Any, out: Any) -> None:
+    barrier.wait()
+    out.put(establish(directory, job=None))
+
+
+@pytest.fixture
+def mlflow_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """MLflow on a file store under tmp_path, and an empty checkpoint directory tmp_path/ckpt; yields mlflow."""
+    mlflow = pytest.importorskip("mlflow")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    mlflow.set_tracking_uri(f"file:{tmp_path / 'mlruns'}")
+    (tmp_path / "ckpt").mkdir()
+    return mlflow
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -183,3 +207,42 @@ def test_status_reports_the_step_a_run_reached_after_its_last_checkpoint(tmp_pat
     assert status.returncode == 0, status.stderr
     assert "last checkpoint step 35; exit FINISHED; reached step 39" in status.stdout, status.stdout
     assert "totals: 1 run(s), reached step 39" in status.stdout
+
+
+def test_processes_racing_to_create_the_id_all_get_the_one_that_won(tmp_path: Path) -> None:
+    ctx = multiprocessing.get_context("fork")
+    barrier, out = ctx.Barrier(8), ctx.Queue()
+    procs = [ctx.Process(target=_establish, args=(tmp_path, barrier, out)) for _ in range(8)]
+    for p in procs:
+        p.start()
+    ids = {out.get(timeout=60) for _ in procs}
+    for p in procs:
+        p.join(60)
+    assert len(ids) == 1 and json.loads((tmp_path / EXPERIMENT_FILE).read_text())["id"] in ids
+    assert sorted(p.name for p in tmp_path.iterdir()) == [EXPERIMENT_FILE], "no temporary file left behind"
+
+
+def test_mlflow_creates_one_run_then_every_later_run_resumes_it(tmp_path: Path, mlflow_store: Any) -> None:
+    mlflow = mlflow_store
+    ckpt = tmp_path / "ckpt"
+    ids = []
+    for _ in range(2):
+        run = trackers.mlflow_start_run(_rt(ckpt, None))
+        ids.append(run.info.run_id)
+        mlflow.end_run()
+    assert ids[0] == ids[1] == trackers.mlflow_run_id(_rt(ckpt, None))
+    assert mlflow.get_run(ids[0]).data.tags["slurmrt.experiment"] == "4711-abcd1234"
+
+
+def test_an_mlflow_run_that_cannot_be_resumed_gives_a_new_run_not_a_crash(tmp_path: Path, mlflow_store: Any,
+                                                                          caplog: pytest.LogCaptureFixture) -> None:
+    mlflow = mlflow_store
+    ckpt = tmp_path / "ckpt"
+    first = trackers.mlflow_start_run(_rt(ckpt, None)).info.run_id
+    mlflow.end_run()
+    (meta,) = (tmp_path / "mlruns").glob(f"*/{first}/meta.yaml")
+    meta.write_text("")  # what a SIGKILL during MLflow's in-place rewrite leaves
+    second = trackers.mlflow_start_run(_rt(ckpt, None)).info.run_id
+    mlflow.end_run()
+    assert second != first and trackers.mlflow_run_id(_rt(ckpt, None)) == second
+    assert "cannot be resumed" in caplog.text

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import multiprocessing
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -22,24 +20,6 @@ def test_a_fresh_directory_gets_a_new_id_that_every_later_call_reads_back(tmp_pa
     first = establish(tmp_path / "ckpt", job="4711_3")
     assert first.startswith("4711_3-") and establish(tmp_path / "ckpt", job="4800") == first
     assert establish(tmp_path / "other", job="4711_3") != first
-
-
-def _establish(directory: Path, barrier: Any, out: Any) -> None:
-    barrier.wait()
-    out.put(establish(directory, job=None))
-
-
-def test_processes_racing_to_create_the_id_all_get_the_one_that_won(tmp_path: Path) -> None:
-    ctx = multiprocessing.get_context("fork")
-    barrier, out = ctx.Barrier(8), ctx.Queue()
-    procs = [ctx.Process(target=_establish, args=(tmp_path, barrier, out)) for _ in range(8)]
-    for p in procs:
-        p.start()
-    ids = {out.get(timeout=60) for _ in procs}
-    for p in procs:
-        p.join(60)
-    assert len(ids) == 1 and json.loads((tmp_path / EXPERIMENT_FILE).read_text())["id"] in ids
-    assert sorted(p.name for p in tmp_path.iterdir()) == [EXPERIMENT_FILE], "no temporary file left behind"
 
 
 def test_an_override_is_stored_in_a_fresh_directory_and_wins_over_a_stored_id(tmp_path: Path) -> None:
@@ -110,28 +90,6 @@ def test_the_installed_wandb_is_probed_for_rewind() -> None:
     assert trackers._wandb_has_rewind() == ("resume_from" in inspect.signature(wandb.init).parameters)
 
 
-@pytest.fixture
-def mlflow_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    """MLflow on a file store under tmp_path, and an empty checkpoint directory tmp_path/ckpt; yields mlflow."""
-    mlflow = pytest.importorskip("mlflow")
-    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
-    mlflow.set_tracking_uri(f"file:{tmp_path / 'mlruns'}")
-    (tmp_path / "ckpt").mkdir()
-    return mlflow
-
-
-def test_mlflow_creates_one_run_then_every_later_run_resumes_it(tmp_path: Path, mlflow_store: Any) -> None:
-    mlflow = mlflow_store
-    ckpt = tmp_path / "ckpt"
-    ids = []
-    for _ in range(2):
-        run = trackers.mlflow_start_run(_rt(ckpt, None))
-        ids.append(run.info.run_id)
-        mlflow.end_run()
-    assert ids[0] == ids[1] == trackers.mlflow_run_id(_rt(ckpt, None))
-    assert mlflow.get_run(ids[0]).data.tags["slurmrt.experiment"] == "4711-abcd1234"
-
-
 # -- the timeline --------------------------------------------------------------------------------------------------
 
 
@@ -192,20 +150,6 @@ def test_without_matplotlib_drawing_says_what_to_install(tmp_path: Path, monkeyp
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     with pytest.raises(ImportError, match=r"pip install 'slurmrt\[plot\]'"):
         draw(build(_events()), tmp_path / "life.png")
-
-
-def test_an_mlflow_run_that_cannot_be_resumed_gives_a_new_run_not_a_crash(tmp_path: Path, mlflow_store: Any,
-                                                                          caplog: pytest.LogCaptureFixture) -> None:
-    mlflow = mlflow_store
-    ckpt = tmp_path / "ckpt"
-    first = trackers.mlflow_start_run(_rt(ckpt, None)).info.run_id
-    mlflow.end_run()
-    (meta,) = (tmp_path / "mlruns").glob(f"*/{first}/meta.yaml")
-    meta.write_text("")  # what a SIGKILL during MLflow's in-place rewrite leaves
-    second = trackers.mlflow_start_run(_rt(ckpt, None)).info.run_id
-    mlflow.end_run()
-    assert second != first and trackers.mlflow_run_id(_rt(ckpt, None)) == second
-    assert "cannot be resumed" in caplog.text
 
 
 def test_a_run_that_trained_past_its_last_checkpoint_is_recorded_where_it_really_ended() -> None:

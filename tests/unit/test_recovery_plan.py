@@ -107,7 +107,14 @@ def test_the_words_say_which_rule_refused() -> None:
     assert plan(Trigger.HANG, NO_SPARE, nodes=["n2"]).why == "requeue without n2"
 
 
-# -- the executor: Slurm's requeue stood in, the event log real -----------------------------------------------------
+# -- the executor: Slurm's requeue and exclusion stood in, the event log real ---------------------------------------
+
+@pytest.fixture(autouse=True)
+def _no_scontrol(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The exclusion reads and updates the job with scontrol: stood in, so no test asks the machine's own Slurm."""
+    monkeypatch.setattr("slurmrt.recovery.exclusion.prepare", lambda job, bad, *, max_excluded: "no scontrol here")
+    monkeypatch.setattr("slurmrt.recovery.exclusion.apply_and_record", lambda job, prepared, events: None)
+
 
 def _executor(tmp_path: Path, facts: Facts, requeued: list[str], *, works: bool = True) -> Executor:
     events = EventLog(tmp_path / "events.jsonl", job="7", restart=0, rank=-1)

@@ -14,7 +14,7 @@ import pytest
 import slurmrt
 from slurmrt import ExitCode, Reason, _clock
 from slurmrt.stop.decision import reason_for
-from tests.integration.launch import fake_bin
+from tests.unit.conftest import fake_slurm
 
 
 class FakeClock:
@@ -46,12 +46,13 @@ def _restore_signal_handlers() -> Iterator[None]:
 
 @pytest.fixture
 def job(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
-    """A batch-shell job (one process) with fake squeue and scontrol on PATH; returns the call log."""
+    """A batch-shell job (one process) with Slurm's commands stood in (tests/unit/conftest.py); returns the call
+    log."""
     for key in list(os.environ):
         if key.startswith(("SLURM_", "SLURMD_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_", "TORCHELASTIC")):
             monkeypatch.delenv(key)
     log = tmp_path / "calls.log"
-    monkeypatch.setenv("PATH", f"{fake_bin(tmp_path / 'bin')}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("PATH", f"{fake_slurm(monkeypatch, tmp_path / 'bin')}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("FAKE_SLURM_LOG", str(log))
     monkeypatch.setenv("SLURM_JOB_ID", "99")
     monkeypatch.setenv("SLURMRT_END_TIME_REFRESH_S", "1e9")

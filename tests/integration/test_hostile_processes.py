@@ -1,0 +1,111 @@
+"""Hostile surroundings that take another process to show: a lease whose holder is gone, damage injected into
+every file of a checkpoint while a resume runs, an unreadable kill switch."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from slurmrt._comm import SoloComm
+from slurmrt.checkpoint import lease as lease_module
+from slurmrt.checkpoint.lease import LEASE_FILE, Lease
+from slurmrt.checkpoint.store import CheckpointStore
+from slurmrt.cli import main
+
+
+def _store(root: Path, keep_last: int = 3, guard: Callable[[], None] | None = None) -> CheckpointStore:
+    return CheckpointStore(root, SoloComm(), keep_last=keep_last, guard=guard)
+
+
+def _flip(path: Path, offset: int = -1) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x01
+    path.write_bytes(bytes(data))
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _resume(root: Path, **kwargs: Any) -> tuple[CheckpointStore, int | None, Any]:
+    """A new run on ``root``: its store, and the step and state it resumes from."""
+    store = _store(root, **kwargs)
+    got = store.load_latest()
+    return store, (got.step if got else None), (got.state if got else None)
+
+
+def _save_with_every_kind(root: Path) -> None:
+    store = _store(root, keep_last=5)
+    store.save({"w": torch.full((64,), 1.0)}, 1, local={"rng": 1})
+    store.save({"w": torch.full((64,), 2.0)}, 2, local={"rng": 2})
+
+
+def _lease(root: Path, owner: str, *, alive: bool | None = True, host: str = "n1") -> Lease:
+    return Lease(root, owner=owner, job=owner, host=host, alive=lambda job: alive)
+
+
+def _damages(path: Path) -> list[tuple[str, Callable[[], None]]]:
+    size = path.stat().st_size
+
+    def symlink() -> None:
+        copy = path.with_name(path.name + ".copy")
+        copy.write_bytes(path.read_bytes())
+        path.unlink()
+        path.symlink_to(copy)
+
+    return [("deleted", path.unlink), ("emptied", lambda: path.write_bytes(b"")),
+            ("truncated", lambda: path.write_bytes(path.read_bytes()[: size // 2])),
+            ("flipped first byte", lambda: _flip(path, 0)), ("flipped middle byte", lambda: _flip(path, size // 2)),
+            ("flipped last byte", lambda: _flip(path, -1)), ("replaced by a symlink", symlink)]
+
+
+def test_damage_at_every_file_of_a_checkpoint_falls_back_to_the_sound_one(tmp_path: Path) -> None:
+    pristine = tmp_path / "pristine"
+    _save_with_every_kind(pristine)
+    names = sorted(str(p.relative_to(pristine / "step_000000002")) for p in (pristine / "step_000000002").rglob("*")
+                   if p.is_file())
+    assert "manifest.json" in names and "local/rank_00000.pt" in names
+    cases = 0
+    for name in names:
+        for index, (what, _) in enumerate(_damages(pristine / "step_000000002" / name)):
+            root = tmp_path / f"case{cases}"
+            subprocess.run(["cp", "-a", str(pristine), str(root)], check=True)
+            _damages(root / "step_000000002" / name)[index][1]()
+            store, step, state = _resume(root, keep_last=5)
+            assert step == 1, f"{name} {what}: resumed from {step}"
+            assert torch.equal(state["w"], torch.full((64,), 1.0)), f"{name} {what}"
+            assert main(["verify", str(root)]) == 1, f"{name} {what}: verify called it sound"
+            store.save({"w": torch.full((64,), 2.0)}, 2, local={"rng": 2})  # the sound save replaces the damage
+            assert _resume(root)[1] == 2, f"{name} {what}: the damaged step 2 was not replaced"
+            cases += 1
+    assert cases == len(names) * 7
+
+
+def test_a_lease_whose_process_is_gone_from_this_host_is_stale(tmp_path: Path) -> None:
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    record = {"owner": "local-a", "host": "vm", "pid": gone.pid, "start": 1, "heartbeat": lease_module._clock.wall()}
+    (tmp_path / LEASE_FILE).write_text(json.dumps(record))
+    _lease(tmp_path, "local-b", alive=None, host="vm").acquire()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to play another user (setpriv --reuid=65534)")
+def test_an_unreadable_kill_switch_is_a_clear_error_not_a_traceback(tmp_path: Path) -> None:
+    private = Path("/tmp") / f"slurmrt-private-{os.getpid()}"
+    private.mkdir(mode=0o700)
+    try:
+        code = ("from pathlib import Path\nfrom slurmrt.stop.killswitch import exists\n"
+                "from slurmrt import ConfigError\n"
+                f"try:\n    exists(Path({str(private / 'STOP')!r}))\nexcept ConfigError as e:\n    print(e)\n")
+        out = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c",
+                              code], capture_output=True, text=True, env={**os.environ,
+                                                                          "PYTHONPATH": str(ROOT / "src")})
+    finally:
+        private.rmdir()
+    assert "cannot be looked at" in out.stdout and "Traceback" not in out.stderr, out.stderr

@@ -1,0 +1,189 @@
+"""`slurmrt run`'s loop (recovery/supervisor.py) with a stand-in for srun (and scontrol) at the process boundary:
+a failed step replaced without its node, a lost node, a stale request, the warning passed on."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from slurmrt.recovery.policy import ExitCode
+from slurmrt.recovery.supervisor import Supervisor
+
+FAKE_SRUN = textwrap.dedent("""\
+    #!{python}
+    # Stands in for srun: records its argv and environment; the first step asks to leave out the second node of
+    # its list, the next one ends with the code in FAKE_CODE; an --overlap call is the signal forwarding.
+    import json, os, sys, time
+    log = os.environ["FAKE_LOG"]
+    with open(log, "a") as f:
+        f.write(json.dumps({{"argv": sys.argv[1:], "attempt": os.environ.get("SLURMRT_RUN_ATTEMPT"),
+                            "spares": os.environ.get("SLURMRT_RUN_SPARES")}}) + "\\n")
+    if "--overlap" in sys.argv:  # `slurmrt signal` on each node: fails (none registered) FAKE_OVERLAP_FAILS times
+        fails = os.environ.get("FAKE_OVERLAP_FAILS")
+        if fails and len(open(log).read().splitlines()) <= 1 + int(fails):
+            sys.exit(1)
+        sys.exit(0)
+    attempt = int(os.environ["SLURMRT_RUN_ATTEMPT"])
+    nodes = [a.split("=", 1)[1].split(",") for a in sys.argv if a.startswith("--nodelist=")][0]
+    if attempt == 0 and os.environ.get("FAKE_NODE_FAILURE"):  # Slurm killed the step: nobody asked
+        sys.exit(137)
+    if attempt == 0 and not os.environ.get("FAKE_WAIT_FIRST"):
+        with open(os.path.join(os.environ["SLURMRT_RUN_DIR"], "request-0.json"), "w") as f:
+            json.dump({{"attempt": 0, "exclude": [nodes[1]]}}, f)
+        sys.exit(137)
+    if os.environ.get("FAKE_WAIT"):
+        open(os.environ["FAKE_WAIT"], "w").close()
+        while not os.path.exists(os.environ["FAKE_WAIT"] + ".go"):
+            time.sleep(0.05)
+    sys.exit(int(os.environ.get("FAKE_CODE", "0")))
+""")
+
+
+def fake_srun(tmp_path: Path) -> Path:
+    path = tmp_path / "srun"
+    path.write_text(FAKE_SRUN.format(python=sys.executable))
+    path.chmod(0o755)
+    return path
+
+
+def test_the_supervisor_replaces_a_failed_step_without_the_named_node(tmp_path: Path) -> None:
+    env = {**os.environ, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-3]", "SLURM_NTASKS_PER_NODE": "2",
+           "FAKE_LOG": str(tmp_path / "log"), "FAKE_CODE": "3"}
+    sup = Supervisor(["python", "train.py"], spare_nodes=1, max_restarts=3, env=env, directory=tmp_path / "d",
+                     srun=str(fake_srun(tmp_path)))
+    assert sup.run() == 3  # the last step's code
+    calls = [json.loads(line) for line in (tmp_path / "log").read_text().splitlines()]
+    assert [c["attempt"] for c in calls] == ["0", "1"]
+    assert [c["spares"] for c in calls] == ["n3", ""]
+    assert "--nodelist=n1,n2" in calls[0]["argv"] and "--nodelist=n1,n3" in calls[1]["argv"]
+    assert calls[1]["argv"][-2:] == ["python", "train.py"] and "--ntasks=4" in calls[1]["argv"]
+    assert not (tmp_path / "d").exists(), "the supervisor's directory is removed at its end"
+
+
+def test_a_stale_request_from_a_killed_supervisor_is_not_read_as_this_runs(tmp_path: Path) -> None:
+    d = tmp_path / "d"
+    d.mkdir(mode=0o700)
+    (d / "request-1.json").write_text('{"attempt": 1, "exclude": ["n1"]}')
+    env = {**os.environ, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-3]", "FAKE_LOG": str(tmp_path / "log")}
+    sup = Supervisor(["x"], spare_nodes=1, max_restarts=3, env=env, directory=d, srun=str(fake_srun(tmp_path)))
+    assert sup.run() == 0
+    assert len((tmp_path / "log").read_text().splitlines()) == 2  # step 0, its replacement; no third step
+
+
+def test_the_cli_passes_usr1_to_the_training_processes_of_the_step(tmp_path: Path) -> None:
+    """`slurmrt run` as a process: USR1 becomes an `srun --overlap ... slurmrt signal USR1` on the step's nodes."""
+    wait = tmp_path / "step1-running"
+    env = {**os.environ, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-3]", "FAKE_LOG": str(tmp_path / "log"),
+           "FAKE_WAIT": str(wait), "PATH": f"{tmp_path}:{os.environ['PATH']}", "SLURM_SUBMIT_DIR": str(tmp_path)}
+    fake_srun(tmp_path)
+    proc = subprocess.Popen([sys.executable, "-m", "slurmrt", "run", "--spare-nodes", "1", "--", "python", "t.py"],
+                            env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        while not wait.exists():  # the replacement step runs
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGUSR1)
+        while len((tmp_path / "log").read_text().splitlines()) < 3:
+            assert proc.poll() is None
+            time.sleep(0.05)
+    finally:
+        Path(str(wait) + ".go").touch()
+    assert proc.wait(timeout=60) == 0
+    forward = json.loads((tmp_path / "log").read_text().splitlines()[2])["argv"]
+    assert forward[:2] == ["--overlap", "--jobid=7"] and "--nodelist=n1,n3" in forward
+    assert forward[-4:] == ["signal", "SIGUSR1", "--job", "7"] and "--ntasks-per-node=1" in forward
+    err = proc.stderr.read() if proc.stderr else ""
+    assert "in-job restart 1" in err and "SIGUSR1: passed to the training processes on n[1,3]" in err
+
+
+def test_the_batch_shell_is_recognised_by_slurms_copy_of_the_script(tmp_path: Path) -> None:
+    from slurmrt.recovery.supervisor import under_batch_shell
+
+    assert not under_batch_shell(os.getpid())
+    copy = tmp_path / "job00042" / "slurm_script"
+    copy.parent.mkdir()
+    copy.write_text("sleep 30\n")
+    shell = subprocess.Popen(["bash", str(copy)])
+    try:
+        while not Path(f"/proc/{shell.pid}/cmdline").read_bytes().startswith(b"bash"):  # not yet exec'd
+            time.sleep(0.01)
+        assert under_batch_shell(shell.pid)
+    finally:
+        shell.kill()
+        shell.wait()
+
+
+@pytest.mark.parametrize(("held", "expected_steps"), [("n[1,3]", 2), ("n[1-3]", 1)])
+def test_a_node_that_left_the_allocation_is_replaced_though_nobody_could_ask(
+        tmp_path: Path, held: str, expected_steps: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With --no-kill, Slurm kills a failed node's step at once and drops the node from the job's NodeList (measured
+    in docs/slurm.md): the supervisor reads it from `scontrol show job`."""
+    scontrol = tmp_path / "scontrol"  # the whole allocation when step 0 starts, then what the job holds after it
+    scontrol.write_text(f"#!/bin/sh\nif [ -e {tmp_path}/asked ]; then held='{held}'; else held='n[1-3]'; fi\n"
+                        f"touch {tmp_path}/asked\n"
+                        "echo \"JobId=7 JobName=x JobState=RUNNING NodeList=$held ReqNodeList=(null) "
+                        "ExcNodeList=(null) NumNodes=3\"\n")
+    scontrol.chmod(0o755)
+    env = {**os.environ, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-3]", "FAKE_LOG": str(tmp_path / "log"),
+           "FAKE_NODE_FAILURE": "1", "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+    monkeypatch.setenv("PATH", env["PATH"])  # _slurm.run finds scontrol on this process's PATH
+    sup = Supervisor(["x"], spare_nodes=1, max_restarts=3, env=env, directory=tmp_path / "d",
+                     srun=str(fake_srun(tmp_path)))
+    assert sup.run() == (0 if expected_steps == 2 else 137)
+    calls = [json.loads(line) for line in (tmp_path / "log").read_text().splitlines()]
+    assert len(calls) == expected_steps
+    if expected_steps == 2:
+        assert "--nodelist=n1,n3" in calls[1]["argv"]
+
+
+def test_a_spare_that_left_the_job_is_not_given_a_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """n3, the spare, failed while step 0 ran, whose ranks asked for an in-job restart: no node to go to, so the
+    supervisor requeues the job without n2 itself (the ranks left that to it), instead of an srun on a lost node."""
+    scontrol = tmp_path / "scontrol"
+    scontrol.write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path}/scontrol.log\n"
+                        f"if [ -e {tmp_path}/asked ]; then held='n[1-2]'; else held='n[1-3]'; fi\n"
+                        f"touch {tmp_path}/asked\n"
+                        'echo "JobId=7 JobState=RUNNING NodeList=$held ExcNodeList=(null) NumNodes=3"\n')
+    scontrol.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    env = {**os.environ, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-3]", "FAKE_LOG": str(tmp_path / "log")}
+    sup = Supervisor(["x"], spare_nodes=1, max_restarts=3, env=env, directory=tmp_path / "d",
+                     srun=str(fake_srun(tmp_path)))
+    assert sup.run() == int(ExitCode.HUNG)
+    assert len((tmp_path / "log").read_text().splitlines()) == 1  # step 0 only
+    calls = (tmp_path / "scontrol.log").read_text().splitlines()
+    assert "requeue 7" in calls and "update JobId=7 ExcNodeList=n2" in calls
+
+
+def test_a_signal_before_the_step_runs_is_passed_on_once_its_processes_have_registered(tmp_path: Path) -> None:
+    """USR1 while no step runs (here: before the first) waits for the step; `slurmrt signal` finding no training
+    process yet on a node (still importing torch) is tried again while the step runs."""
+    wait = tmp_path / "step-running"
+    env = {**os.environ, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]", "FAKE_LOG": str(tmp_path / "log"),
+           "FAKE_WAIT": str(wait), "FAKE_WAIT_FIRST": "1", "FAKE_OVERLAP_FAILS": "1"}
+    sup = Supervisor(["x"], spare_nodes=0, max_restarts=0, env=env, directory=tmp_path / "d",
+                     srun=str(fake_srun(tmp_path)), retry_s=0.01)
+    sup._on_signal(signal.SIGUSR1, None)  # the handler, as Python calls it: no step yet
+    assert sup._pending == [signal.SIGUSR1]
+
+    def release() -> None:  # the step runs until both tries were made (or a minute, for a failing test to end)
+        log, deadline = tmp_path / "log", time.monotonic() + 60
+        while time.monotonic() < deadline and (
+                not log.exists() or sum('"--overlap"' in line for line in log.read_text().splitlines()) < 2):
+            time.sleep(0.01)
+        Path(str(wait) + ".go").touch()
+
+    import threading
+
+    threading.Thread(target=release, daemon=True).start()
+    assert sup.run() == 0
+    overlaps = [json.loads(line) for line in (tmp_path / "log").read_text().splitlines() if "--overlap" in line]
+    assert len(overlaps) == 2 and all(o["argv"][-4:] == ["signal", "SIGUSR1", "--job", "7"] for o in overlaps)

@@ -1,0 +1,51 @@
+"""Unit tests are pure and fast: none starts a process (what does belongs in tests/integration)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def _no_process(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a unit test starts no process (subprocess, fork, spawn): it belongs in "
+                             "tests/integration")
+
+    monkeypatch.setattr(subprocess.Popen, "_execute_child", refuse)
+    monkeypatch.setattr(os, "fork", refuse)
+    monkeypatch.setattr(os, "posix_spawn", refuse)
+    yield
+
+
+def fake_slurm(monkeypatch: pytest.MonkeyPatch, where: Path) -> Path:
+    """Slurm's commands stood in at the process boundary (``slurmrt._slurm.run``), in this process: what
+    ``tests/integration/launch.py:fake_bin`` does with scripts. ``scontrol``, ``squeue`` and ``scancel`` append their
+    calls to ``$FAKE_SLURM_LOG``; ``squeue`` answers ``$FAKE_END_TIME`` (squeue's local-time format) or N/A;
+    ``scontrol requeue`` fails with ``$FAKE_REQUEUE_FAIL``. They exist while ``where`` is on PATH, as the scripts
+    would; returns ``where``, to put on PATH."""
+    from slurmrt import _slurm
+
+    real = _slurm.run
+
+    def run(command: str, *args: str, timeout_s: float = 30.0) -> subprocess.CompletedProcess[str] | str:
+        if command not in ("scontrol", "squeue", "scancel") or str(where) not in os.environ["PATH"].split(os.pathsep):
+            return real(command, *args, timeout_s=timeout_s)
+        with open(os.environ["FAKE_SLURM_LOG"], "a") as log:
+            log.write(" ".join(args if command == "scontrol" else (command, *args)) + "\n")
+        out, err, code = "", "", 0
+        if command == "squeue":
+            end = os.environ.get("FAKE_END_TIME")
+            out = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(int(end))) + "\n" if end else "N/A\n"
+        if command == "scontrol" and args[:1] == ("requeue",) and os.environ.get("FAKE_REQUEUE_FAIL"):
+            err, code = "Job is not requeueable\n", 1
+        return subprocess.CompletedProcess([command, *args], code, out, err)
+
+    monkeypatch.setattr(_slurm, "run", run)
+    where.mkdir(parents=True, exist_ok=True)
+    return where
