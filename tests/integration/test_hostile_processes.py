@@ -9,45 +9,16 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
 
-from slurmrt._comm import SoloComm
 from slurmrt.checkpoint import lease as lease_module
-from slurmrt.checkpoint.lease import LEASE_FILE, Lease
-from slurmrt.checkpoint.store import CheckpointStore
+from slurmrt.checkpoint.lease import LEASE_FILE
 from slurmrt.cli import main
-
-
-def _store(root: Path, keep_last: int = 3, guard: Callable[[], None] | None = None) -> CheckpointStore:
-    return CheckpointStore(root, SoloComm(), keep_last=keep_last, guard=guard)
-
-
-def _flip(path: Path, offset: int = -1) -> None:
-    data = bytearray(path.read_bytes())
-    data[offset] ^= 0x01
-    path.write_bytes(bytes(data))
+from tests.unit.test_hostile_checkpoints import _flip, _lease, _resume, _save_with_every_kind
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _resume(root: Path, **kwargs: Any) -> tuple[CheckpointStore, int | None, Any]:
-    """A new run on ``root``: its store, and the step and state it resumes from."""
-    store = _store(root, **kwargs)
-    got = store.load_latest()
-    return store, (got.step if got else None), (got.state if got else None)
-
-
-def _save_with_every_kind(root: Path) -> None:
-    store = _store(root, keep_last=5)
-    store.save({"w": torch.full((64,), 1.0)}, 1, local={"rng": 1})
-    store.save({"w": torch.full((64,), 2.0)}, 2, local={"rng": 2})
-
-
-def _lease(root: Path, owner: str, *, alive: bool | None = True, host: str = "n1") -> Lease:
-    return Lease(root, owner=owner, job=owner, host=host, alive=lambda job: alive)
 
 
 def _damages(path: Path) -> list[tuple[str, Callable[[], None]]]:
