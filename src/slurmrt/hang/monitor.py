@@ -15,6 +15,8 @@ import logging
 import re
 import signal
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from .._comm import torch_distributed
@@ -31,7 +33,7 @@ from .census import Census, CensusError
 from .response import HangResponse, exit_now, is_peer_failure, unhealthy
 from .watchdog import Activity, PhaseTimes, Watchdog
 
-__all__ = ["HangMonitor"]
+__all__ = ["HangMonitor", "HangSettings"]
 
 logger = logging.getLogger(__name__)
 
@@ -40,13 +42,31 @@ logger = logging.getLogger(__name__)
 _MISSED = re.compile(r"Ranks? ([\d, ]+) failed")
 
 
+@dataclass(frozen=True, kw_only=True)
+class HangSettings:
+    """The options the hang monitor uses (``init()`` takes them from :class:`slurmrt.Options`)."""
+
+    floor_s: float = 180.0  #: hang_floor_s
+    startup_s: float = 1200.0  #: startup_timeout_s
+    fixed_s: float | None = None  #: hang_timeout_s
+    census_wait_s: float = 15.0  #: census_wait_s, or 3 watch intervals (at least 10 s)
+    kill_switch: Path | None = None
+    health_check: bool = False
+
+    @classmethod
+    def of(cls, o: Options) -> HangSettings:
+        return cls(floor_s=o.hang_floor_s, startup_s=o.startup_timeout_s, fixed_s=o.hang_timeout_s,
+                   census_wait_s=o.census_wait_s or max(10.0, 3 * o.watch_interval_s), kill_switch=o.kill_switch,
+                   health_check=o.health_check)
+
+
 class HangMonitor:
-    def __init__(self, topology: Topology, options: Options, executor: Executor, *, signals: SignalRecorder,
+    def __init__(self, topology: Topology, settings: HangSettings, executor: Executor, *, signals: SignalRecorder,
                  kill_switch: KillSwitch | None, agreement: Callable[[], Agreement | None],
                  also_exclude: Callable[[], list[str]] = lambda: []) -> None:
         """``executor``: what the job does about a hang (:mod:`slurmrt.recovery`); ``also_exclude``: nodes a
         requeue or in-job restart leaves out besides the suspects (a straggler's)."""
-        self.topology, self.options, self.executor = topology, options, executor
+        self.topology, self.settings, self.executor = topology, settings, executor
         self._also_exclude = also_exclude
         self._signals = signals
         self._switch = kill_switch
@@ -57,17 +77,15 @@ class HangMonitor:
     def watchdog(self, budget: Budget, phases: PhaseTimes, *, heartbeat: Callable[[], float],
                  activity: Callable[[], Activity | None]) -> Watchdog:
         """The watchdog to poll on the watcher thread, and the response it calls when the run is hung."""
-        o = self.options
+        s = self.settings
         self._response = HangResponse(
             self.topology, self.executor, kill_switch_seen=self.kill_switch_seen, last_step=self._last_step,
-            census=self.census, census_wait_s=o.census_wait_s or max(10.0, 3 * o.watch_interval_s),
-            also_exclude=self._also_exclude,
+            census=self.census, census_wait_s=s.census_wait_s, also_exclude=self._also_exclude,
             terminating=lambda: signal.SIGTERM in self._signals.first_seen,
-            cancel=functools.partial(cancel_and_exit, o.kill_switch, self.topology.requeue_id)
-            if o.kill_switch else None)
+            cancel=functools.partial(cancel_and_exit, s.kill_switch, self.topology.requeue_id)
+            if s.kill_switch else None)
         return Watchdog(budget, phases, heartbeat=heartbeat, activity=activity, on_hang=self._response.hung,
-                        floor_s=o.hang_floor_s, startup_s=o.startup_timeout_s, fixed_s=o.hang_timeout_s,
-                        probe=self._probe)
+                        floor_s=s.floor_s, startup_s=s.startup_s, fixed_s=s.fixed_s, probe=self._probe)
 
     def _last_step(self) -> int | None:
         agreement = self._agreement()
@@ -137,13 +155,13 @@ class HangMonitor:
                 census.register(self.topology.hostname)
             except CensusError as err:
                 logger.warning("%s", err)
-        if self.options.health_check and group is not None:
+        if self.settings.health_check and group is not None:
             self._barrier(group, census)
 
     def _barrier(self, group: Any, census: Census | None) -> None:
         import torch.distributed as dist
 
-        floor = self.options.hang_floor_s
+        floor = self.settings.floor_s
         try:
             dist.monitored_barrier(group=group, timeout=datetime.timedelta(seconds=floor), wait_all_ranks=True)
         except RuntimeError as err:

@@ -3,8 +3,8 @@
 1. Write the stack of every thread (faulthandler) to the rank's log and to the event log.
 2. If the kill switch was seen: cancel the job and exit 0, as the switch means (no requeue, no checkpoint).
 3. Take the census (:mod:`slurmrt.hang.census`) and name the suspects.
-4. The census leader (the lowest rank that answered) requeues the job, unless the requeue loop guard or the options
-   say no, then adds the suspects' nodes to the job's excluded nodes (:mod:`slurmrt.recovery.exclusion`), and tells
+4. The census leader (the lowest rank that answered) hands the suspects' nodes to the recovery executor
+   (:mod:`slurmrt.recovery`: a new step on a spare, or the requeue without them, as the plan decides), and tells
    the others.
 5. Exit with :attr:`ExitCode.HUNG` (``os._exit``: the training thread cannot be joined), so that
    ``srun --kill-on-bad-exit=1`` takes down the step. No checkpoint: the thread that would write it is the one stuck.

@@ -16,7 +16,7 @@ from .._errors import ConfigError
 from ..checkpoint import lease as leases
 from ..checkpoint.background import Staged
 from ..checkpoint.store import SaveFn
-from ..hang.monitor import HangMonitor
+from ..hang.monitor import HangMonitor, HangSettings
 from ..hang.watchdog import PhaseTimes
 from ..launch.topology import Topology
 from ..options import Options
@@ -75,8 +75,9 @@ class Runtime:
                                    settle_saves=self.checkpoints.settle, node_of=lambda rank: self.hangs.node_of(rank),
                                    can_replace=lambda node: plan(Trigger.STRAGGLER, executor.facts,
                                                                  nodes=[node]).restarts)
-        self.hangs = HangMonitor(topology, options, executor, signals=signals, kill_switch=self._switch,
-                                 agreement=lambda: self.stop.agreement, also_exclude=lambda: self.stop.exclude_nodes)
+        self.hangs = HangMonitor(topology, HangSettings.of(options), executor, signals=signals,
+                                 kill_switch=self._switch, agreement=lambda: self.stop.agreement,
+                                 also_exclude=lambda: self.stop.exclude_nodes)
         self._hooks.on_groups = self.hangs.first_collective
         pollers = [p.poll for p in (self._switch, end_time if end_time.asks else None) if p is not None]
         if lease is not None and lease.held:
