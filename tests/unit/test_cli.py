@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -132,3 +133,15 @@ def test_every_command_has_help_with_an_example(capsys: pytest.CaptureFixture[st
             main([command, "--help"])
         assert info.value.code == 0
         assert "example" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("argv", "match"), [
+    (["--forward", "KILL"], "SIGKILL cannot be passed on"),
+    (["--forward", "USR1,STOP"], "SIGSTOP cannot be passed on"),
+    (["--forward", "TERM"], "SIGTERM cannot be passed on"),
+    (["--srun-args=--gpus-per-task='1"], "--srun-args .*No closing quotation"),
+])
+def test_slurmrt_run_refuses_a_signal_it_cannot_pass_on_and_unbalanced_srun_args(
+        argv: list[str], match: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", *argv, "--", "python", "train.py"]) == 2
+    assert re.search(match, capsys.readouterr().err)

@@ -39,11 +39,22 @@ def run(args: argparse.Namespace) -> int:
         forward = tuple(signal.Signals(parse_signal(s)) for s in args.forward.split(",") if s)
     except ValueError as err:
         raise ConfigError(f"--forward {args.forward!r}: {err}") from None
+    # The supervisor handles each of them (to pass it on): no process can catch KILL or STOP, and TERM and INT
+    # mean "no new step" to it (Slurm signals the steps itself).
+    refused = sorted(s.name for s in forward if s in (signal.SIGKILL, signal.SIGSTOP, signal.SIGTERM, signal.SIGINT))
+    if refused:
+        raise ConfigError(f"--forward {args.forward!r}: {', '.join(refused)} cannot be passed on (KILL and STOP "
+                          "cannot be caught; TERM and INT end the supervisor, and Slurm sends them to the steps "
+                          "itself). Use USR1, USR2 or another catchable signal")
+    try:
+        srun_args = shlex.split(args.srun_args)
+    except ValueError as err:
+        raise ConfigError(f"--srun-args {args.srun_args!r}: {err} (one string, quoted as in a shell)") from None
     env = dict(os.environ)
     job = env.get("SLURM_JOB_ID") or ""
     directory = Path(args.dir).resolve() / f".slurmrt-run-{job}" if args.dir else default_directory(env, job)
     supervisor = Supervisor(command, spare_nodes=args.spare_nodes, max_restarts=args.max_in_job_restarts, env=env,
-                            directory=directory, srun_args=shlex.split(args.srun_args), forward=forward)
+                            directory=directory, srun_args=srun_args, forward=forward)
     # The job's options, read once here: the training reads the same variables, and a bad one fails it at init()
     # all the same; failing now costs seconds, not a step start.
     options = Options.resolve({}, env)
