@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,6 @@ from ._common import add_command
 
 def run(args: argparse.Namespace) -> int:
     import os
-    import signal
 
     command = list(args.command)
     if command and command[0] == "--":
@@ -35,17 +35,7 @@ def run(args: argparse.Namespace) -> int:
                           "python train.py")
     if args.max_in_job_restarts < 0:
         raise ConfigError(f"--max-in-job-restarts {args.max_in_job_restarts}: 0 or more")
-    try:
-        forward = tuple(signal.Signals(parse_signal(s)) for s in args.forward.split(",") if s)
-    except ValueError as err:
-        raise ConfigError(f"--forward {args.forward!r}: {err}") from None
-    # The supervisor handles each of them (to pass it on): no process can catch KILL or STOP, and TERM and INT
-    # mean "no new step" to it (Slurm signals the steps itself).
-    refused = sorted(s.name for s in forward if s in (signal.SIGKILL, signal.SIGSTOP, signal.SIGTERM, signal.SIGINT))
-    if refused:
-        raise ConfigError(f"--forward {args.forward!r}: {', '.join(refused)} cannot be passed on (KILL and STOP "
-                          "cannot be caught; TERM and INT end the supervisor, and Slurm sends them to the steps "
-                          "itself). Use USR1, USR2 or another catchable signal")
+    forward = _forward(args.forward)
     try:
         srun_args = shlex.split(args.srun_args)
     except ValueError as err:
@@ -66,6 +56,22 @@ def run(args: argparse.Namespace) -> int:
         options.event_log, options.checkpoint_dir, job=supervisor.requeue_id, restart=supervisor.restart_count,
         rank=-1, env=env, attempt=attempt)
     return supervisor.run()
+
+
+def _forward(text: str) -> tuple[signal.Signals, ...]:
+    """The signals of ``--forward``, each one the supervisor can catch and pass on."""
+    try:
+        forward = tuple(signal.Signals(parse_signal(s)) for s in text.split(",") if s)
+    except ValueError as err:
+        raise ConfigError(f"--forward {text!r}: {err}") from None
+    # No process can catch KILL or STOP, and TERM and INT mean "no new step" to the supervisor (Slurm signals the
+    # steps itself).
+    refused = sorted(s.name for s in forward if s in (signal.SIGKILL, signal.SIGSTOP, signal.SIGTERM, signal.SIGINT))
+    if refused:
+        raise ConfigError(f"--forward {text!r}: {', '.join(refused)} cannot be passed on (KILL and STOP cannot be "
+                          "caught; TERM and INT end the supervisor, and Slurm sends them to the steps itself). Use "
+                          "USR1, USR2 or another catchable signal")
+    return forward
 
 
 def add_parser(sub: Any) -> None:
