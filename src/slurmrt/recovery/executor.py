@@ -67,7 +67,7 @@ class Executor:
             logger.error("no in-job restart: %s; falling back to the requeue", decision.in_job_refused)
             self.events.emit(Event.IN_JOB_REFUSED, nodes=list(decision.exclude), why=decision.in_job_refused,
                              lead=True)
-        self._exit(decision, decision.outcome, step, reasons, **extra)
+        self._exit(decision, step, reasons, **extra)
         if decision.action is Action.REQUEUE:
             return self._requeue_job(decision, stops=trigger in _STOPS)
         return decision
@@ -86,12 +86,12 @@ class Executor:
         logger.warning("%s (spares: %s)", message, ", ".join(sup.spares))
         self.events.emit(Event.IN_JOB_RESTART, nodes=bad, spares=list(sup.spares), why=why,
                          next_attempt=sup.attempt + 1, lead=True)
-        self._exit(decision, decision.outcome, step, reasons, why=message)
+        self._exit(decision, step, reasons, why=message)
         return None
 
-    def _exit(self, decision: Decision, outcome: Outcome, step: int | None, reasons: list[str], *,
-              why: str | None = None, **extra: Any) -> None:
-        said = why or decision.why
+    def _exit(self, decision: Decision, step: int | None, reasons: list[str], *, why: str | None = None,
+              **extra: Any) -> None:
+        outcome, said = decision.outcome, why or decision.why
         if outcome.code:
             logger.warning("exit %d (%s): %s", outcome.code, outcome.name, said)
         else:

@@ -58,6 +58,13 @@ class Facts:
     #: The kill switch's path, for the words of a kill-switch stop.
     kill_switch: Path | None = None
 
+    @classmethod
+    def of(cls, options: Options, *, job: str | None, restart_count: int, in_job: InJob | None = None) -> Facts:
+        """The facts of a run of ``job`` (None: not a Slurm job) that ``options`` configure."""
+        return cls(job=job, requeue=options.requeue, restart_count=restart_count, max_restarts=options.max_restarts,
+                   max_futile_runs=options.max_futile_runs, max_excluded_nodes=options.max_excluded_nodes,
+                   in_job=in_job, kill_switch=options.kill_switch)
+
     def with_futile(self, futile: int) -> Facts:
         return dataclasses.replace(self, futile=futile)
 
@@ -86,7 +93,6 @@ def in_job_from_environ(env: Mapping[str, str]) -> InJob | None:
 
 def resolve(options: Options, topology: Topology, env: Mapping[str, str]) -> Facts:
     """The facts of this run of the job, from its options, its topology and ``slurmrt run``'s variables."""
-    return Facts(job=topology.requeue_id if topology.is_slurm else None, requeue=options.requeue,
-                 restart_count=topology.restart_count, max_restarts=options.max_restarts,
-                 max_futile_runs=options.max_futile_runs, max_excluded_nodes=options.max_excluded_nodes,
-                 in_job=in_job_from_environ(env) if topology.is_slurm else None, kill_switch=options.kill_switch)
+    slurm = topology.is_slurm
+    return Facts.of(options, job=topology.requeue_id if slurm else None, restart_count=topology.restart_count,
+                    in_job=in_job_from_environ(env) if slurm else None)
