@@ -10,8 +10,11 @@ rank, a lost peer, a failed health check), starts a new step without it in the s
 from __future__ import annotations
 
 import argparse
+import logging
 import shlex
 import signal
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,14 +51,26 @@ def run(args: argparse.Namespace) -> int:
     # The job's options, read once here: the training reads the same variables, and a bad one fails it at init()
     # all the same; failing now costs seconds, not a step start.
     options = Options.resolve({}, env)
-    supervisor.facts = Facts(job=supervisor.requeue_id, requeue=options.requeue,
-                             restart_count=supervisor.restart_count, max_restarts=options.max_restarts,
-                             max_futile_runs=options.max_futile_runs, max_excluded_nodes=options.max_excluded_nodes,
-                             kill_switch=options.kill_switch)
+    supervisor.facts = Facts.of(options, job=supervisor.requeue_id, restart_count=supervisor.restart_count)
     supervisor.event_log = lambda attempt: EventLog.for_job(
         options.event_log, options.checkpoint_dir, job=supervisor.requeue_id, restart=supervisor.restart_count,
         rank=-1, env=env, attempt=attempt)
-    return supervisor.run()
+    return _with_log_lines(supervisor.run)
+
+
+def _with_log_lines(run: Callable[[], int]) -> int:
+    """slurmrt's own warnings while ``run`` runs (the recovery plan's, the exclusion's) written as the supervisor's
+    lines are, on stderr with its prefix, not bare through Python's fallback handler. The library configures no
+    logging; this command is a program of its own, and undoes it after."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("slurmrt run: %(message)s"))
+    handler.setLevel(logging.WARNING)
+    logger = logging.getLogger("slurmrt")
+    logger.addHandler(handler)
+    try:
+        return run()
+    finally:
+        logger.removeHandler(handler)
 
 
 def _forward(text: str) -> tuple[signal.Signals, ...]:

@@ -193,8 +193,7 @@ class Supervisor:
             detail=f"{', '.join(gone)} left the job (node failure); the step ended with exit code {code}")
         if done.action is Action.IN_JOB_RESTART:
             return gone, code
-        self._say(f"no in-job restart ({done.in_job_refused}): {done.why}")
-        return [], done.code
+        return [], done.code  # the executor said why, and what it did instead
 
     def _asked(self, placement: Placement, attempt: int) -> list[str] | None:
         """The nodes the step's ranks asked to leave out (the plan chose an in-job restart there); None: no
