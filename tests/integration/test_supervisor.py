@@ -17,6 +17,19 @@ import pytest
 from slurmrt.recovery.policy import ExitCode
 from slurmrt.recovery.supervisor import Supervisor
 
+
+@pytest.fixture(autouse=True)
+def _no_slurm_of_this_machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The supervisor asks `scontrol show job` for the job's nodes: a stand-in that knows no job answers, unless a
+    test puts its own first on PATH, so that no test asks the machine's own Slurm."""
+    stubs = tmp_path / "no-slurm"
+    stubs.mkdir()
+    for name in ("scontrol", "squeue", "sinfo"):
+        (stubs / name).write_text("#!/bin/sh\necho 'slurm_load_jobs error: Invalid job id specified' >&2\nexit 1\n")
+        (stubs / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{stubs}{os.pathsep}{os.environ['PATH']}")
+
+
 FAKE_SRUN = textwrap.dedent("""\
     #!{python}
     # Stands in for srun: records its argv and environment; the first step asks to leave out the second node of
