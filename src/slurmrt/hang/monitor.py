@@ -46,12 +46,12 @@ _MISSED = re.compile(r"Ranks? ([\d, ]+) failed")
 class HangSettings:
     """The options the hang monitor uses (``init()`` takes them from :class:`slurmrt.Options`)."""
 
-    floor_s: float = 180.0  #: hang_floor_s
-    startup_s: float = 1200.0  #: startup_timeout_s
-    fixed_s: float | None = None  #: hang_timeout_s
-    census_wait_s: float = 15.0  #: census_wait_s, or 3 watch intervals (at least 10 s)
-    kill_switch: Path | None = None
-    health_check: bool = False
+    floor_s: float  #: hang_floor_s
+    startup_s: float  #: startup_timeout_s
+    fixed_s: float | None  #: hang_timeout_s
+    census_wait_s: float  #: census_wait_s, or 3 watch intervals (at least 10 s)
+    kill_switch: Path | None
+    health_check: bool
 
     @classmethod
     def of(cls, o: Options) -> HangSettings:

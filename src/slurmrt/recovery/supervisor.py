@@ -10,8 +10,10 @@ The job is allocated with spare nodes and ``--no-kill`` (``#SBATCH --nodes=3 --n
    SIGUSR1).
 3. When the step ends, a request left by its processes (slurmrt named bad nodes and chose an in-job restart) starts
    a new step without those nodes, in the same job: same job id, same run of the experiment, the event log goes on
-   with the step's ``attempt``. Anything else ends the supervisor with the step's exit code: a requeue, a stop, the
-   end, and every failure that slurmrt answered with its requeue (spares used up, the limit, the loop guard).
+   with the step's ``attempt``. A node that left the job (nobody in the step could ask) goes to the recovery plan
+   here: a new step on a spare, else the requeue. Anything else ends the supervisor with the step's exit code: a
+   requeue, a stop, the end, and every failure that slurmrt answered with its requeue (spares used up, the limit,
+   the loop guard).
 
 SIGTERM or SIGINT to the supervisor (scancel, the time limit: Slurm signals the steps itself) means no new step.
 """
@@ -19,7 +21,6 @@ SIGTERM or SIGINT to the supervisor (scancel, the time limit: Slurm signals the 
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
 import re
 import shutil
@@ -43,8 +44,6 @@ from .plan import Action, Trigger
 from .policy import ExitCode
 
 __all__ = ["Placement", "Supervisor", "place", "srun_command", "tasks_per_node"]
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

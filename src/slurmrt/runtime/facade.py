@@ -3,11 +3,9 @@ the checkpoint session, the hang monitor, the process hooks), which it builds an
 to. How a run ends is the recovery executor's (:mod:`slurmrt.recovery`).
 """
 
-
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 from typing import Any, NoReturn
 
@@ -37,8 +35,6 @@ from .report import Reporter
 from .session import CheckpointSession
 
 __all__ = ["Runtime"]
-
-logger = logging.getLogger(__name__)
 
 
 class Runtime:

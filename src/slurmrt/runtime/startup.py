@@ -1,7 +1,6 @@
 """``init()``: read and check the launch, take the checkpoint directory's lease, resolve the recovery facts, and
 build the :class:`~slurmrt.runtime.facade.Runtime`."""
 
-
 from __future__ import annotations
 
 import logging
