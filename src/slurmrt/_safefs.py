@@ -12,8 +12,10 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import grp
 import os
 import secrets
+import shutil
 import stat
 import tempfile
 import time
@@ -22,11 +24,13 @@ from pathlib import Path
 
 from ._errors import UnsafePathError
 
-__all__ = ["fsync_dir", "leftover_tmp_files", "lock", "open_append", "open_new", "private_dir", "process_start_time",
-           "replace_text", "runtime_base", "write_text"]
+__all__ = ["fsync_dir", "group_id", "leftover_tmp_files", "lock", "open_append", "open_new", "open_regular",
+           "private_dir", "process_start_time", "read_capped", "remove_entry", "replace_text", "runtime_base",
+           "write_text"]
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 
 
 def _check_private(path: Path, st: os.stat_result) -> None:
@@ -77,21 +81,86 @@ def runtime_base(env: Mapping[str, str] | None = None) -> Path:
     return private_dir(Path(tmp) / f"slurmrt-{os.getuid()}")
 
 
+def group_id(group: str | None) -> int | None:
+    """The gid of ``group`` (a name or a number); None for None. ValueError when no such group exists."""
+    if group is None:
+        return None
+    try:
+        return grp.getgrgid(int(group)).gr_gid if group.isdigit() else grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise ValueError(f"no group {group!r} on this node (see `getent group`)") from None
+
+
 def open_new(path: Path, mode: int = 0o600) -> int:
     """A new file, for writing: refused (FileExistsError) when the name exists, a symlink included."""
     return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, mode)
 
 
 def open_append(path: Path, mode: int = 0o644) -> int:
-    """``path`` opened for appending, created if absent; a symlink there is refused (OSError ELOOP), never
-    followed."""
+    """``path`` opened for appending, created if absent; a symlink there is refused (never followed), and so is
+    anything but a regular file (a FIFO would block the writer until someone reads it): UnsafePathError, an
+    OSError."""
+    return open_regular(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, mode)
+
+
+def open_regular(path: Path | str, flags: int = os.O_RDONLY, mode: int = 0o644) -> int:
+    """``path`` opened as a regular file and nothing else: a symlink is refused, never followed; a FIFO, socket or
+    device planted under the name is refused without blocking on it (O_NONBLOCK, then fstat). The descriptor is
+    blocking again when returned. :class:`~slurmrt.UnsafePathError` names the file and what it is."""
     try:
-        return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | _NOFOLLOW | _CLOEXEC, mode)
+        fd = os.open(path, flags | _NOFOLLOW | _CLOEXEC | _NONBLOCK, mode)
     except OSError as err:
         if err.errno == errno.ELOOP:
-            raise OSError(errno.ELOOP, f"{path} is a symlink; slurmrt does not write through links that it did "
-                                       "not make (remove it)") from None
+            raise UnsafePathError(f"{path} is a symlink; slurmrt reads and writes its files only as files of their "
+                                  "own, never through a link (someone else may have planted it): remove it",
+                                  path=str(path)) from None
         raise
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise UnsafePathError(f"{path} is not a regular file (it is a {_kind(st.st_mode)}); slurmrt never opens "
+                              "anything else there, since reading a FIFO or a device may block for ever or never "
+                              "end: remove it", path=str(path))
+    os.set_blocking(fd, True)
+    return fd
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "FIFO"), (stat.S_ISSOCK, "socket"), (stat.S_ISCHR, "character device"),
+                       (stat.S_ISBLK, "block device"), (stat.S_ISDIR, "directory")):
+        if test(mode):
+            return name
+    return "special file"
+
+
+def read_capped(path: Path | str, limit: int) -> bytes:
+    """The whole of the regular file ``path`` (:func:`open_regular`), which must hold at most ``limit`` bytes: a
+    file that grows without end (a link to /dev/zero is refused already) or was made huge is refused with
+    :class:`~slurmrt.UnsafePathError`, not read into memory."""
+    fd = open_regular(path)
+    try:
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(limit + 1)
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise UnsafePathError(f"{path} holds more than {limit} bytes, far more than slurmrt ever writes there: not "
+                              "read. Look at what it is, and remove it", path=str(path))
+    return data
+
+
+def remove_entry(path: Path) -> None:
+    """Remove ``path`` without following or opening anything that is not a directory of its own: a directory tree
+    is removed (``rmtree`` never follows the links inside), anything else (a file, a link, a FIFO) is unlinked.
+    Errors are ignored (best effort, as a clean-up is)."""
+    try:
+        st = os.lstat(path)
+        if stat.S_ISDIR(st.st_mode):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            os.unlink(path)
+    except OSError:
+        pass
 
 
 def lock(fd: int, *, timeout_s: float, shared: bool = False) -> bool:

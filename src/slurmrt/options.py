@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ._errors import ConfigError
+from ._safefs import group_id
 from .launch.parallel import ParallelConfig
 from .stop.signals import DEFAULT_SIGNALS, parse_signal
 
@@ -87,6 +88,11 @@ class Options:
     #: ... in each of ``straggler_windows`` windows in a row, of ``straggler_window`` timed steps each.
     straggler_window: int = 20
     straggler_windows: int = 3
+    #: A group whose checkpoint files this job trusts and loads (a name or a gid): by default only files of this
+    #: user's (or root's) are unpickled. See ``slurmrt.checkpoint.trust``.
+    trusted_group: str | None = None
+    #: The checkpoint directory is shared with other users on purpose: its mode (``o+w``) is not refused.
+    shared_checkpoint_dir: bool = False
     event_log: Path | None = None
     #: The experiment id: by default the one stored next to the checkpoints (new for a fresh directory).
     experiment_id: str | None = None
@@ -197,7 +203,8 @@ _FLOATS = {"deadline_margin_s": 0.0, "save_time_s": 0.0, "kill_wait_s": 0.0, "ki
 _OPTIONAL = {"max_restarts", "max_futile_runs", "keep_every", "hang_timeout_s", "progress_s", "census_wait_s"}
 #: Options that take one of a few words.
 _CHOICES = {"straggler": ("name", "exclude", "replace")}
-_BOOLS = {"requeue", "deadline", "watchdog", "health_check", "save_process", "fsdp", "moe_overlap"}
+_BOOLS = {"requeue", "deadline", "watchdog", "health_check", "save_process", "fsdp", "moe_overlap",
+          "shared_checkpoint_dir"}
 _TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
 _NONE = {"none", "off", "never"}
 #: Signals a process cannot catch: a recorder for them would never run.
@@ -280,6 +287,12 @@ def _signals(name: str, value: Any, text: str | None) -> tuple[signal.Signals, .
     return signals
 
 
+def _group(name: str, value: Any, text: str | None) -> str:
+    group = str(value).strip()
+    group_id(group)  # ValueError when the node knows no such group
+    return group
+
+
 def _argv(name: str, value: Any, text: str | None) -> tuple[str, ...]:
     if isinstance(value, Sequence) and not isinstance(value, str):
         return tuple(str(a) for a in value)
@@ -289,4 +302,4 @@ def _argv(name: str, value: Any, text: str | None) -> tuple[str, ...]:
 _PARSERS: tuple[tuple[Any, Callable[[str, Any, str | None], Any]], ...] = (
     (_PATHS, _path), (_INTS, _int), (_FLOATS, _seconds), (_BOOLS, _bool), ({"signals"}, _signals),
     (_CHOICES, _choice), ({"straggler_margin"}, _fraction),
-    ({"megatron_args"}, _argv))
+    ({"megatron_args"}, _argv), ({"trusted_group"}, _group))

@@ -373,14 +373,14 @@ def test_pruning_is_off_the_saves_critical_path_and_done_by_close(tmp_path: Path
     store = _store(tmp_path, keep_last=1)
     store.save({"w": torch.zeros(10)}, 1)
     release, started = threading.Event(), threading.Event()
-    rmtree = retention.shutil.rmtree
+    remove = retention.remove_entry
 
-    def slow(path: Any, *args: Any, **kwargs: Any) -> None:
+    def slow(path: Any) -> None:
         started.set()
         release.wait(30)
-        rmtree(path, *args, **kwargs)
+        remove(path)
 
-    monkeypatch.setattr(retention.shutil, "rmtree", slow)
+    monkeypatch.setattr(retention, "remove_entry", slow)
     store.save({"w": torch.ones(10)}, 2)  # returns although the deletion of step 1 is held
     assert started.wait(30), "the deletion never started"
     assert complete_steps(tmp_path) == [2], "the pruned checkpoint is out of sight at once"

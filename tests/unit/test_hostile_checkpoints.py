@@ -8,7 +8,9 @@ from __future__ import annotations
 import errno
 import json
 import os
+import subprocess
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -173,8 +175,10 @@ def test_a_temporary_latest_file_left_by_a_kill_is_gone_after_the_next_save(tmp_
 
 # -- one live job per directory ---------------------------------------------------------------------------------
 
-def _lease(root: Path, owner: str, *, alive: bool | None = True, host: str = "n1") -> Lease:
-    return Lease(root, owner=owner, job=owner, host=host, alive=lambda job: alive)
+def _lease(root: Path, owner: str, *, alive: bool | None = True, host: str = "n1", quiet_s: float = 0.2,
+           cluster: str | None = None) -> Lease:
+    return Lease(root, owner=owner, job=owner, host=host, cluster=cluster, quiet_s=quiet_s,
+                 alive=lambda job, cluster: alive)
 
 
 def test_a_second_job_on_a_live_jobs_directory_is_refused_with_its_id_place_and_fix(tmp_path: Path) -> None:
@@ -188,7 +192,7 @@ def test_a_second_job_on_a_live_jobs_directory_is_refused_with_its_id_place_and_
 
 
 def test_a_rank_that_found_the_lease_live_follows_its_rank_0_taking_it_over(tmp_path: Path) -> None:
-    _lease(tmp_path, "7001").acquire()
+    _lease(tmp_path, "7001", host="n2").acquire()
     rank1 = _lease(tmp_path, "7002")  # judges 7001 live: waits for rank 0's decision before refusing
     taker = threading.Timer(0.3, lambda: _lease(tmp_path, "7002", alive=False).acquire())  # rank 0: 7001 ended
     taker.start()
@@ -221,6 +225,60 @@ def test_a_lease_whose_job_slurm_says_ended_is_taken_over_with_a_warning(tmp_pat
     _lease(tmp_path, "4711_2", alive=False, host="n5").acquire()
     assert "Slurm says job 4711_1 has ended" in caplog.text
     assert json.loads((tmp_path / LEASE_FILE).read_text())["owner"] == "4711_2"
+
+
+def test_a_holder_alive_on_this_host_is_never_taken_over_whatever_slurm_answers(tmp_path: Path) -> None:
+    # squeue of a Slurm that does not know job 7001 says "Invalid job id": no evidence against a live process.
+    _lease(tmp_path, "7001", host="n1").acquire()
+    with pytest.raises(LeaseError, match="in use by job 7001"):
+        _lease(tmp_path, "7002", alive=False, host="n1", quiet_s=0.0).acquire()
+    assert json.loads((tmp_path / LEASE_FILE).read_text())["owner"] == "7001"
+
+
+def test_a_heartbeat_that_moves_outweighs_slurm_saying_the_job_ended(tmp_path: Path) -> None:
+    holder = _lease(tmp_path, "7001", host="n2")
+    holder.acquire()
+    done = threading.Event()
+
+    def beat() -> None:  # the holder's watcher, refreshing its heartbeat as a live job does
+        while not done.is_set():
+            holder._next_refresh = 0.0
+            holder.refresh()
+            time.sleep(0.02)
+
+    refresher = threading.Thread(target=beat)
+    refresher.start()
+    try:
+        with pytest.raises(LeaseError, match="in use by job 7001"):
+            _lease(tmp_path, "7002", alive=False, host="n5", quiet_s=5.0).acquire()
+    finally:
+        done.set()
+        refresher.join()
+    assert json.loads((tmp_path / LEASE_FILE).read_text())["owner"] == "7001"
+
+
+def test_slurm_is_asked_on_the_holders_own_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    asked: list[tuple[str, ...]] = []
+    invalid = (1, "", "slurm_load_jobs error: Invalid job id specified")
+    answers = {"east": (0, "CLUSTER: east\nRUNNING\n", ""), "": invalid}
+
+    def run(command: str, *args: str, timeout_s: float = 30.0) -> subprocess.CompletedProcess[str]:
+        asked.append((command, *args))
+        code, out, err = answers[args[1] if args[0] == "-M" else ""]
+        return subprocess.CompletedProcess([command, *args], code, out, err)
+
+    monkeypatch.setattr(lease_module._slurm, "run", run)
+    Lease(tmp_path, owner="7001", job="7001", host="e1", cluster="east").acquire()  # SIGKILLed on cluster east
+    west = Lease(tmp_path, owner="7002", job="7002", host="w1", cluster="west", quiet_s=0.1)
+    with pytest.raises(LeaseError, match="in use by job 7001"):
+        west.acquire()  # west's squeue does not know 7001; east, asked with -M, says it runs
+    assert asked and all(call[:3] == ("squeue", "-M", "east") for call in asked), asked
+    answers["east"] = (1, "", "squeue: error: 'east' can't be reached now")
+    with pytest.raises(LeaseError, match="in use by job 7001"):
+        west.acquire()  # no answer is no evidence
+    answers["east"] = invalid
+    west.acquire()  # east itself no longer knows the job, and the heartbeat has stood still
+    assert json.loads((tmp_path / LEASE_FILE).read_text())["owner"] == "7002"
 
 
 def test_a_lease_whose_heartbeat_is_older_than_the_bound_is_stale(tmp_path: Path,
@@ -258,3 +316,107 @@ def test_a_symlink_or_damage_in_place_of_the_lease(tmp_path: Path, caplog: pytes
     (tmp_path / LEASE_FILE).write_bytes(b"\x00\xff[1,2")
     _lease(tmp_path, "1").acquire()
     assert "is damaged" in caplog.text
+
+
+# -- files opened as their owner expects ----------------------------------------------------------------------------
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give files to another user (chown)")
+
+
+def _give_away(path: Path, uid: int = 65534, gid: int = 65534) -> None:
+    for entry in [path, *path.rglob("*")]:
+        os.chown(entry, uid, gid, follow_symlinks=False)
+
+
+@needs_root
+def test_a_checkpoint_another_user_planted_is_never_unpickled(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    store = _store(tmp_path)
+    store.save({"w": torch.zeros(4)}, 1)
+    planted = tmp_path / "planted"
+    _store(planted).save({"w": torch.full((4,), 666.0)}, 9)  # complete, with a valid manifest: XXH3 is no MAC
+    os.rename(planted / "step_000000009", tmp_path / "step_000000009")
+    _give_away(tmp_path / "step_000000009")
+    _, step, state = _resume(tmp_path)
+    assert step == 1 and torch.equal(state["w"], torch.zeros(4))
+    assert "belongs to" in caplog.text and "uid 65534" in caplog.text and "trusted_group" in caplog.text
+    trusting = CheckpointStore(tmp_path, SoloComm(), trusted_gid=65534).load_latest()  # a group the user named
+    assert trusting is not None and trusting.step == 9
+
+
+def test_a_checkpoint_directory_every_user_may_write_to_is_refused_unless_shared_on_purpose(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from slurmrt import UnsafePathError
+    from slurmrt.checkpoint.trust import check_directory
+
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    open_dir.chmod(0o777)
+    with pytest.raises(UnsafePathError, match=r"mode 0777.*chmod o-w.*shared_checkpoint_dir=True"):
+        check_directory(open_dir, shared=False)
+    check_directory(open_dir, shared=True)
+    open_dir.chmod(0o1777)
+    check_directory(open_dir, shared=False)
+    assert "sticky bit" in caplog.text
+    open_dir.chmod(0o775)  # a team's directory: group-writable, nobody else
+    caplog.clear()
+    check_directory(open_dir, shared=False)
+    assert not caplog.text
+
+
+@pytest.mark.parametrize("name", [LEASE_FILE, ".slurmrt-lease.lock", "experiment.json", "events-7001.jsonl"])
+def test_a_fifo_or_a_device_link_planted_under_a_file_slurmrt_reads_is_an_error_not_a_hang(
+        tmp_path: Path, name: str) -> None:
+    from slurmrt import SlurmrtError
+    from slurmrt.record.events import read_events
+    from slurmrt.record.experiment import establish
+
+    os.mkfifo(tmp_path / name)  # a reader that opened it blocking would wait for a writer for ever
+    with pytest.raises((SlurmrtError, OSError), match="not a regular file"):
+        if name.startswith("events"):
+            list(read_events(tmp_path / name))
+        elif name == "experiment.json":
+            establish(tmp_path, job="7001", override=None)
+        else:
+            _lease(tmp_path, "7001").acquire()
+    (tmp_path / name).unlink()
+    (tmp_path / name).symlink_to("/dev/zero")  # read whole, it never ends
+    with pytest.raises((SlurmrtError, OSError), match="symlink"):
+        if name.startswith("events"):
+            list(read_events(tmp_path / name))
+        elif name == "experiment.json":
+            establish(tmp_path, job="7001", override=None)
+        else:
+            _lease(tmp_path, "7001").acquire()
+
+
+def test_a_fifo_in_place_of_a_manifest_or_a_leftover_is_named_not_waited_on(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    store.save({"w": torch.zeros(4)}, 1)
+    store.save({"w": torch.ones(4)}, 2)
+    os.unlink(tmp_path / "step_000000002" / "manifest.json")
+    os.mkfifo(tmp_path / "step_000000002" / "manifest.json")
+    os.mkfifo(tmp_path / ".tmp-step_000000003-7001-r0-1")  # a leftover's name: clearing it must not open it
+    _, step, _ = _resume(tmp_path)
+    assert step == 1
+    assert main(["verify", str(tmp_path / "step_000000002")]) == 1
+
+
+def test_an_oversized_event_line_is_skipped_in_bounded_pieces(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from slurmrt.record import events
+
+    log = tmp_path / "events.jsonl"
+    good = '{"time": "2026-01-01T00:00:00+00:00", "event": "init", "job": "1", "restart": 0, "rank": 0}\n'
+    log.write_text(good + "x" * (3 * events.MAX_LINE + 5) + "\n" + good)
+    assert [e["event"] for e in events.read_events(log)] == ["init", "init"]
+    assert "longer than" in caplog.text
+
+
+def test_the_saves_temporary_directory_has_a_name_nobody_can_plant_beforehand(tmp_path: Path) -> None:
+    # Planted under every name a save could pick from the job id, the restart and a counter: none is used.
+    for seq in range(1, 4):
+        planted = tmp_path / f".tmp-step_000000001-0-{seq}"
+        planted.mkdir(parents=True)
+        (planted / "rank_00000.pt").symlink_to(tmp_path / "victim")
+    (tmp_path / "victim").write_text("precious")
+    _store(tmp_path).save({"w": torch.zeros(4)}, 1)
+    assert (tmp_path / "victim").read_text() == "precious"

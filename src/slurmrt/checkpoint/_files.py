@@ -21,6 +21,7 @@ import errno
 import functools
 import os
 import shutil
+import stat
 import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -28,10 +29,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from .._errors import CheckpointError
 from .._safefs import fsync_dir, leftover_tmp_files, replace_text, write_text
 
 __all__ = ["HASH", "WRITEBACK_BYTES", "FileInfo", "Hashing", "checksum_files", "failure_advice", "free_space",
-           "fsync_dir", "fsync_tree", "hash_file", "leftover_tmp_files", "no_zip_crc", "replace_text",
+           "fsync_dir", "fsync_tree", "hash_file", "leftover_tmp_files", "make_own_dir", "no_zip_crc", "replace_text",
            "start_writeback", "write_state", "write_text"]
 
 #: The manifest's name for the checksum, the key of its value in each file's entry.
@@ -269,3 +271,16 @@ def free_space(path: Path) -> str:
     except OSError:
         return "free space unknown"
     return f"{free / 2**30:.2f} GiB free in {path}"
+
+
+def make_own_dir(path: Path) -> None:
+    """The save's temporary directory, made by whichever rank comes first; refused unless it is a directory of this
+    user's (not a link, not another user's planted under the name, whose links the save would write through)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+        raise CheckpointError(f"{path} exists and is not a directory this user made (owner uid {st.st_uid}): "
+                              "someone else put it there. The save writes nothing through it; remove it",
+                              path=str(path))

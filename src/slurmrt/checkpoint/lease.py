@@ -10,12 +10,16 @@ host and pid of its rank 0, and a heartbeat that the watcher thread refreshes ev
 - no lease, or one of this job (a requeued run keeps its job id): the job takes it and goes on;
 - one of another job that is still live: refused (:class:`~slurmrt.LeaseError`) before anything is written, naming
   the other job, where it runs, and the fix;
-- one of another job that is stale, taken over with a warning. Stale: Slurm no longer knows the holder's job (or
-  knows it ended), its rank-0 process is gone from this host, or its heartbeat is older than ``stale_s``
-  (``STALE_S``, 10 minutes, by default).
+- one of another job that is stale, taken over with a warning. A lease is stale only on positive evidence that its
+  holder is gone: its rank-0 process is gone from this host (pid and start time), its heartbeat is older than
+  ``stale_s`` (``STALE_S``, 10 minutes, by default), or Slurm, asked on the holder's own cluster (``squeue -M``),
+  says its job ended *and* the heartbeat has stopped moving (``QUIET_S``). A holder alive on this host is never
+  taken over. Slurm's "Invalid job id" alone is not evidence: a job of another cluster that shares the filesystem,
+  or one whose record slurmctld already purged while its processes live, gets the same answer.
 
 A job releases its lease when it closes, so the next task of an ``--array=...%1`` chain takes it at once; a task
-killed by SIGKILL leaves it behind, and the next one takes it over once Slurm says the holder ended. Rank 0 checks,
+killed by SIGKILL leaves it behind, and the next one takes it over once Slurm says the holder ended and its
+heartbeat has been still for ``QUIET_S`` (the next task waits that long, at most, watching it). Rank 0 checks,
 before every commit, pruning and clean-up, that it still holds the lease (:meth:`Lease.guard`): a job whose lease
 was taken over while it stalled stops writing instead of deleting the new holder's files. Outside Slurm the holder
 is the run (``local-<master address>:<port>``, or ``local-<host>-<pid>`` for one process).
@@ -35,12 +39,14 @@ from pathlib import Path
 from typing import Any
 
 from .. import _clock, _slurm
-from .._errors import CheckpointError, LeaseError
-from .._safefs import lock, process_start_time
+from .._errors import CheckpointError, LeaseError, UnsafePathError
+from .._safefs import lock, open_regular, process_start_time, read_capped
 from ..launch.topology import Topology
 from ._files import replace_text
+from .trust import check_directory
 
-__all__ = ["LEADER_WAIT_S", "LEASE_FILE", "REFRESH_S", "STALE_S", "Holder", "Lease", "slurm_job_alive", "take"]
+__all__ = ["LEADER_WAIT_S", "LEASE_FILE", "QUIET_S", "REFRESH_S", "STALE_S", "Holder", "Lease", "slurm_job_alive",
+           "take"]
 
 logger = logging.getLogger(__name__)
 
@@ -50,9 +56,14 @@ _LOCK_FILE = ".slurmrt-lease.lock"
 REFRESH_S = 30.0
 #: A heartbeat older than this makes a lease stale, whatever Slurm says (a cluster without squeue, a lost node).
 STALE_S = 600.0
+#: Slurm's "that job ended" counts only once the holder's heartbeat has not moved for this long: two refreshes
+#: missed. A heartbeat that moves contradicts Slurm (another cluster's job, a purged record): the holder lives.
+QUIET_S = 2 * REFRESH_S + 15.0
 _LOCK_WAIT_S = 10.0
-#: How long the other ranks wait for rank 0 to take over a lease they found live, before they refuse too.
-LEADER_WAIT_S = 30.0
+_MAX_BYTES = 64 << 10  #: a lease is a few hundred bytes
+#: How long the other ranks wait for rank 0 to take over a lease they found live, before they refuse too (rank 0
+#: may watch the heartbeat for QUIET_S first).
+LEADER_WAIT_S = QUIET_S + 30.0
 
 #: squeue states of a job that still has, or will again have, processes.
 _LIVE_STATES = {"PENDING", "RUNNING", "SUSPENDED", "CONFIGURING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD",
@@ -69,6 +80,7 @@ class Holder:
     job: str | None = None
     array_task: str | None = None
     uid: int | None = None
+    cluster: str | None = None  #: SLURM_CLUSTER_NAME where the holder runs: the cluster to ask about its job
 
     @classmethod
     def parse(cls, data: Any) -> Holder | None:
@@ -80,7 +92,7 @@ class Holder:
             holder = cls(owner=str(data["owner"]), host=str(data["host"]), pid=int(data["pid"]),
                          start=None if data.get("start") is None else int(data["start"]),
                          heartbeat=float(data["heartbeat"]), job=data.get("job"), array_task=data.get("array_task"),
-                         uid=data.get("uid"))
+                         uid=data.get("uid"), cluster=_text_or_none(data.get("cluster")))
         except (KeyError, TypeError, ValueError):
             return None
         return holder if holder.owner else None
@@ -91,29 +103,39 @@ class Holder:
         return f"{job} ({where}, heartbeat {max(0.0, now - self.heartbeat):.0f} s ago)"
 
 
-def slurm_job_alive(job: str) -> bool | None:
+def _text_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def slurm_job_alive(job: str, cluster: str | None = None) -> bool | None:
     """True while Slurm knows ``job`` as not ended, False when it says it ended or knows it no more, None when it
-    cannot be asked (no squeue, no answer)."""
-    out = _slurm.run("squeue", "-h", "-j", job, "-o", "%T", timeout_s=20.0)
+    cannot be asked (no squeue, no answer, a cluster it cannot reach). ``cluster``: the holder's own cluster
+    (``squeue -M``), so that another cluster sharing the filesystem is never the one asked."""
+    where = ("-M", cluster) if cluster else ()
+    out = _slurm.run("squeue", *where, "-h", "-j", job, "-o", "%T", timeout_s=20.0)
     if isinstance(out, str):
         return None
     if out.returncode != 0:
         return False if "Invalid job id" in out.stderr else None
-    states = {line.strip().upper() for line in out.stdout.splitlines() if line.strip()}
+    states = {line.strip().upper() for line in out.stdout.splitlines()
+              if line.strip() and not line.startswith("CLUSTER:")}
     return bool(states & _LIVE_STATES)
 
 
 class Lease:
     def __init__(self, directory: Path, *, owner: str, job: str | None = None, array_task: str | None = None,
-                 host: str | None = None, stale_s: float = STALE_S,
-                 alive: Callable[[str], bool | None] = slurm_job_alive) -> None:
+                 host: str | None = None, cluster: str | None = None, stale_s: float = STALE_S,
+                 quiet_s: float = QUIET_S, alive: Callable[[str, str | None], bool | None] = slurm_job_alive) -> None:
         self.directory = directory
         self.path = directory / LEASE_FILE
         self.owner = owner
         self._job, self._array_task = job, array_task
         self._host = host or socket.gethostname()
-        self._stale_s = stale_s
+        self._cluster = cluster
+        self._stale_s, self._quiet_s = stale_s, quiet_s
         self._alive = alive
+        #: (owner, heartbeat) -> when this process first read that heartbeat (monotonic): how long it has been still.
+        self._seen: dict[tuple[str, float], float] = {}
         self._next_refresh = 0.0
         self.held = False
         #: Set when another job took the lease over while this one held it: this job must not write any more.
@@ -123,12 +145,12 @@ class Lease:
     def holder(self) -> Holder | None:
         """The holder named in the lease file; None when there is none (or it is damaged: a warning says so)."""
         try:
-            if self.path.is_symlink():
-                raise LeaseError(f"{self.path} is a symlink: slurmrt writes its lease only as a file of its own. "
-                                 "Remove it", path=str(self.path))
-            raw = self.path.read_bytes()
+            raw = read_capped(self.path, _MAX_BYTES)
         except FileNotFoundError:
             return None
+        except UnsafePathError as err:
+            raise LeaseError(f"{err}. slurmrt writes its lease only as a file of its own", path=str(self.path)) \
+                from None
         except OSError as err:
             raise LeaseError(f"cannot read the checkpoint directory's lease {self.path}: {err}",
                              path=str(self.path)) from None
@@ -141,17 +163,42 @@ class Lease:
         return holder
 
     def stale(self, holder: Holder) -> str | None:
-        """Why ``holder`` (another owner's) no longer holds the directory, or None while it is live."""
+        """Why ``holder`` (another owner's) no longer holds the directory, or None while it is live (or nothing
+        proves it gone)."""
         now = _clock.wall()
         if now - holder.heartbeat > self._stale_s:
             return f"its heartbeat is {now - holder.heartbeat:.0f} s old (more than {self._stale_s:.0f} s)"
-        if holder.host == self._host and (holder.start is None or process_start_time(holder.pid) != holder.start):
-            return f"its process {holder.pid} is gone from {holder.host}"
-        if holder.job:
-            alive = self._alive(holder.job)
-            if alive is False:
-                return f"Slurm says job {holder.job} has ended"
+        if holder.host == self._host:
+            if holder.start is None or process_start_time(holder.pid) != holder.start:
+                return f"its process {holder.pid} is gone from {holder.host}"
+            return None  # alive on this very host: whatever Slurm answers, it holds the directory
+        if holder.job and self._still_for(holder) >= self._quiet_s:
+            where = holder.cluster or self._cluster
+            if self._alive(holder.job, where) is False:
+                return (f"Slurm{f' (cluster {where})' if where else ''} says job {holder.job} has ended, and its "
+                        f"heartbeat has not moved for {self._quiet_s:.0f} s")
         return None
+
+    def _still_for(self, holder: Holder) -> float:
+        """How long the holder's heartbeat has not moved: by its own clock, or for as long as this process has
+        watched it (clocks of two hosts may disagree; an unchanged value cannot)."""
+        first = self._seen.setdefault((holder.owner, holder.heartbeat), time.monotonic())
+        return max(_clock.wall() - holder.heartbeat, time.monotonic() - first)
+
+    def _settle(self) -> None:
+        """Before rank 0 decides: when only a still heartbeat stands between Slurm's "ended" and a takeover, watch
+        the heartbeat for up to ``quiet_s``: if it moves the holder lives, if it does not it is gone."""
+        holder = self.holder()
+        if holder is None or holder.owner == self.owner or holder.host == self._host or not holder.job:
+            return
+        if self.stale(holder) is not None or self._alive(holder.job, holder.cluster or self._cluster) is not False:
+            return
+        deadline = time.monotonic() + self._quiet_s + 1.0  # real time: a real wait for another host's process
+        while time.monotonic() < deadline:
+            time.sleep(min(1.0, self._quiet_s / 4))
+            now = self.holder()
+            if now is None or now != holder or self._still_for(now) >= self._quiet_s:
+                return
 
     def check(self, *, leader_wait_s: float = 0.0) -> Holder | None:
         """Refuse (:class:`~slurmrt.LeaseError`) when another live job holds the directory; the stale holder this
@@ -187,6 +234,7 @@ class Lease:
         both win."""
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
+            self._settle()
             with self._locked():
                 taken = self.check()
                 if taken is not None:
@@ -237,7 +285,8 @@ class Lease:
     def _write(self) -> None:
         pid = os.getpid()
         record = Holder(owner=self.owner, host=self._host, pid=pid, start=process_start_time(pid),
-                        heartbeat=_clock.wall(), job=self._job, array_task=self._array_task, uid=os.getuid())
+                        heartbeat=_clock.wall(), job=self._job, array_task=self._array_task, uid=os.getuid(),
+                        cluster=self._cluster)
         replace_text(self.path, json.dumps(asdict(record)) + "\n")
         self._next_refresh = _clock.mono() + REFRESH_S
 
@@ -245,9 +294,8 @@ class Lease:
     def _locked(self) -> Any:
         path = self.directory / _LOCK_FILE
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0),
-                         0o644)
-        except OSError as err:
+            fd = open_regular(path, os.O_RDONLY | os.O_CREAT)
+        except OSError as err:  # UnsafePathError (a link, a FIFO planted there) included
             raise LeaseError(f"cannot open the lease lock {path}: {err}", path=str(path)) from None
         try:
             if not lock(fd, timeout_s=_LOCK_WAIT_S):
@@ -259,13 +307,16 @@ class Lease:
             os.close(fd)
 
 
-def take(directory: Path, topology: Topology) -> Lease:
+def take(directory: Path, topology: Topology, *, shared: bool = False) -> Lease:
     """The run's lease on its checkpoint directory: rank 0 takes it, the others check it, so that every rank of a
-    job refused for another job's directory is refused at once, before any rendezvous."""
+    job refused for another job's directory is refused at once, before any rendezvous. A directory that every user
+    may write to is refused first, unless ``shared`` (:func:`.trust.check_directory`)."""
+    check_directory(directory, shared=shared)
     t = topology
     owner = t.requeue_id or (f"local-{t.master_addr}:{t.master_port}" if t.world_size > 1
                              else f"local-{t.hostname}-{os.getpid()}")
-    lease = Lease(directory, owner=owner, job=t.requeue_id, array_task=t.array_task_id, host=t.hostname)
+    lease = Lease(directory, owner=owner, job=t.requeue_id, array_task=t.array_task_id, host=t.hostname,
+                  cluster=t.cluster)
     if t.rank == 0:
         lease.acquire()
     else:

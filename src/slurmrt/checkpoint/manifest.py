@@ -14,6 +14,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from .._errors import CheckpointError
+from .._safefs import read_capped
 from ._files import HASH, checksum_files
 
 __all__ = ["KINDS", "MANIFEST", "check_files", "complete_steps", "manifest_problems", "read_manifest", "step_dirs",
@@ -21,6 +22,8 @@ __all__ = ["KINDS", "MANIFEST", "check_files", "complete_steps", "manifest_probl
 
 MANIFEST = "manifest.json"
 KINDS = ("state", "dir", "dcp")
+#: A manifest names each file with its size and checksum: even a checkpoint of 100,000 files stays far below this.
+MAX_MANIFEST_BYTES = 64 << 20
 _STEP_DIR = re.compile(r"step_([0-9]{9,})")
 _HEX = re.compile(r"[0-9a-f]{16}")
 
@@ -95,9 +98,8 @@ def read_manifest(directory: Path) -> dict[str, Any]:
     problem otherwise (missing, unreadable, not JSON, malformed)."""
     path = directory / MANIFEST
     try:
-        if path.is_symlink():  # slurmrt writes it as a file: a link in its place was put there by someone else
-            raise CheckpointError(f"{path} is a symlink, not the manifest slurmrt wrote", path=str(path))
-        manifest = json.loads(path.read_bytes())
+        # slurmrt writes it as a file: a link, a FIFO or a device in its place was put there by someone else
+        manifest = json.loads(read_capped(path, MAX_MANIFEST_BYTES))
     except FileNotFoundError:
         raise CheckpointError(f"{directory} has no {MANIFEST}: not a committed checkpoint (a save in progress, or "
                               "one cut short)", path=str(directory)) from None

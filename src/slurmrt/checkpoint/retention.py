@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from .._safefs import remove_entry
 from ._files import fsync_dir, leftover_tmp_files
 from .background import NICE, lower_priority
 from .manifest import complete_steps
@@ -123,4 +123,4 @@ def _remove_below_training(entries: list[Path], nice: int) -> None:
 
 def _remove(entries: list[Path]) -> None:
     for entry in entries:
-        shutil.rmtree(entry, ignore_errors=True)
+        remove_entry(entry)  # never opens a FIFO planted under a leftover's name

@@ -25,6 +25,7 @@ import copy
 import json
 import logging
 import os
+import secrets
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,6 +44,7 @@ from ._files import (
     free_space,
     fsync_dir,
     fsync_tree,
+    make_own_dir,
     replace_text,
     write_state,
     write_text,
@@ -54,6 +56,7 @@ from .manifest import MANIFEST, check_files, complete_steps, read_manifest, veri
 from .parts import write_parts
 from .reader import Incompatible, read_local, read_rank_state, refuse_incompatible
 from .retention import Retention
+from .trust import foreign_files
 
 __all__ = ["CheckpointStore", "Loaded", "PendingSave", "SaveFn", "SaveResult", "Staged", "verify"]
 
@@ -78,14 +81,19 @@ class Loaded:
 class CheckpointStore:
     def __init__(self, root: Path, comm: Comm, *, keep_last: int = 3, keep_every: int | None = None,
                  token: str = "0", threads: int = 4, nice: int = NICE, process: bool = True,
-                 guard: Callable[[], None] | None = None) -> None:
+                 guard: Callable[[], None] | None = None, trusted_gid: int | None = None) -> None:
         self.root = root
+        #: Files of this group are loaded although another user wrote them (:mod:`.trust`).
+        self.trusted_gid = trusted_gid
         self.comm = comm
         self.threads = threads
         #: How much below the training's priority a background save's write runs (see :mod:`.background`).
         self.nice = nice
         self._token = token  # job id and restart: a temp dir name no earlier attempt used
         self._seq = 0
+        #: A random part of the temporary directories' names, agreed by the ranks at the first save: a name that
+        #: nobody else can plant beforehand.
+        self._nonce: str | None = None
         #: The save helper process that writes background saves (None: threads of this process write them).
         self.helper = Helper(nice) if process and helper_available() else None
         self._stager = staging.Stager(shared=self.helper.buffers if self.helper is not None else None)
@@ -121,7 +129,9 @@ class CheckpointStore:
                 "in the background with no collective", step=step)
         self.wait()
         self._seq += 1
-        tmp = self.root / f".tmp-step_{step:09d}-{self._token}-{self._seq}"
+        if self._nonce is None:
+            self._nonce = str(self.comm.broadcast(secrets.token_hex(8)))
+        tmp = self.root / f".tmp-step_{step:09d}-{self._token}-{self._seq}{self._nonce}"
         work: dict[str, Any] | SaveFn
         if isinstance(state, Staged):  # its first part here, on the calling thread, blocking or not
             snap, write = state.snapshot(), state.write
@@ -156,7 +166,7 @@ class CheckpointStore:
         """This rank's part of the checkpoint: (kind, the files this rank wrote, with their checksums, and its DCP
         metadata for a sharded state, else None). ``helper``: the save helper process writes the tensors."""
         rank = self.comm.rank
-        tmp.mkdir(parents=True, exist_ok=True)
+        make_own_dir(tmp)
         files: dict[str, FileInfo] = {}
         metadata = None
         if callable(state):
@@ -374,11 +384,16 @@ class CheckpointStore:
         with ``verify`` its checksum; the ranks together look at each file once, and every rank hears of every
         problem through :meth:`_agreed`), and this run can load it (raises :class:`~.reader.Incompatible` if not). A
         rank that looked at every file made a resume O(N²) metadata operations on the shared filesystem."""
+        foreign = foreign_files(path, [MANIFEST], trusted_gid=self.trusted_gid)  # before a byte of it is read
+        if foreign:
+            raise CheckpointError("; ".join(foreign))
         manifest = read_manifest(path)
         names = sorted(manifest["files"])
         share = names[self.comm.rank::self.comm.world_size]
-        problems = check_files(path, manifest, checksums=share if verify else [], only=share)
+        problems = foreign_files(path, share, trusted_gid=self.trusted_gid) or \
+            check_files(path, manifest, checksums=share if verify else [], only=share)
         if problems:
             raise CheckpointError("; ".join(problems))
         refuse_incompatible(path, manifest, world_size=self.comm.world_size, into=into)
         return manifest
+

@@ -66,6 +66,8 @@ class Topology:
     attempt: int = 0
     #: The allocation's node count (SLURM_JOB_NUM_NODES), which may exceed the step's.
     job_nnodes: int | None = None
+    #: SLURM_CLUSTER_NAME: the cluster to ask about this job from another cluster sharing the filesystem.
+    cluster: str | None = None
     #: Things that are not errors but that the user should hear about (logged by init()).
     warnings: tuple[str, ...] = field(default=(), compare=False)
 
@@ -177,6 +179,7 @@ class _Common(TypedDict):
     restart_count: int
     attempt: int
     job_nnodes: int | None
+    cluster: str | None
 
 
 def _common(env: Mapping[str, str], job_id: str | None, host: str) -> _Common:
@@ -190,6 +193,7 @@ def _common(env: Mapping[str, str], job_id: str | None, host: str) -> _Common:
         "restart_count": get_int(env, "SLURM_RESTART_COUNT") or 0,
         "attempt": (get_int(env, "SLURMRT_RUN_ATTEMPT") or 0) if job_id is not None else 0,
         "job_nnodes": job_nnodes[1] if job_nnodes else None,
+        "cluster": (env.get("SLURM_CLUSTER_NAME") or None) if job_id is not None else None,
     }
 
 

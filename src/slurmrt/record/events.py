@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any, TypeGuard
 
 from .. import _clock
-from .._safefs import lock, open_append
+from .._errors import UnsafePathError
+from .._safefs import lock, open_append, open_regular
 
 __all__ = ["COPY_ENV", "Event", "EventFollower", "EventLog", "Measured", "Run", "measured", "measured_earlier",
            "read_events", "runs"]
@@ -31,6 +32,10 @@ logger = logging.getLogger(__name__)
 COPY_ENV = "SLURMRT_EVENT_COPY"
 #: How long a writer waits for the event log's lock (held by a writer for one line, so a longer hold is not ours).
 LOCK_TIMEOUT_S = 10.0
+#: No event is near this long: a longer line is skipped, read in pieces of this size (memory stays bounded).
+MAX_LINE = 1 << 20
+#: The most a follower reads at once.
+MAX_READ = 64 << 20
 
 
 class Event(str, enum.Enum):
@@ -86,7 +91,7 @@ class EventLog:
             return
         stamp = datetime.fromtimestamp(_clock.wall(), tz=timezone.utc).isoformat(timespec="milliseconds")
         line = json.dumps({"time": stamp, "event": event.value, **self._base, **data}, default=str)
-        for path in self._paths:
+        for path in list(self._paths):
             try:
                 if path.parent not in self._made:
                     path.parent.mkdir(parents=True, exist_ok=True)
@@ -104,6 +109,9 @@ class EventLog:
                         os.fsync(fd)
                 finally:
                     os.close(fd)  # releases the lock
+            except UnsafePathError as err:  # it will not change: said once, and the log goes on without it
+                self._paths.remove(path)
+                logger.warning("event log %s is not written (%s)", path, err)
             except OSError as err:  # the log must never take the training down
                 logger.warning("cannot write event log %s: %s", path, err)
 
@@ -112,9 +120,15 @@ def read_events(path: Path) -> Iterator[dict[str, Any]]:
     """The well-formed events of the log at ``path``, in order. A line that is not JSON (a write cut short), not an
     object, or whose fields have the wrong types (:func:`malformed`) is skipped with a warning: every reader
     (``slurmrt status``, ``doctor``, the simulator's summary, the loop guard) may then trust the fields it reads."""
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for number, line in enumerate(f, 1):
-            line = line.strip()
+    with os.fdopen(open_regular(path), "rb") as f:
+        for number, raw in enumerate(iter(lambda: f.readline(MAX_LINE), b""), 1):
+            if len(raw) >= MAX_LINE and not raw.endswith(b"\n"):
+                logger.warning("%s:%d is longer than %d bytes, far longer than any event: skipped", path, number,
+                               MAX_LINE)
+                while raw and not raw.endswith(b"\n"):  # the rest of that line, in bounded pieces
+                    raw = f.readline(MAX_LINE)
+                continue
+            line = raw.decode("utf-8", errors="replace").strip()
             if not line:
                 continue
             try:
@@ -174,11 +188,11 @@ class EventFollower:
 
     def new(self) -> list[dict[str, Any]]:
         try:
-            with open(self.path, encoding="utf-8") as f:
+            with os.fdopen(open_regular(self.path), "rb") as f:
                 f.seek(self._offset)
-                text = f.read()
+                text = f.read(MAX_READ).decode("utf-8", errors="replace")
                 self._offset = f.tell()
-        except FileNotFoundError:
+        except (FileNotFoundError, UnsafePathError):
             return []
         lines = (self._partial + text).split("\n")
         self._partial = lines.pop()  # an unfinished last line waits for the next read
@@ -256,7 +270,7 @@ def _tail(path: Path | None, tail_bytes: int) -> list[dict[str, Any]]:
     if path is None:
         return []
     try:
-        with open(path, "rb") as f:
+        with os.fdopen(open_regular(path), "rb") as f:
             start = max(0, f.seek(0, os.SEEK_END) - tail_bytes)
             f.seek(start)
             lines = f.read().decode("utf-8", errors="replace").splitlines()

@@ -23,7 +23,7 @@ from typing import Any
 
 from .. import _clock
 from .._errors import ConfigError
-from .._safefs import replace_text, write_text
+from .._safefs import read_capped, replace_text, write_text
 
 __all__ = ["EXPERIMENT_FILE", "TRACKERS_FILE", "establish", "read_trackers", "remember_tracker"]
 
@@ -31,6 +31,8 @@ logger = logging.getLogger(__name__)
 
 EXPERIMENT_FILE = "experiment.json"
 TRACKERS_FILE = "trackers.json"
+#: Far more than slurmrt writes in either file: a larger one is refused, not read.
+MAX_BYTES = 1 << 20
 
 #: Letters, digits, '-', '_' and '.': what W&B, MLflow run names and file names all accept.
 _VALID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -81,7 +83,7 @@ def _read_id(path: Path) -> str | None:
 def _read_json(path: Path, fix: str) -> dict[str, Any] | None:
     """A JSON object, or None when the file does not exist; a clear error naming the file when it is damaged."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(read_capped(path, MAX_BYTES))
     except (FileNotFoundError, NotADirectoryError):
         return None
     except (OSError, ValueError) as err:

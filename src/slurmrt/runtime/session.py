@@ -16,6 +16,7 @@ from typing import Any
 
 from .._comm import Comm
 from .._errors import CheckpointError, ConfigError
+from .._safefs import group_id
 from ..checkpoint.background import PendingSave, SaveResult, Staged
 from ..checkpoint.local import LocalTier
 from ..checkpoint.store import CheckpointStore, Loaded, SaveFn
@@ -59,7 +60,7 @@ class CheckpointSession:
             self._store = CheckpointStore(self.directory, self._work(), keep_last=o.keep_last,
                                           keep_every=o.keep_every, token=self._token, threads=o.save_threads,
                                           nice=o.save_nice, process=o.save_process,
-                                          guard=self._guard)
+                                          guard=self._guard, trusted_gid=group_id(o.trusted_group))
         self.settle()  # the store waits for a background save anyway; take its result first
         return self._store
 

@@ -45,7 +45,8 @@ def init(options: Options | None = None, **overrides: Any) -> Runtime:
     preflight.check(topo, opts.parallel, node_gpus=node_gpus)
     preflight.check_master_port(topo)
     connections = cuda.apply(env, cuda.gpu_arch_major() if node_gpus else None, opts.parallel)
-    lease = leases.take(opts.checkpoint_dir, topo) if opts.checkpoint_dir is not None else None
+    lease = leases.take(opts.checkpoint_dir, topo, shared=opts.shared_checkpoint_dir) \
+        if opts.checkpoint_dir is not None else None
     events = EventLog.for_job(opts.event_log, opts.checkpoint_dir, job=topo.requeue_id, restart=topo.restart_count,
                               rank=topo.rank, env=env, attempt=topo.attempt)
     executor = Executor(recovery_facts.resolve(opts, topo, env), events, node=topo.hostname)
