@@ -5,13 +5,14 @@ Each test here failed on the main before the "nothing lost, nobody in" issue.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -211,6 +212,31 @@ def test_a_requeued_run_of_the_same_job_continues_with_the_directory(tmp_path: P
     assert json.loads((tmp_path / LEASE_FILE).read_text())["host"] == "n3"
 
 
+def _step(root: Path, step: str, *, run: str = "0.0", host: str = "n1", quiet_s: float = 30.0) -> Lease:
+    return Lease(root, owner="7001", job="7001", host=host, step=step, run=run, quiet_s=quiet_s,
+                 alive=lambda job, cluster: True)
+
+
+def test_two_steps_of_one_job_on_one_directory_are_refused_like_two_jobs(tmp_path: Path) -> None:
+    first = _step(tmp_path, "0")
+    first.acquire()
+    refused = r"job 7001 \(step 0\).*another step of this job.*one training step"
+    with pytest.raises(LeaseError, match=refused):
+        _step(tmp_path, "1", host="n1").acquire()  # alive on this host
+    with _beating(first), pytest.raises(LeaseError, match=refused):
+        _step(tmp_path, "1", host="n2", quiet_s=5.0).acquire()  # on another host, its heartbeat moving
+    first.guard()  # the first step still holds it, and may commit
+    _step(tmp_path, "0", run="1.0", host="n3").acquire()  # a requeued run (restart 1): that step has ended
+    assert json.loads((tmp_path / LEASE_FILE).read_text())["run"] == "1.0"
+    _step(tmp_path, "2", run="1.1", host="n4").acquire()  # an in-job restart's new step: the last one ended
+
+
+def test_a_step_of_the_same_job_that_stopped_beating_on_another_host_is_taken_over(tmp_path: Path) -> None:
+    _step(tmp_path, "0", host="n2").acquire()  # SIGKILLed on n2: its heartbeat stands still
+    _step(tmp_path, "1", host="n1", quiet_s=0.2).acquire()
+    assert json.loads((tmp_path / LEASE_FILE).read_text())["step"] == "1"
+
+
 def test_the_next_array_task_takes_the_directory_once_the_holder_released_it(tmp_path: Path) -> None:
     first = _lease(tmp_path, "4711_1")
     first.acquire()
@@ -227,6 +253,26 @@ def test_a_lease_whose_job_slurm_says_ended_is_taken_over_with_a_warning(tmp_pat
     assert json.loads((tmp_path / LEASE_FILE).read_text())["owner"] == "4711_2"
 
 
+@contextlib.contextmanager
+def _beating(holder: Lease) -> Iterator[None]:
+    """The holder's watcher, refreshing its heartbeat as a live job's does, for as long as the block runs."""
+    done = threading.Event()
+
+    def beat() -> None:
+        while not done.is_set():
+            holder._next_refresh = 0.0
+            holder.refresh()
+            time.sleep(0.02)
+
+    refresher = threading.Thread(target=beat)
+    refresher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        refresher.join()
+
+
 def test_a_holder_alive_on_this_host_is_never_taken_over_whatever_slurm_answers(tmp_path: Path) -> None:
     # squeue of a Slurm that does not know job 7001 says "Invalid job id": no evidence against a live process.
     _lease(tmp_path, "7001", host="n1").acquire()
@@ -238,22 +284,8 @@ def test_a_holder_alive_on_this_host_is_never_taken_over_whatever_slurm_answers(
 def test_a_heartbeat_that_moves_outweighs_slurm_saying_the_job_ended(tmp_path: Path) -> None:
     holder = _lease(tmp_path, "7001", host="n2")
     holder.acquire()
-    done = threading.Event()
-
-    def beat() -> None:  # the holder's watcher, refreshing its heartbeat as a live job does
-        while not done.is_set():
-            holder._next_refresh = 0.0
-            holder.refresh()
-            time.sleep(0.02)
-
-    refresher = threading.Thread(target=beat)
-    refresher.start()
-    try:
-        with pytest.raises(LeaseError, match="in use by job 7001"):
-            _lease(tmp_path, "7002", alive=False, host="n5", quiet_s=5.0).acquire()
-    finally:
-        done.set()
-        refresher.join()
+    with _beating(holder), pytest.raises(LeaseError, match="in use by job 7001"):
+        _lease(tmp_path, "7002", alive=False, host="n5", quiet_s=5.0).acquire()
     assert json.loads((tmp_path / LEASE_FILE).read_text())["owner"] == "7001"
 
 

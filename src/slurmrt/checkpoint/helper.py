@@ -51,9 +51,29 @@ from .._errors import CheckpointError
 from ._files import FileInfo
 from .shm import SharedBuffers, _recv, _Segment, _send
 
-__all__ = ["Helper", "SharedBuffers", "available", "main"]
+__all__ = ["STOPPED_GRACE_S", "Helper", "HelperLost", "SharedBuffers", "available", "main"]
 
 logger = logging.getLogger(__name__)
+
+#: How long a helper may stay stopped (SIGSTOP) in the middle of a write before the save gives up on it.
+STOPPED_GRACE_S = 5.0
+_POLL_S = 0.5
+_REST_S = 60.0
+
+
+class HelperLost(CheckpointError):
+    """The helper died or stayed stopped during a write: the caller writes the same files with threads."""
+
+
+def _stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped (state T or t in /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return False
+    state = data[data.rfind(b")") + 2:data.rfind(b")") + 3]
+    return state in (b"T", b"t")
 
 #: Signals the helper ignores: Slurm's warnings and its SIGTERM go to every process of a step, a terminal's ^C to
 #: the whole foreground group.
@@ -76,7 +96,8 @@ class Helper:
         self._proc: subprocess.Popen[bytes] | None = None
         self._sock: socket.socket | None = None
         self._sent: set[int] = set()  # segments the running helper has mapped
-        self._failed = False  # it could not be started: not tried again
+        self._failed = False  # it could not be started, or was lost: not tried again
+        self._lost_once = False  # it died or stopped during a write
         self._ready = False  # it said it is ready
         self._spawned = 0.0  # when it was started (time.monotonic())
         #: How long a new helper may take to be ready (it imports torch).
@@ -85,6 +106,11 @@ class Helper:
     @property
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
+
+    @property
+    def lost(self) -> bool:
+        """Whether the helper died or stopped during a write (threads write from then on)."""
+        return self._lost_once
 
     def ready(self) -> bool:
         """Whether the helper is ready for a save now, without waiting: a helper that is not running is started
@@ -181,19 +207,50 @@ class Helper:
                 _send(sock, ("drop", ident))
                 self._sent.discard(ident)
             _send(sock, (op, *args), self.buffers)
-            status, value = _recv(sock)
+            status, value = self._answer(sock)
         except (OSError, EOFError) as err:
-            code = self._proc.wait() if self._proc is not None else None
-            self.close()
-            raise CheckpointError(f"the save helper process died while it wrote (exit status {code}; a negative "
-                                  f"one is the signal that ended it: -9 is SIGKILL, the kernel's OOM killer's): "
-                                  f"{err!r}") from err
+            raise self._lost(err) from err
         if status == "oserror":  # as an OSError, with its errno: the store's advice for a full disk, a refusal
             code, text = value
             raise OSError(code, f"in the save helper process: {text}")
         if status != "ok":
             raise CheckpointError(f"the save helper process failed: {value}")
         return value
+
+    def _answer(self, sock: socket.socket) -> Any:
+        """The helper's answer, waited for as long as it is alive and running: a helper that exits, or that stays
+        stopped (SIGSTOP, a debugger) for STOPPED_GRACE_S, ends the wait (never a wait for ever)."""
+        stopped_since: float | None = None
+        while not select.select([sock], [], [], _POLL_S)[0]:
+            proc = self._proc
+            if proc is None or proc.poll() is not None:
+                raise EOFError("the save helper process exited")
+            if not _stopped(proc.pid):
+                stopped_since = None
+                continue
+            stopped_since = stopped_since or time.monotonic()
+            if time.monotonic() - stopped_since > STOPPED_GRACE_S:
+                raise TimeoutError(f"the save helper process (pid {proc.pid}) has been stopped for "
+                                   f"{STOPPED_GRACE_S:.0f} s (SIGSTOP?)")
+        sock.settimeout(_REST_S)  # the rest of an answer that has begun to arrive
+        try:
+            return _recv(sock)
+        finally:
+            sock.settimeout(None)
+
+    def _lost(self, err: BaseException) -> HelperLost:
+        """The helper died or stopped while it wrote: it is ended, and threads of this process write this save and
+        every later one (one warning)."""
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            proc.kill()  # a stopped process never exits by itself; SIGKILL ends it even so
+        code = proc.wait() if proc is not None else None
+        self.close()
+        self._failed = self._lost_once = True
+        logger.warning("slurmrt: the save helper process was lost while it wrote (%r; exit status %s, a negative one "
+                       "is the signal that ended it: -9 is SIGKILL, the kernel's OOM killer's). This save and the next "
+                       "are written by threads of the training process", err, code)
+        return HelperLost(f"the save helper process was lost while it wrote: {err!r}")
 
     def write_states(self, directory: Path, states: dict[str, Any]) -> dict[str, FileInfo]:
         """Write each of ``states`` as ``directory/name`` (:func:`~._files.write_state`), each on a thread of its

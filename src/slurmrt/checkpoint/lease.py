@@ -81,6 +81,8 @@ class Holder:
     array_task: str | None = None
     uid: int | None = None
     cluster: str | None = None  #: SLURM_CLUSTER_NAME where the holder runs: the cluster to ask about its job
+    step: str | None = None  #: its Slurm step (SLURM_STEP_ID)
+    run: str | None = None  #: its run of the job: "<restart>.<in-job attempt>"
 
     @classmethod
     def parse(cls, data: Any) -> Holder | None:
@@ -92,14 +94,15 @@ class Holder:
             holder = cls(owner=str(data["owner"]), host=str(data["host"]), pid=int(data["pid"]),
                          start=None if data.get("start") is None else int(data["start"]),
                          heartbeat=float(data["heartbeat"]), job=data.get("job"), array_task=data.get("array_task"),
-                         uid=data.get("uid"), cluster=_text_or_none(data.get("cluster")))
+                         uid=data.get("uid"), cluster=_text_or_none(data.get("cluster")),
+                         step=_text_or_none(data.get("step")), run=_text_or_none(data.get("run")))
         except (KeyError, TypeError, ValueError):
             return None
         return holder if holder.owner else None
 
     def describe(self, now: float) -> str:
         where = f"on {self.host}, pid {self.pid}"
-        job = f"job {self.owner}" if self.job else f"run {self.owner}"
+        job = (f"job {self.owner}" + (f" (step {self.step})" if self.step else "")) if self.job else f"run {self.owner}"
         return f"{job} ({where}, heartbeat {max(0.0, now - self.heartbeat):.0f} s ago)"
 
 
@@ -124,14 +127,15 @@ def slurm_job_alive(job: str, cluster: str | None = None) -> bool | None:
 
 class Lease:
     def __init__(self, directory: Path, *, owner: str, job: str | None = None, array_task: str | None = None,
-                 host: str | None = None, cluster: str | None = None, stale_s: float = STALE_S,
+                 host: str | None = None, cluster: str | None = None, step: str | None = None,
+                 run: str | None = None, stale_s: float = STALE_S,
                  quiet_s: float = QUIET_S, alive: Callable[[str, str | None], bool | None] = slurm_job_alive) -> None:
         self.directory = directory
         self.path = directory / LEASE_FILE
         self.owner = owner
         self._job, self._array_task = job, array_task
         self._host = host or socket.gethostname()
-        self._cluster = cluster
+        self._cluster, self._step, self._run = cluster, step, run
         self._stale_s, self._quiet_s = stale_s, quiet_s
         self._alive = alive
         #: (owner, heartbeat) -> when this process first read that heartbeat (monotonic): how long it has been still.
@@ -172,6 +176,10 @@ class Lease:
             if holder.start is None or process_start_time(holder.pid) != holder.start:
                 return f"its process {holder.pid} is gone from {holder.host}"
             return None  # alive on this very host: whatever Slurm answers, it holds the directory
+        if holder.owner == self.owner:  # another step of this very job, on another host: it writes, or it is gone
+            if self._still_for(holder) >= self._quiet_s:
+                return f"its heartbeat has not moved for {self._quiet_s:.0f} s"
+            return None
         if holder.job and self._still_for(holder) >= self._quiet_s:
             where = holder.cluster or self._cluster
             if self._alive(holder.job, where) is False:
@@ -189,9 +197,10 @@ class Lease:
         """Before rank 0 decides: when only a still heartbeat stands between Slurm's "ended" and a takeover, watch
         the heartbeat for up to ``quiet_s``: if it moves the holder lives, if it does not it is gone."""
         holder = self.holder()
-        if holder is None or holder.owner == self.owner or holder.host == self._host or not holder.job:
+        if holder is None or self.mine(holder) or holder.host == self._host or not holder.job:
             return
-        if self.stale(holder) is not None or self._alive(holder.job, holder.cluster or self._cluster) is not False:
+        if self.stale(holder) is not None or (holder.owner != self.owner and
+                                              self._alive(holder.job, holder.cluster or self._cluster) is not False):
             return
         deadline = time.monotonic() + self._quiet_s + 1.0  # real time: a real wait for another host's process
         while time.monotonic() < deadline:
@@ -208,17 +217,24 @@ class Lease:
         lease over. Rank 0 decides; a rank that judged the holder live a moment before rank 0 judged it stale (its
         job just ended) must not leave rank 0 alone at the rendezvous."""
         holder = self.holder()
-        if holder is None or holder.owner == self.owner:
+        if holder is None or self.mine(holder):
             return None
         why = self.stale(holder)  # once: the wait below reads the file only, it asks Slurm nothing
         deadline = time.monotonic() + leader_wait_s  # real time: a real wait for another process
         while why is None and time.monotonic() < deadline:
             time.sleep(0.5)
             now = self.holder()
-            if now is None or now.owner == self.owner:
+            if now is None or self.mine(now):
                 return None
-            if now.owner != holder.owner:
+            if (now.owner, now.step) != (holder.owner, holder.step):
                 holder, why = now, self.stale(now)
+        if why is None and holder.owner == self.owner:
+            raise LeaseError(
+                f"checkpoint directory {self.directory} is in use by {holder.describe(_clock.wall())}, another step "
+                f"of this job (this is step {self._step}). Two steps on one directory destroy each other's "
+                "checkpoints. Fix: run one training step at a time (`wait` for the first), or give each its own "
+                f"checkpoint_dir. If that step is gone for good, remove {self.path}",
+                directory=str(self.directory), holder=holder.owner, host=holder.host)
         if why is None:
             raise LeaseError(
                 f"checkpoint directory {self.directory} is in use by {holder.describe(_clock.wall())}; this is "
@@ -227,6 +243,13 @@ class Lease:
                 f"its own checkpoint_dir. If {holder.owner} is gone for good, remove {self.path}",
                 directory=str(self.directory), holder=holder.owner, host=holder.host)
         return holder
+
+    def mine(self, holder: Holder) -> bool:
+        """Whether ``holder`` is this job, not another step of it running beside it: the same owner, and an
+        earlier run (requeued, or restarted in the job: that step ended) or this very step."""
+        if holder.owner != self.owner:
+            return False
+        return holder.run != self._run or holder.step == self._step or None in (holder.step, self._step)
 
     # -- holding ---------------------------------------------------------------------------------------------------
     def acquire(self) -> None:
@@ -252,7 +275,7 @@ class Lease:
         if not self.held or self.lost_to is not None or _clock.mono() < self._next_refresh:
             return
         holder = self.holder()
-        if holder is not None and holder.owner != self.owner:
+        if holder is not None and not self.mine(holder):
             self.lost_to = holder
             logger.error("checkpoint directory %s was taken over by %s: this job writes no more checkpoints there",
                          self.directory, holder.describe(_clock.wall()))
@@ -265,7 +288,7 @@ class Lease:
         if not self.held:
             return
         holder = self.lost_to or self.holder()
-        if holder is not None and holder.owner != self.owner:
+        if holder is not None and not self.mine(holder):
             self.lost_to = holder
             raise CheckpointError(
                 f"checkpoint directory {self.directory} now belongs to {holder.describe(_clock.wall())}: this job "
@@ -286,7 +309,7 @@ class Lease:
         pid = os.getpid()
         record = Holder(owner=self.owner, host=self._host, pid=pid, start=process_start_time(pid),
                         heartbeat=_clock.wall(), job=self._job, array_task=self._array_task, uid=os.getuid(),
-                        cluster=self._cluster)
+                        cluster=self._cluster, step=self._step, run=self._run)
         replace_text(self.path, json.dumps(asdict(record)) + "\n")
         self._next_refresh = _clock.mono() + REFRESH_S
 
@@ -316,7 +339,7 @@ def take(directory: Path, topology: Topology, *, shared: bool = False) -> Lease:
     owner = t.requeue_id or (f"local-{t.master_addr}:{t.master_port}" if t.world_size > 1
                              else f"local-{t.hostname}-{os.getpid()}")
     lease = Lease(directory, owner=owner, job=t.requeue_id, array_task=t.array_task_id, host=t.hostname,
-                  cluster=t.cluster)
+                  cluster=t.cluster, step=t.step_id, run=f"{t.restart_count}.{t.attempt}")
     if t.rank == 0:
         lease.acquire()
     else:

@@ -18,6 +18,7 @@ storage with a tensor that went to a part, the two are no longer shared after th
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import itertools
 from collections.abc import Callable
@@ -27,6 +28,7 @@ from typing import Any
 
 from .._errors import CheckpointError
 from ._files import FileInfo, write_state
+from .helper import HelperLost
 
 __all__ = ["SPLIT_MIN_BYTES", "Parts", "Ref", "read_state", "write_parts"]
 
@@ -126,9 +128,11 @@ def write_parts(directory: Path, name: str, state: dict[str, Any], *, threads: i
     stem = name.removesuffix(".pt")
     names = [f"{stem}.part{i + 1}.pt" for i in range(threads) if groups[i]]
     used = [g for g in groups if g]
+    files: dict[str, FileInfo] | None = None
     if helper is not None and helper.ready():  # started by the first state that needs it; till ready, threads
-        files = helper.write_states(directory, dict(zip(names, used, strict=True)))
-    else:
+        with contextlib.suppress(HelperLost):  # lost mid-write: threads write the same files over again
+            files = helper.write_states(directory, dict(zip(names, used, strict=True)))
+    if files is None:
         with ThreadPoolExecutor(len(used), thread_name_prefix="slurmrt-save") as pool:
             infos = list(pool.map(lambda job: write_state(directory / job[0], job[1]), zip(names, used, strict=True)))
         files = dict(zip(names, infos, strict=True))

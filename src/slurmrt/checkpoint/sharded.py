@@ -90,14 +90,22 @@ def save_dcp(state: dict[str, Any], directory: Path, *, rank: int, world_size: i
     import torch.distributed.checkpoint as dcp
 
     _quiet_planning_alone()
-    if helper is None or not helper.ready():  # started by the first save that needs it; till ready, threads
-        writer = _rank_writer()(directory, rank=rank, threads=threads)
-    else:
-        writer = _helper_writer()(directory, rank=rank, threads=threads, helper=helper)
-    fs = _hashing_file_system()()
-    writer.fs = fs
-    dcp.save(state, storage_writer=writer, planner=_own_copies_planner()(rank, world_size), no_dist=True)
-    return dict(fs.written), writer.metadata
+    use_helper = helper is not None and helper.ready()  # started by the first save that needs it; till then, threads
+    while True:
+        if use_helper:
+            writer = _helper_writer()(directory, rank=rank, threads=threads, helper=helper)
+        else:
+            writer = _rank_writer()(directory, rank=rank, threads=threads)
+        fs = _hashing_file_system()()
+        writer.fs = fs
+        try:
+            dcp.save(state, storage_writer=writer, planner=_own_copies_planner()(rank, world_size), no_dist=True)
+        except BaseException:  # DCP's CheckpointException derives from BaseException
+            if not (use_helper and helper.lost):  # DCP wraps what its writer raised: the helper tells
+                raise
+            use_helper = False  # lost mid-write: threads write the same files over again
+            continue
+        return dict(fs.written), writer.metadata
 
 
 def write_resolved(directory: Path, *, rank: int, threads: int, plan: Any,
