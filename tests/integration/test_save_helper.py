@@ -18,7 +18,6 @@ from typing import Any
 import pytest
 import torch
 
-from slurmrt import CheckpointError
 from slurmrt._comm import SoloComm
 from slurmrt.checkpoint import parts
 from slurmrt.checkpoint.helper import Helper, available
