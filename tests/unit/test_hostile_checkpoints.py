@@ -452,3 +452,15 @@ def test_the_saves_temporary_directory_has_a_name_nobody_can_plant_beforehand(tm
     (tmp_path / "victim").write_text("precious")
     _store(tmp_path).save({"w": torch.zeros(4)}, 1)
     assert (tmp_path / "victim").read_text() == "precious"
+
+
+def test_a_local_save_that_fails_leaves_no_temporary_file_in_the_tier(tmp_path: Path) -> None:
+    from slurmrt.checkpoint.local import LocalTier
+
+    (tmp_path / "shm").mkdir()
+    tier = LocalTier(tmp_path / "shm", tmp_path / "ckpt", node="n1", comm=SoloComm(), per_node=1)
+    tier.save({"w": torch.zeros(4)}, 1)
+    with pytest.raises(CheckpointError, match="local checkpoint of step 2 failed"):
+        tier.save({"w": torch.zeros(4), "f": lambda: None}, 2)  # cannot be pickled: fails mid-write
+    left = [p.name for p in (tmp_path / "shm").rglob("*") if p.is_file() and p.name.startswith(".")]
+    assert left == []

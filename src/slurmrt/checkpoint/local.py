@@ -138,8 +138,12 @@ class LocalTier:
         """torch.save straight into the file, hashed as it is written (as the shared tier writes a part)."""
         path = directory / f"rank_{rank:05d}.pt"
         tmp = path.with_name(f".{path.name}.{os.getpid()}")
-        info = write_state(tmp, state)
-        os.replace(tmp, path)
+        try:
+            info = write_state(tmp, state)
+            os.replace(tmp, path)
+        except BaseException:  # a full tmpfs, an unpicklable object: no temporary file stays in the tier
+            tmp.unlink(missing_ok=True)
+            raise
         self._commit(directory, rank, world, step, info)
         return info
 
@@ -347,10 +351,14 @@ def _write_file(path: Path, data: bytes | memoryview) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
