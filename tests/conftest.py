@@ -50,3 +50,10 @@ def _no_false_stragglers(request: pytest.FixtureRequest) -> Iterator[None]:
                     text = entry.read_text()
                     named += [line for line in text.splitlines() if '"event": "straggler"' in line]
     assert not named, f"a straggler named in a test that slows no rank (a false positive): {named[:3]}"
+
+
+@pytest.fixture(autouse=True)
+def _own_node_ledger(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test has a bad-node ledger of its own (slurmrt.record.ledger): none writes into the user's, in the home
+    directory, and none inherits what an earlier test wrote down."""
+    monkeypatch.setenv("SLURMRT_NODE_LEDGER", str(tmp_path_factory.mktemp("ledger") / "bad-nodes.json"))

@@ -171,7 +171,7 @@ def _deprecated(given: Mapping[str, Any], env: Mapping[str, str]) -> dict[str, A
 OTHER_VARIABLES = frozenset({"SLURMRT_LOCK_FILE", "SLURMRT_ALLOW_NODE_RANK_REORDER", "SLURMRT_EVENT_COPY",
                              "SLURMRT_SIM_DIR", "SLURMRT_SIM_UNHEALTHY", "SLURMRT_CLUSTER_DIR",
                              "SLURMRT_BENCH_DIR", "SLURMRT_RUN_DIR", "SLURMRT_RUN_ATTEMPT", "SLURMRT_RUN_SPARES",
-                             "SLURMRT_RUN_MAX_RESTARTS"})
+                             "SLURMRT_RUN_MAX_RESTARTS", "SLURMRT_NODE_LEDGER"})
 
 
 def warn_unknown(env: Mapping[str, str]) -> None:

@@ -197,10 +197,7 @@ class Lease:
         """Before rank 0 decides: when only a still heartbeat stands between Slurm's "ended" and a takeover, watch
         the heartbeat for up to ``quiet_s``: if it moves the holder lives, if it does not it is gone."""
         holder = self.holder()
-        if holder is None or self.mine(holder) or holder.host == self._host or not holder.job:
-            return
-        if self.stale(holder) is not None or (holder.owner != self.owner and
-                                              self._alive(holder.job, holder.cluster or self._cluster) is not False):
+        if holder is None or not self._worth_watching(holder):
             return
         deadline = time.monotonic() + self._quiet_s + 1.0  # real time: a real wait for another host's process
         while time.monotonic() < deadline:
@@ -208,6 +205,13 @@ class Lease:
             now = self.holder()
             if now is None or now != holder or self._still_for(now) >= self._quiet_s:
                 return
+
+    def _worth_watching(self, holder: Holder) -> bool:
+        """Whether only a still heartbeat is missing to take ``holder`` over: another step of this job elsewhere,
+        or another job on another host that Slurm says ended."""
+        if self.mine(holder) or holder.host == self._host or not holder.job or self.stale(holder) is not None:
+            return False
+        return holder.owner == self.owner or self._alive(holder.job, holder.cluster or self._cluster) is False
 
     def check(self, *, leader_wait_s: float = 0.0) -> Holder | None:
         """Refuse (:class:`~slurmrt.LeaseError`) when another live job holds the directory; the stale holder this

@@ -15,11 +15,11 @@ __all__ = ["build_parser", "main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import doctor, env, hostnames, kill, run, signal, sim, status, verify
+    from . import doctor, env, hostnames, kill, nodes, run, signal, sim, status, verify
 
     parser = argparse.ArgumentParser(prog="slurmrt", description="PyTorch training jobs that survive SLURM.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for command in (hostnames, sim, run, env, doctor, kill, signal, status, verify):
+    for command in (hostnames, sim, run, env, doctor, kill, signal, status, verify, nodes):
         command.add_parser(sub)
     return parser
 

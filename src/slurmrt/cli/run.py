@@ -21,6 +21,7 @@ from typing import Any
 from .._errors import ConfigError
 from ..options import Options
 from ..record.events import EventLog
+from ..record.ledger import Ledger
 from ..recovery.facts import Facts
 from ..recovery.supervisor import Supervisor, default_directory
 from ..stop.signals import parse_signal
@@ -52,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
     # all the same; failing now costs seconds, not a step start.
     options = Options.resolve({}, env)
     supervisor.facts = Facts.of(options, job=supervisor.requeue_id, restart_count=supervisor.restart_count)
+    supervisor.ledger = Ledger.of(env, env.get("SLURM_CLUSTER_NAME"))
     supervisor.event_log = lambda attempt: EventLog.for_job(
         options.event_log, options.checkpoint_dir, job=supervisor.requeue_id, restart=supervisor.restart_count,
         rank=-1, env=env, attempt=attempt)

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..record.events import Event, EventLog, read_events, runs
+from ..record.ledger import Ledger
 from ..stop.decision import StopDecision
 from . import exclusion, injob
 from .facts import Facts
@@ -30,14 +31,19 @@ logger = logging.getLogger(__name__)
 #: The triggers whose failed requeue leaves the batch script to requeue (exit 75); after a fault the exit code
 #: stays the fault's.
 _STOPS = {Trigger.FINISHED, Trigger.STOPPED, Trigger.STRAGGLER}
+#: The triggers whose nodes go into the user's bad-node ledger (:mod:`slurmrt.record.ledger`): a node that hung, was
+#: lost or failed its health check. A straggler is slow, not broken: it stays out of it.
+_BAD_NODE = {Trigger.RANK_LOST, Trigger.HANG, Trigger.NODE_GONE, Trigger.UNHEALTHY}
 
 
 class Executor:
     def __init__(self, facts: Facts, events: EventLog, *, node: str | None,
-                 requeue_job: Callable[[str], tuple[bool, str]] = requeue) -> None:
-        """``node``: where the acting process runs (the request names it); ``requeue_job``: ``scontrol requeue``."""
+                 requeue_job: Callable[[str], tuple[bool, str]] = requeue, ledger: Ledger | None = None) -> None:
+        """``node``: where the acting process runs (the request names it); ``requeue_job``: ``scontrol requeue``;
+        ``ledger``: the user's bad nodes, written when a node is left out for a fault, read at a requeue."""
         self.facts, self.events, self._node = facts, events, node
         self._requeue = requeue_job
+        self.ledger = ledger
 
     def futile(self) -> int:
         """Runs or steps in a row, this one included, that committed no newer checkpoint (the event log)."""
@@ -55,6 +61,7 @@ class Executor:
         if decision.restarts:  # the loop guard has a say: read the event log (only the acting process does)
             facts = facts.with_futile(self.futile())
             decision = plan(trigger, facts, nodes=nodes, stop=stop, failed_save=failed_save)
+        self._remember(trigger, decision, detail)
         reasons = sorted(r.value for r in stop.reasons) if stop is not None else \
             [] if trigger is Trigger.FINISHED else [decision.outcome.name.lower()]
         if decision.action is Action.IN_JOB_RESTART:
@@ -71,6 +78,12 @@ class Executor:
         if decision.action is Action.REQUEUE:
             return self._requeue_job(decision, stops=trigger in _STOPS)
         return decision
+
+    def _remember(self, trigger: Trigger, decision: Decision, detail: str) -> None:
+        """Write the nodes a fault leaves out into the user's bad-node ledger, for the next jobs."""
+        if self.ledger is not None and trigger in _BAD_NODE and decision.exclude:
+            self.ledger.record(decision.exclude, reason=f"{trigger.value}: {detail or decision.why}",
+                               job=self.facts.job)
 
     def _in_job(self, decision: Decision, why: str, step: int | None, reasons: list[str], ask: bool) -> str | None:
         """Ask for (or, for ``slurmrt run``, record) a new step without the decision's nodes; why not, or None."""
@@ -102,8 +115,9 @@ class Executor:
     def _requeue_job(self, decision: Decision, *, stops: bool) -> Decision:
         job = self.facts.job
         assert job is not None  # plan() requeues only a Slurm job
-        prepared = exclusion.prepare(job, list(decision.exclude), max_excluded=self.facts.max_excluded_nodes) \
-            if decision.exclude else None
+        bad = list(decision.exclude)  # this run's own first, then the ledger's, within max_excluded_nodes
+        bad += [n for n in (self.ledger.nodes() if self.ledger is not None else []) if n not in bad]
+        prepared = exclusion.prepare(job, bad, max_excluded=self.facts.max_excluded_nodes) if bad else None
         done, message = self._requeue(job)
         self.events.emit(Event.REQUEUE, done=done, message=message, restart_count=self.facts.restart_count,
                          lead=True)

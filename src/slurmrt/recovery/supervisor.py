@@ -37,6 +37,7 @@ from .._errors import ConfigError
 from .._safefs import private_dir
 from ..launch import hostlist
 from ..record.events import EventLog
+from ..record.ledger import Ledger
 from . import exclusion, injob
 from .executor import Executor
 from .facts import ATTEMPT_ENV, DIR_ENV, MAX_ENV, SPARES_ENV, Facts, InJob
@@ -52,9 +53,12 @@ class Placement:
     spares: tuple[str, ...]
 
 
-def place(allocation: Sequence[str], excluded: Sequence[str], wanted: int) -> Placement | None:
-    """The step's ``wanted`` nodes, in the allocation's order, and the spares left; None when too few remain."""
+def place(allocation: Sequence[str], excluded: Sequence[str], wanted: int, *,
+          avoid: Sequence[str] = ()) -> Placement | None:
+    """The step's ``wanted`` nodes, in the allocation's order, and the spares left; None when too few remain. Nodes
+    to ``avoid`` (the user's bad-node ledger) come last: the step gets them only when nothing else is left."""
     usable = [n for n in allocation if n not in set(excluded)]
+    usable = [n for n in usable if n not in set(avoid)] + [n for n in usable if n in set(avoid)]
     if len(usable) < wanted:
         return None
     return Placement(tuple(usable[:wanted]), tuple(usable[wanted:]))
@@ -98,6 +102,8 @@ class Supervisor:
     #: What the recovery plan weighs besides the step's own spares and attempt (``slurmrt run`` resolves them from
     #: the job's options); None: the defaults.
     facts: Facts | None = None
+    #: The user's bad-node ledger: its nodes are last-resort spares, and recovery writes the nodes it leaves out.
+    ledger: Ledger | None = None
     #: The job's event log for a step (by attempt); by default none.
     event_log: Callable[[int], EventLog] = lambda attempt: EventLog(None, job=None, restart=0, rank=-1)
     #: Seconds between two tries to pass a signal on while some node's training processes have not registered yet.
@@ -155,7 +161,9 @@ class Supervisor:
         attempt = 0
         while True:
             held = set(self._allocated())  # a spare that failed meanwhile has left the job (--no-kill)
-            placement = place([n for n in self.allocation if n in held], excluded, self.wanted)
+            avoid = self.ledger.nodes() if self.ledger is not None else []
+            placement = place([n for n in self.allocation if n in held], excluded, self.wanted, avoid=avoid)
+            self._say_avoided(placement, avoid)
             if placement is None:  # a spare failed after the ranks counted it: the requeue they left to us
                 self._say(f"no {self.wanted} node(s) left in the job without {', '.join(excluded)}: requeueing it")
                 done = self._executor(attempt, ()).recover(Trigger.NODE_GONE, nodes=excluded, ask=False,
@@ -209,13 +217,19 @@ class Supervisor:
         """The recovery executor for step ``attempt``, whose spares still in the job are ``spares``."""
         facts = dataclasses.replace(self.facts or Facts(job=self.requeue_id, restart_count=self.restart_count),
                                     in_job=InJob(self.directory, attempt, spares, self.max_restarts))
-        return Executor(facts, self.event_log(attempt), node=None)
+        return Executor(facts, self.event_log(attempt), node=None, ledger=self.ledger)
 
     @property
     def requeue_id(self) -> str:
         """The id to requeue, and the event log's: ``ARRAY_TASK`` for a task of a job array."""
         array, task = self.env.get("SLURM_ARRAY_JOB_ID"), self.env.get("SLURM_ARRAY_TASK_ID")
         return f"{array}_{task}" if array and task else self.job
+
+    def _say_avoided(self, placement: Placement | None, avoid: list[str]) -> None:
+        kept = [n for n in placement.spares if n in avoid] if placement is not None else []
+        if kept:
+            self._say(f"{hostlist.compress(kept)}: in your bad-node ledger (`slurmrt nodes`), kept as last-resort "
+                      "spare(s)")
 
     def _allocated(self) -> list[str]:
         """The job's nodes now (``scontrol show job``): with --no-kill, a failed node leaves the job's NodeList."""

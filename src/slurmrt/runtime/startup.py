@@ -16,6 +16,7 @@ from ..launch.topology import from_environ
 from ..options import Options, warn_unknown
 from ..record import experiment
 from ..record.events import EventLog
+from ..record.ledger import Ledger
 from ..recovery import facts as recovery_facts
 from ..recovery.conclude import exit_at_init
 from ..recovery.executor import Executor
@@ -49,7 +50,8 @@ def init(options: Options | None = None, **overrides: Any) -> Runtime:
         if opts.checkpoint_dir is not None else None
     events = EventLog.for_job(opts.event_log, opts.checkpoint_dir, job=topo.requeue_id, restart=topo.restart_count,
                               rank=topo.rank, env=env, attempt=topo.attempt)
-    executor = Executor(recovery_facts.resolve(opts, topo, env), events, node=topo.hostname)
+    executor = Executor(recovery_facts.resolve(opts, topo, env), events, node=topo.hostname,
+                        ledger=Ledger.of(env, topo.cluster) if topo.is_slurm else None)
     if opts.health_check:
         failures = health.check_node(env, checkpoint_dir=opts.checkpoint_dir, gpus=node_gpus or 0,
                                      local_rank=topo.local_rank)

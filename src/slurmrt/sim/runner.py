@@ -29,6 +29,7 @@ import psutil
 from .._errors import SlurmrtError
 from ..launch import hostlist
 from ..record.events import COPY_ENV, read_events
+from ..record.ledger import LEDGER_ENV
 from . import jobids, processes
 from .environ import batch_env, default_node_names
 from .shims import install
@@ -61,6 +62,7 @@ class _Run:
         env.update(batch_env(spec, restart, submit_dir))
         env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
         env[ENV] = str(state.dir)
+        env[LEDGER_ENV] = str(state.dir / "bad-nodes.json")  # a rehearsal's nodes never reach the user's ledger
         env[COPY_ENV] = str(events)  # the job's own event log stays where it is (next to its checkpoints)
         env.setdefault("SLURMRT_KILL_WAIT_S", str(spec.kill_wait_s))
         script = spec.script

@@ -1,0 +1,73 @@
+"""``slurmrt nodes``: the nodes your jobs found bad, remembered across jobs (the bad-node ledger).
+
+slurmrt writes a node down when its recovery leaves it out of a job: it hung, it was lost, or it failed the health
+check. Your next jobs avoid it: a requeue adds it to the job's ExcNodeList, and slurmrt run keeps it as a last-resort
+spare. An entry is forgotten 24 h after it was last seen failing. With --sbatch, print the option that keeps a new
+job off these nodes; with --clear, forget nodes (all, or those named) once they are repaired.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+from typing import Any
+
+from ..launch import hostlist
+from ..record.ledger import Ledger, ledger_path
+from ._common import add_command
+
+
+def run(args: argparse.Namespace) -> int:
+    cluster = args.cluster or os.environ.get("SLURM_CLUSTER_NAME") or _default_cluster()
+    ledger = Ledger(ledger_path(os.environ, cluster))
+    if args.clear is not None:
+        gone = ledger.clear(hostlist.expand(",".join(args.clear)) if args.clear else None)
+        print(f"forgot {hostlist.compress(gone)}" if gone else "nothing to forget")
+    elif args.sbatch:
+        nodes = sorted(ledger.entries())
+        if nodes:
+            print(f"--exclude={hostlist.compress(nodes)}")
+    else:
+        _list(ledger, cluster or "local")
+    return 0
+
+
+def _list(ledger: Ledger, cluster: str) -> None:
+    entries = ledger.entries()
+    if not entries:
+        print(f"no bad nodes remembered for cluster {cluster} ({ledger.path})")
+        return
+    print(f"bad nodes of cluster {cluster} ({ledger.path}):")
+    for e in sorted(entries.values(), key=lambda e: -e.last):
+        when = datetime.datetime.fromtimestamp(e.last).strftime("%Y-%m-%d %H:%M")
+        forget = datetime.datetime.fromtimestamp(e.last + ledger.ttl_s).strftime("%Y-%m-%d %H:%M")
+        times = f", {e.count} times" if e.count > 1 else ""
+        print(f"  {e.node}: {e.reason} (job {e.job or '?'}, last {when}{times}; forgotten after {forget})")
+    print(f"keep a new job off them: sbatch --exclude={hostlist.compress(sorted(entries))} ...")
+
+
+def _default_cluster() -> str | None:
+    """The cluster this machine's Slurm belongs to (scontrol show config), when there is one to ask."""
+    from .. import _slurm
+
+    out = _slurm.run("scontrol", "show", "config", timeout_s=10.0)
+    if isinstance(out, str) or out.returncode != 0:
+        return None
+    for line in out.stdout.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "ClusterName":
+            return value.strip() or None
+    return None
+
+
+def add_parser(sub: Any) -> None:
+    p = add_command(sub, "nodes", run, doc=__doc__, help="list or clear the nodes your jobs found bad",
+                    epilog="examples:\n  slurmrt nodes\n  sbatch $(slurmrt nodes --sbatch) job.sbatch\n"
+                           "  slurmrt nodes --clear gpu017")
+    p.add_argument("--cluster", help="the cluster whose ledger to read (default: $SLURM_CLUSTER_NAME, else the "
+                                     "ClusterName of this machine's Slurm)")
+    p.add_argument("--sbatch", action="store_true", help="print only --exclude=<nodes> for sbatch (nothing if none)")
+    p.add_argument("--clear", nargs="*", metavar="NODE", help="forget these nodes (hostlists allowed), or all")
+
+
