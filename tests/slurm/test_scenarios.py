@@ -829,6 +829,59 @@ def test_14_with_no_spare_left_the_requeue_excludes_the_node_as_before(cluster: 
     assert all(r["hostname"] != bad and r["exit_code"] == 0 for r in later) and later[0]["w"] == uninterrupted
 
 
+def test_14_a_node_lost_in_one_job_is_avoided_by_the_next_job_of_the_same_user(cluster: Path, tmp_path: Path) -> None:
+    """The first job loses a node with no spare left: it goes into the user's bad-node ledger (this test's own,
+    SLURMRT_NODE_LEDGER). The next job is given that node (-w) and a spare: slurmrt run keeps the ledger's node as
+    the spare and trains on the others."""
+    first = _injob_job(tmp_path / "first", "ledger-first", 2,
+                       f"--spare-nodes 0 -- $PY $WORKER --out $OUT --steps {INJOB_STEPS} --step-time 0.1 "
+                       "--save-every 10 --fault kill --fault-at 35")
+    info = first.wait(600)
+    assert info["JobState"] == "COMPLETED", first.output()[-4000:]
+    (bad,) = [e for e in events(tmp_path / "first", first) if e["event"] == "in_job_refused"][0]["nodes"]
+    listed = subprocess.run([sys.executable, "-m", "slurmrt", "nodes", "--cluster", "slurmrt"], capture_output=True,
+                            text=True, env={**os.environ, "PYTHONPATH": str(ROOT / "src")}, timeout=60)
+    assert f"{bad}: " in listed.stdout and f"job {first.id}" in listed.stdout, listed.stdout + listed.stderr
+    others = [n for n in ("n1", "n2", "n3", "n4") if n != bad]
+    nxt = _injob_job(tmp_path / "next", "ledger-next", 3,
+                     "--spare-nodes 1 -- $PY $WORKER --out $OUT --steps 5 --step-time 0",
+                     f"--nodelist={bad},{others[0]},{others[1]}")
+    info = nxt.wait(600)
+    out = nxt.output()
+    assert info["JobState"] == "COMPLETED", out[-4000:]
+    assert f"{bad}: in your bad-node ledger" in out and "kept as last-resort spare" in out, out[-3000:]
+    (ranks,) = runs(tmp_path / "next", 2)
+    assert {r["hostname"] for r in ranks} == {others[0], others[1]}
+
+
+def _lease_of(directory: Path, job: str, *, cluster: str, heartbeat_age_s: float) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / ".slurmrt-lease.json").write_text(json.dumps({
+        "owner": job, "job": job, "host": "elsewhere", "pid": 1, "start": 1, "cluster": cluster,
+        "heartbeat": time.time() - heartbeat_age_s}))
+
+
+def test_15_a_lease_held_on_another_cluster_is_not_taken_on_this_clusters_word(cluster: Path, tmp_path: Path) -> None:
+    """squeue here does not know a job of another cluster that shares the filesystem: that is no evidence. The lease
+    names its cluster; asked there (squeue -M), no answer comes, and the job is refused, losing nothing. A lease of
+    this cluster's own whose job Slurm no longer knows, its heartbeat still, is taken over."""
+    _lease_of(tmp_path / "ckpt", "424242", cluster="another-cluster", heartbeat_age_s=5)
+    job = submit(tmp_path, "srun $PY $WORKER --out $OUT --steps 3 --step-time 0", "-N1", "--ntasks-per-node=1",
+                 name="lease-other-cluster")
+    info = job.wait(300)
+    assert info["JobState"] != "COMPLETED" and "in use by job 424242" in job.output(), job.output()[-3000:]
+    assert json.loads((tmp_path / "ckpt" / ".slurmrt-lease.json").read_text())["owner"] == "424242"
+
+    here = tmp_path / "here"
+    _lease_of(here / "ckpt", "424243", cluster="slurmrt", heartbeat_age_s=120)
+    job = submit(here, "srun $PY $WORKER --out $OUT --steps 3 --step-time 0", "-N1", "--ntasks-per-node=1",
+                 name="lease-this-cluster")
+    info = job.wait(300)
+    out = job.output()
+    assert info["JobState"] == "COMPLETED", out[-3000:]
+    assert "taking over the lease of job 424243" in out and "Slurm (cluster slurmrt) says job 424243" in out, out
+
+
 def test_14_the_warning_reaches_the_training_under_torchrun_not_the_launcher(cluster: Path, tmp_path: Path,
                                                                               uninterrupted: list[float]) -> None:
     """--signal=B:USR1 goes to the batch shell only; `slurmrt run` passes it to the training processes (not to

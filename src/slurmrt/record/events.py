@@ -44,7 +44,7 @@ class Event(str, enum.Enum):
     INIT = "init"  # mode, world_size, nnodes, nodelist, master, restart_count, kill_switch, experiment
     SIGNAL = "signal"  # signal, received, count
     PROGRESS = "progress"  # step, step_s (rank 0, every progress_s)
-    DECISION = "decision"  # step, reasons, save, end_time, step_s, save_s
+    DECISION = "decision"  # step, reasons, save, end_time, step_s, save_s, worst_step_s
     SAVE = "save"  # step, seconds, bytes, blocking, path, tier ("local"; absent: the shared tier)
     SAVE_SKIPPED = "save_skipped"  # step, save_s
     RESUME = "resume"  # step
@@ -150,7 +150,8 @@ def _reasons(value: Any) -> bool:
 #: Each field's type, when present and not null: (fields, test, what it must be).
 _FIELDS: tuple[tuple[tuple[str, ...], Any, str], ...] = (
     (("rank", "restart", "attempt", "step", "code", "count"), lambda v: _integer(v), "an integer"),
-    (("seconds", "step_s", "save_s", "idle_s", "allowed_s", "end_time", "bytes"), lambda v: _number(v), "a number"),
+    (("seconds", "step_s", "save_s", "worst_step_s", "idle_s", "allowed_s", "end_time", "bytes"), lambda v: _number(v),
+     "a number"),
     (("job", "outcome", "name", "experiment", "why", "signal"), lambda v: isinstance(v, str), "a string"),
     (("reasons",), _reasons, "a list of names"),
 )

@@ -152,7 +152,8 @@ class StopController:
     def _decided(self, decision: StopDecision) -> None:
         self.decision = decision
         self._report.decision(decision, steps_measured=len(self.budget.steps), step_s=self.budget.steps.estimate(),
-                              save_s=self.budget.saves.estimate(), margin_s=self.options.deadline_margin_s)
+                              save_s=self.budget.saves.estimate(), margin_s=self.options.deadline_margin_s,
+                              worst_step_s=self.budget.steps.peak)
 
     # -- phases ----------------------------------------------------------------------------------------------------
     def _phase_unfit(self, name: str, step: int) -> bool:

@@ -48,7 +48,7 @@ class Reporter:
                              count=recorder.count.get(sig, 1))
 
     def decision(self, decision: StopDecision, *, steps_measured: int, step_s: float | None, save_s: float | None,
-                 margin_s: float) -> None:
+                 margin_s: float, worst_step_s: float | None = None) -> None:
         if not self._lead:
             return
         names = sorted(r.value for r in decision.reasons)
@@ -61,7 +61,7 @@ class Reporter:
         logger.warning("all ranks stop at step %d: %s%s", decision.step, ", ".join(names),
                        "" if decision.save else " (no time to save before SIGKILL)")
         self.events.emit(Event.DECISION, step=decision.step, reasons=names, save=decision.save,
-                         end_time=decision.end_time, step_s=step_s, save_s=save_s)
+                         end_time=decision.end_time, step_s=step_s, save_s=save_s, worst_step_s=worst_step_s)
 
     def progress(self, step: int, step_s: float | None) -> None:
         if self._lead:
