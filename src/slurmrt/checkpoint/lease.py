@@ -182,10 +182,15 @@ class Lease:
             return None
         if holder.job and self._still_for(holder) >= self._quiet_s:
             where = holder.cluster or self._cluster
-            if self._alive(holder.job, where) is False:
+            if self._alive(holder.job, self._elsewhere(holder)) is False:
                 return (f"Slurm{f' (cluster {where})' if where else ''} says job {holder.job} has ended, and its "
                         f"heartbeat has not moved for {self._quiet_s:.0f} s")
         return None
+
+    def _elsewhere(self, holder: Holder) -> str | None:
+        """The holder's cluster when it is not this one (``squeue -M`` needs slurmdbd, even for the own cluster:
+        measured on the test cluster), else None: ask this cluster's squeue."""
+        return holder.cluster if holder.cluster and holder.cluster != self._cluster else None
 
     def _still_for(self, holder: Holder) -> float:
         """How long the holder's heartbeat has not moved: by its own clock, or for as long as this process has
@@ -211,7 +216,7 @@ class Lease:
         or another job on another host that Slurm says ended."""
         if self.mine(holder) or holder.host == self._host or not holder.job or self.stale(holder) is not None:
             return False
-        return holder.owner == self.owner or self._alive(holder.job, holder.cluster or self._cluster) is False
+        return holder.owner == self.owner or self._alive(holder.job, self._elsewhere(holder)) is False
 
     def check(self, *, leader_wait_s: float = 0.0) -> Holder | None:
         """Refuse (:class:`~slurmrt.LeaseError`) when another live job holds the directory; the stale holder this

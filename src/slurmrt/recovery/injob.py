@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .._safefs import open_new, private_dir
+from .._safefs import open_new, private_dir, read_capped
 from .facts import InJob
 
 __all__ = ["read_request", "request_path", "write_request"]
@@ -53,7 +53,7 @@ def read_request(directory: Path, attempt: int) -> dict[str, Any] | None:
     """The step's request (``slurmrt run``'s side), or None: none, or not a well-formed one (reported)."""
     path = request_path(directory, attempt)
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(read_capped(path, 1 << 20))  # a regular file of a few hundred bytes, nothing else
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as err:
