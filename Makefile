@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test test-unit test-repeat bench lint docs clean
+.PHONY: demo test test-unit test-repeat bench chaos lint docs clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,12 @@ test-unit: $(VENV)/.installed
 # The suite 5 times on an idle machine, then 3 times while two busy loops spin: how often each test passed.
 test-repeat: $(VENV)/.installed
 	tests/stress/repeat.sh 5 3
+
+# The seeded fault campaign (benchmarks/chaos.py): real multi-rank training under slurmrt sim, one fault per trial,
+# each trial checked for lost work, a dead job and leftover processes. Not part of `make test` (it takes long).
+chaos: $(VENV)/.installed
+	$(PY) -m pip install -q -e '.[bench]'
+	$(PY) -m benchmarks.chaos --trials $(or $(TRIALS),28) --seed $(or $(SEED),1)
 
 bench: $(VENV)/.installed
 	$(PY) -m pip install -q -e '.[bench]'

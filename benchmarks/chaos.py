@@ -57,7 +57,7 @@ class Trial:
         timed = ["--at", f"{self.at_s:.2f}", "--after-checkpoint"]
         return args + {
             "node-killed": ["--fail-node", str(self.target), *timed],
-            "node-killed-spare": ["--no-kill", "--spare-nodes", "1", "--fail-node", str(self.target), *timed],
+            "node-killed-spare": ["--no-kill", "--fail-node", str(self.target), *timed],  # the script runs `slurmrt run`
             "task-frozen": ["--hang-task", str(self.target), *timed],
             "preempted": ["--preempt-at", f"{self.at_s:.2f}", "--after-checkpoint", "--grace", "10",
                           "--signal", "USR1@5"],

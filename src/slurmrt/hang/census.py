@@ -26,13 +26,16 @@ from typing import Any
 
 from .._errors import SlurmrtError
 
-__all__ = ["Census", "CensusError", "RankState", "main_thread_state", "name_suspects"]
+__all__ = ["CALL_TIMEOUT_S", "Census", "CensusError", "RankState", "main_thread_state", "name_suspects"]
 
 logger = logging.getLogger(__name__)
 
 #: A training thread whose innermost frame (outside the standard library's threading) is in one of these waits
 #: for its peers.
 _WAITING_IN = ("torch/distributed/", "slurmrt/_comm.py", "slurmrt/_tree.py", "slurmrt/stop/agreement.py")
+#: How long one request to the rendezvous store may take before the store counts as gone: it answers in
+#: milliseconds while its host runs.
+CALL_TIMEOUT_S = 30.0
 
 
 class CensusError(SlurmrtError, RuntimeError):
@@ -121,10 +124,27 @@ class Census:
         self._store, self._prefix, self.rank, self.world = store, prefix, rank, world
 
     def _call(self, what: str, *args: Any) -> Any:
-        try:
-            return getattr(self._store, what)(*args)
-        except Exception as err:  # the store's errors are RuntimeError, DistStoreError, ... : all mean "gone"
-            raise CensusError(f"the rendezvous store does not answer ({what}): {err}") from err
+        """One request to the store, bounded: c10d's ``set``, ``add`` and ``check`` wait for the answer without any
+        timeout, and a store whose host is stopped (SIGSTOP, a frozen node: its socket stays open) never answers
+        (measured). The request runs on a thread of its own; after CALL_TIMEOUT_S it is given up for lost."""
+        result: dict[str, Any] = {}
+
+        def request() -> None:
+            try:
+                result["value"] = getattr(self._store, what)(*args)
+            except Exception as err:  # the store's errors are RuntimeError, DistStoreError, ... : all mean "gone"
+                result["error"] = err
+
+        thread = threading.Thread(target=request, name="slurmrt-census-request", daemon=True)
+        thread.start()
+        thread.join(CALL_TIMEOUT_S)
+        if thread.is_alive():
+            raise CensusError(f"the rendezvous store does not answer ({what}) within {CALL_TIMEOUT_S:.0f} s: the "
+                              "process that hosts it (rank 0) is stopped, or its node no longer answers")
+        if "error" in result:
+            raise CensusError(f"the rendezvous store does not answer ({what}): {result['error']}") \
+                from result["error"]
+        return result.get("value")
 
     def register(self, node: str) -> None:
         """Record this rank's node at the start of the run, so that a rank that dies can still be placed."""
@@ -151,8 +171,8 @@ class Census:
         keys = [f"{self._prefix}rank/{r}" for r in range(self.world)]
         if answered >= self.world and self._call("check", keys):  # every key there (check: all of them, or False)
             try:
-                values = self._store.multi_get(keys)
-            except Exception as err:  # a store without multi_get: read them one by one below
+                values = self._call("multi_get", keys)
+            except CensusError as err:  # a store without multi_get: read them one by one below
                 logger.debug("multi_get: %s", err)
             else:
                 return {r: RankState.from_json(v) for r, v in enumerate(values)}
