@@ -14,7 +14,7 @@ without a spare under ``slurmrt run``), a task frozen by SIGSTOP, a preemption w
 breaks an invariant is reported with its seed and command, to become a regression test.
 
     python -m benchmarks.chaos --trials 24 --seed 1          # make chaos
-    python -m benchmarks.chaos --trials 1 --seed 7 --keep    # replay one trial, keep its files
+    python -m benchmarks.chaos --trials 24 --seed 1 --only 5 --keep   # replay trial 5 alone, keep its files
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ class Trial:
         timed = ["--at", f"{self.at_s:.2f}", "--after-checkpoint"]
         return args + {
             "node-killed": ["--fail-node", str(self.target), *timed],
-            "node-killed-spare": ["--no-kill", "--fail-node", str(self.target), *timed],  # the script runs `slurmrt run`
+            "node-killed-spare": ["--no-kill", "--fail-node", str(self.target), *timed],  # its script: slurmrt run
             "task-frozen": ["--hang-task", str(self.target), *timed],
             "preempted": ["--preempt-at", f"{self.at_s:.2f}", "--after-checkpoint", "--grace", "10",
                           "--signal", "USR1@5"],
@@ -158,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--timeout", type=float, default=600.0, help="seconds one trial may take")
     p.add_argument("--keep", action="store_true", help="keep the trials' directories")
+    p.add_argument("--only", type=int, action="append", help="run only this trial of the campaign (repeatable)")
     args = p.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="slurmrt-chaos-"))
     started = time.monotonic()
@@ -166,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         expected = reference(work)
         for trial in draw(args.seed, args.trials):
+            if args.only and trial.number not in args.only:
+                continue
             verdict, detail = judge(trial, work, expected, args.timeout)
             verdicts[(trial.kind, verdict)] += 1
             print(f"trial {trial.number} {trial.kind} (step {trial.step}, at {trial.at_s:.2f} s, target "
