@@ -145,3 +145,14 @@ def test_slurmrt_run_refuses_a_signal_it_cannot_pass_on_and_unbalanced_srun_args
         argv: list[str], match: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["run", *argv, "--", "python", "train.py"]) == 2
     assert re.search(match, capsys.readouterr().err)
+
+
+def test_slurmrt_alone_prints_help_and_version_prints_the_one_version(capsys: pytest.CaptureFixture[str]) -> None:
+    import slurmrt
+
+    assert main([]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: slurmrt") and "status" in out and "nodes" in out
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out == f"slurmrt {slurmrt.__version__}\n"

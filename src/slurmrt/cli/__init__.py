@@ -17,8 +17,11 @@ __all__ = ["build_parser", "main"]
 def build_parser() -> argparse.ArgumentParser:
     from . import doctor, env, hostnames, kill, nodes, run, signal, sim, status, verify
 
+    from .. import __version__
+
     parser = argparse.ArgumentParser(prog="slurmrt", description="PyTorch training jobs that survive SLURM.")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser.add_argument("--version", action="version", version=f"slurmrt {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for command in (hostnames, sim, run, env, doctor, kill, signal, status, verify, nodes):
         command.add_parser(sub)
     return parser
@@ -27,6 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command is None:  # `slurmrt` alone: what it can do, not an error
+        parser.print_help()
+        return 0
     name = getattr(args, "command_name", "")
     try:
         return int(args.func(args))
