@@ -54,7 +54,8 @@ def test_slurmrt_signal_reaches_the_training_processes_and_spares_the_launcher(t
 def test_slurmrt_signal_with_nothing_registered_exits_1(tmp_path: Path) -> None:
     env = step_env(0, 1, tmp_path, port=29998, job_id="no-such-job")
     out = subprocess.run([sys.executable, "-m", "slurmrt", "signal", "USR1"], env=env, capture_output=True, text=True)
-    assert out.returncode == 1 and "to 0 training process(es)" in out.stdout
+    assert out.returncode == 1 and "no training process of job no-such-job is registered" in out.stdout, out.stdout
+    assert "nothing was signalled" in out.stdout
 
 
 @pytest.mark.skipif(importlib.util.find_spec("accelerate") is None, reason="accelerate is not installed")

@@ -156,3 +156,11 @@ def test_slurmrt_alone_prints_help_and_version_prints_the_one_version(capsys: py
     with pytest.raises(SystemExit) as done:
         main(["--version"])
     assert done.value.code == 0 and capsys.readouterr().out == f"slurmrt {slurmrt.__version__}\n"
+
+
+def test_kill_with_events_given_says_where_it_looked_not_to_pass_events(tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "ckpt").mkdir()
+    assert main(["kill", str(tmp_path / "stop"), "--events", str(tmp_path / "ckpt")]) == 0
+    out = capsys.readouterr().out
+    assert f"no event log in {tmp_path / 'ckpt'} mentions it" in out and "pass --events" not in out

@@ -15,9 +15,8 @@ __all__ = ["build_parser", "main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import doctor, env, hostnames, kill, nodes, run, signal, sim, status, verify
-
     from .. import __version__
+    from . import doctor, env, hostnames, kill, nodes, run, signal, sim, status, verify
 
     parser = argparse.ArgumentParser(prog="slurmrt", description="PyTorch training jobs that survive SLURM.")
     parser.add_argument("--version", action="version", version=f"slurmrt {__version__}")

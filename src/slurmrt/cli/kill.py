@@ -25,7 +25,9 @@ def run(args: argparse.Namespace) -> int:
         for w in watchers:
             print(f"  {w}")
     else:
-        print("no event log found that mentions it (pass --events DIR to search a checkpoint directory)")
+        searched = ", ".join(str(d) for d in args.events) if args.events else None
+        print(f"no event log in {searched} mentions it" if searched else
+              "no event log found that mentions it (pass --events DIR to search a checkpoint directory)")
     return 0
 
 

@@ -24,8 +24,14 @@ def run(args: argparse.Namespace) -> int:
         raise SlurmrtError(str(err)) from None
     pids = signal_training(sig, args.job or os.environ.get("SLURM_JOB_ID"))
     host = os.environ.get("SLURMD_NODENAME") or os.uname().nodename
+    if not pids:
+        job = args.job or os.environ.get("SLURM_JOB_ID")
+        print(f"slurmrt signal: no training process of {f'job {job}' if job else 'this user outside a job'} is "
+              f"registered on {host}: nothing was signalled (processes register at slurmrt.init(); inside a job, run "
+              "this on the job's nodes, e.g. srun --overlap --jobid=JOB slurmrt signal USR1)")
+        return 1
     print(f"slurmrt signal: {sig.name} to {len(pids)} training process(es) on {host}: {' '.join(map(str, pids))}")
-    return 0 if pids else 1
+    return 0
 
 
 def signal_training(sig: int, job_id: str | None) -> list[int]:
