@@ -179,3 +179,15 @@ def test_the_loop_guard_reads_the_event_log_only_when_a_restart_is_at_stake(tmp_
     assert executor.futile() == 3
     assert executor.recover(Trigger.STOPPED, stop=_stop(Reason.DEADLINE)).action is Action.STOP and not requeued
     assert executor.recover(Trigger.FINISHED).action is Action.FINISH
+
+
+def test_a_deadline_stop_before_the_first_step_is_not_requeued_with_or_without_an_event_log() -> None:
+    # Each requeued run gets the same time limit: one too short for the margin and a save stops every run at its
+    # first step. Without a checkpoint directory (no event log) the futile-run guard cannot count them.
+    first = plan(Trigger.STOPPED, NO_RUN, stop=_stop(Reason.DEADLINE), progressed=False)
+    assert (first.action, first.outcome) == (A.STOP, Outcome.STOPPED)
+    assert "before its first step" in first.why and "--time" in first.why and "SLURMRT_DEADLINE_MARGIN_S" in first.why
+    later = plan(Trigger.STOPPED, NO_RUN, stop=_stop(Reason.DEADLINE), progressed=True)
+    assert later.action is A.REQUEUE  # a run that trained: the next one resumes from its checkpoint
+    signalled = plan(Trigger.STOPPED, NO_RUN, stop=_stop(Reason.DEADLINE, Reason.SIGNAL), progressed=False)
+    assert signalled.action is A.REQUEUE  # a warning signal: the cluster wants the job gone, not the limit

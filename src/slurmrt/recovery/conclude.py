@@ -32,13 +32,15 @@ def trigger_of(stop: StopDecision | None) -> Trigger:
 
 
 def conclude(stop: StopDecision | None, *, executor: Executor, comm: Comm, failed_save: bool,
-             step: int | None = None, exclude: Sequence[str] = ()) -> Outcome:
+             step: int | None = None, exclude: Sequence[str] = (), progressed: bool = True) -> Outcome:
     """How the run ends, the same on every rank; requeues the job when the plan says so. Collective. ``step`` is
-    the last step the run reached, for the record; ``exclude``: nodes a restart must leave out (a straggler's)."""
+    the last step the run reached, for the record; ``exclude``: nodes a restart must leave out (a straggler's);
+    ``progressed``: the run made at least one step (rank 0's count decides)."""
     comm.all_ok(True)  # every rank is here: rank 0 may requeue
     chosen = None
     if comm.rank == 0:
-        done = executor.recover(trigger_of(stop), nodes=exclude, stop=stop, failed_save=failed_save, step=step)
+        done = executor.recover(trigger_of(stop), nodes=exclude, stop=stop, failed_save=failed_save, step=step,
+                                progressed=progressed)
         chosen = done.outcome.name
     return Outcome[comm.broadcast(chosen)]
 

@@ -52,15 +52,15 @@ class Executor:
 
     def recover(self, trigger: Trigger, *, nodes: Sequence[str] = (), stop: StopDecision | None = None,
                 failed_save: bool = False, step: int | None = None, ask: bool = True, detail: str = "",
-                **extra: Any) -> Decision:
+                progressed: bool = True, **extra: Any) -> Decision:
         """Decide what ``trigger`` means for the job, do it, record it; returns what was done. ``ask``: an in-job
         restart is asked of ``slurmrt run`` with a request file (False: the caller is ``slurmrt run``);
-        ``detail``: what failed, in words, for the log and the request."""
+        ``detail``: what failed, in words, for the log and the request; ``progressed``: the run made a step."""
         facts = self.facts
-        decision = plan(trigger, facts, nodes=nodes, stop=stop, failed_save=failed_save)
+        decision = plan(trigger, facts, nodes=nodes, stop=stop, failed_save=failed_save, progressed=progressed)
         if decision.restarts:  # the loop guard has a say: read the event log (only the acting process does)
             facts = facts.with_futile(self.futile())
-            decision = plan(trigger, facts, nodes=nodes, stop=stop, failed_save=failed_save)
+            decision = plan(trigger, facts, nodes=nodes, stop=stop, failed_save=failed_save, progressed=progressed)
         self._remember(trigger, decision, detail)
         reasons = sorted(r.value for r in stop.reasons) if stop is not None else \
             [] if trigger is Trigger.FINISHED else [decision.outcome.name.lower()]
@@ -68,7 +68,8 @@ class Executor:
             refused = self._in_job(decision, detail or decision.why, step, reasons, ask)
             if refused is None:
                 return decision
-            decision = plan(trigger, facts.without_in_job(), nodes=nodes, stop=stop, failed_save=failed_save)
+            decision = plan(trigger, facts.without_in_job(), nodes=nodes, stop=stop, failed_save=failed_save,
+                            progressed=progressed)
             decision = Decision(decision.action, decision.outcome, decision.why, decision.exclude, refused)
         if decision.in_job_refused is not None and facts.in_job is not None:
             logger.error("no in-job restart: %s; falling back to the requeue", decision.in_job_refused)

@@ -82,10 +82,10 @@ class Decision:
 
 
 def plan(trigger: Trigger, facts: Facts, *, nodes: Sequence[str] = (), stop: StopDecision | None = None,
-         failed_save: bool = False) -> Decision:
+         failed_save: bool = False, progressed: bool = True) -> Decision:
     """The decision for ``trigger``. ``nodes``: the bad nodes (the suspects', the lost or unhealthy node, a
     straggler's, or nodes the options leave out at the next restart); ``stop``: the agreed stop of ``STOPPED`` and
-    ``STRAGGLER``; ``failed_save``: the run's last save failed."""
+    ``STRAGGLER``; ``failed_save``: the run's last save failed; ``progressed``: the run made at least one step."""
     bad = tuple(dict.fromkeys(nodes))
     if trigger is Trigger.SOFTWARE_ERROR:
         return Decision(Action.FAIL, Outcome.FAILED, "a software error, not a bad node: no exclusion, no requeue")
@@ -95,7 +95,15 @@ def plan(trigger: Trigger, facts: Facts, *, nodes: Sequence[str] = (), stop: Sto
         stop = stop or StopDecision(-1, frozenset({Reason.STRAGGLER}), True)
     if trigger is Trigger.FINISHED or stop is None:
         return _ended(Decision(Action.FINISH, Outcome.FINISHED, "all steps done"), failed_save)
+    if stop.reasons == {Reason.DEADLINE} and not progressed:
+        return Decision(Action.STOP, Outcome.STOPPED, NO_TIME_TO_TRAIN)
     return _stopped(stop, facts, bad, failed_save)
+
+
+#: A deadline stop before the run's first step: each requeued run gets the same time limit and would stop the same.
+NO_TIME_TO_TRAIN = ("the deadline stopped this run before its first step: the time limit does not hold the margin "
+                    "and a save, and a requeued run, with the same limit, would stop the same way (a requeue loop). "
+                    "Not requeued. Raise --time, or lower SLURMRT_DEADLINE_MARGIN_S / SLURMRT_SAVE_TIME_S")
 
 
 def _ended(decision: Decision, failed_save: bool) -> Decision:

@@ -61,6 +61,8 @@ class StopController:
         #: The last step the training loop reported (should_stop, or a framework's stop): where the run really got
         #: to, recorded in its exit event (its last checkpoint may be older).
         self.last_step: int | None = None
+        #: Steps this run completed (between two should_stop calls): none means it stopped before its first.
+        self.steps_done = 0
         #: ``rt.time_compute()``; the judge of the windows it closes (slurmrt.stop.straggler).
         self.timer = ComputeTimer(options.straggler_window, budget.steps.estimate)
         self._judge = StragglerJudge(margin=options.straggler_margin, windows=options.straggler_windows)
@@ -78,6 +80,7 @@ class StopController:
         now = _clock.mono()
         if self._last_tick is not None:
             self.budget.step_done(now - self._last_tick)
+            self.steps_done += 1
         self.heartbeat = now
         self.last_step = step
         if now >= self._next_progress:

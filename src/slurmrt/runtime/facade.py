@@ -215,7 +215,7 @@ class Runtime:
             self.stop.end_rounds()
             self.outcome = conclude(self.stop.decision, executor=self._executor, comm=self._hooks.groups().work,
                                     failed_save=failed_save, step=self.stop.last_step,
-                                    exclude=self.stop.exclude_nodes)
+                                    exclude=self.stop.exclude_nodes, progressed=self.stop.steps_done > 0)
         if self.outcome is Outcome.FINISHED:  # nothing will resume from this node's local tier
             self.checkpoints.clear_local()
         self.close()
