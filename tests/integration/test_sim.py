@@ -355,3 +355,14 @@ def test_a_node_that_dies_under_no_kill_is_replaced_by_a_spare_in_the_same_run(t
     assert all(f["hostname"] != dead and f["in_job_restarts"] == 1 and f["restart_count"] == 0 for f in finals)
     assert finals[0]["start"] >= 10 and finals[0]["trained"][-1] == finals[0]["start"] + 19
     assert finals[0]["w"] == pytest.approx(expected_weights(finals[0]["start"] + 20, 2), abs=1e-5)
+
+
+def test_a_time_limit_too_short_for_a_save_stops_once_without_a_requeue_loop(tmp_path: Path) -> None:
+    # 60 s cannot hold the margin (30 s) and a save (30 s, assumed until measured): every run would stop at its
+    # first step. Without a checkpoint directory there is no event log for the futile-run guard; it requeued 6 times.
+    out = sim(tmp_path, "--nodes", "2", "--ntasks-per-node", "2", "--time", "1:00", "--signal", "USR1@20", "--requeue",
+              "--", sys.executable, str(ROOT / "examples" / "quickstart" / "train.py"))
+    rows = summary_rows(out.stdout)
+    assert len(rows) == 1, out.stdout[-3000:]
+    assert rows[0]["exit"] == "4" and rows[0]["stop reasons"] == "deadline", rows
+    assert "before its first step" in out.stdout + out.stderr and "Raise --time" in out.stdout + out.stderr

@@ -102,8 +102,8 @@ def add_parser(sub: Any) -> None:
     p = add_command(sub, "sim", run, doc=__doc__,
                     help="run a command or batch script as a Slurm job on this machine (signals, limits, requeue)",
                     epilog="examples:\n"
-                           "  slurmrt sim --nodes 2 --ntasks-per-node 2 --time 1:00 --signal USR1@20 --requeue -- "
-                           "python train.py\n"
+                           "  slurmrt sim --nodes 2 --ntasks-per-node 2 --time 2:00 --signal USR1@20 --requeue -- "
+                           "python train.py --checkpoint-dir ckpt\n"
                            "  slurmrt sim --nodes 2 --preempt-at 15 --grace 10 --signal USR1@5 --requeue -- "
                            "python train.py\n"
                            "  slurmrt sim job.sbatch          # reads its #SBATCH lines; srun inside starts the tasks")
