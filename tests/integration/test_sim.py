@@ -366,3 +366,15 @@ def test_a_time_limit_too_short_for_a_save_stops_once_without_a_requeue_loop(tmp
     assert len(rows) == 1, out.stdout[-3000:]
     assert rows[0]["exit"] == "4" and rows[0]["stop reasons"] == "deadline", rows
     assert "before its first step" in out.stdout + out.stderr and "Raise --time" in out.stdout + out.stderr
+
+
+def test_a_rehearsed_fault_that_never_fires_fails_the_rehearsal_and_says_why(tmp_path: Path) -> None:
+    quickstart = str(ROOT / "examples" / "quickstart" / "train.py")
+    # No checkpoint directory: --after-checkpoint waits for a checkpoint that never comes.
+    out = sim(tmp_path, "--after-checkpoint", "--preempt-at", "0", "--signal", "USR1@5", "--requeue", "--",
+              sys.executable, quickstart)
+    assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "the rehearsed fault never happened: preempt: no checkpoint was committed" in out.stderr
+    # A moment after the job's end: it finished before the fault.
+    out = sim(tmp_path, "--cancel-at", "100000", "--", sys.executable, quickstart)
+    assert out.returncode == 1 and "cancel: the run ended before its moment" in out.stderr, out.stderr[-2000:]

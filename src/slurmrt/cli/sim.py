@@ -40,8 +40,12 @@ def run(args: argparse.Namespace) -> int:
         records = simulate(spec)
     except SimInterrupted as stop:
         return 128 + stop.signum
+    missed = [m for r in records for m in r.missed]
+    for what in missed:
+        print(f"slurmrt sim: the rehearsed fault never happened: {what}. Nothing was rehearsed: exit 1",
+              file=sys.stderr)
     last = records[-1]
-    return 0 if last.exit_code == 0 and last.ended_by == "finished" else 1
+    return 0 if last.exit_code == 0 and last.ended_by == "finished" and not missed else 1
 
 
 def _job(spec: Any, command: list[str]) -> Any:

@@ -22,11 +22,10 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 import psutil
 
-from .._errors import SlurmrtError
 from ..launch import hostlist
 from ..record.events import COPY_ENV, read_events
 from ..record.ledger import LEDGER_ENV
@@ -35,7 +34,7 @@ from .environ import batch_env, default_node_names
 from .shims import install
 from .spec import JobSpec
 from .state import ENV, SimState
-from .summary import RunRecord, _annotate, _Follow, _is_terminal, summary
+from .summary import RunRecord, SimInterrupted, _annotate, _Follow, _is_terminal, missed_faults, summary
 
 __all__ = ["RunRecord", "SimInterrupted", "simulate"]
 
@@ -219,6 +218,14 @@ class _Run:
         timeline, faults = self._schedule()
         anchored = not self.spec.after_checkpoint
         timeline = sorted(timeline + faults) if anchored else sorted(timeline)
+        self._fired: set[str] = set()
+        try:
+            anchored = self._loop(timeline, faults, anchored)
+        finally:
+            self.record.missed = missed_faults(faults, self._fired, anchored=anchored)
+        return self._ended()
+
+    def _loop(self, timeline: list[tuple[float, str]], faults: list[tuple[float, str]], anchored: bool) -> bool:
         while self.batch.poll() is None:
             self.events.poll()
             if not anchored and self.events.saved(self.restart):
@@ -228,12 +235,14 @@ class _Run:
             if self._requests():
                 break
             while timeline and self.elapsed() >= timeline[0][0]:
-                self.act(timeline.pop(0)[1])
+                what = timeline.pop(0)[1]
+                self._fired.add(what)
+                self.act(what)
             if self.record.ended_by and self.batch.poll() is not None:
                 break
             processes.reap()
             time.sleep(0.02)
-        return self._ended()
+        return anchored
 
     def _ended(self) -> RunRecord:
         self._unthrottle()
@@ -386,13 +395,3 @@ def _placed(spec: JobSpec, state: SimState, restart: int, out: IO[str]) -> JobSp
           f"{hostlist.compress(spec.node_names)}", file=out, flush=True)
     return spec
 
-
-class SimInterrupted(SlurmrtError):
-    """The simulator itself got SIGINT, SIGTERM or SIGHUP; the job was ended and nothing is left running."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(f"slurmrt sim got signal {signum}", signum=signum)
-        self.signum = signum
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (SimInterrupted, (self.signum,))

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from .._errors import SlurmrtError
 from ..record.events import Event, EventFollower, Run, runs
 
 __all__ = ["RunRecord", "summary"]
@@ -34,6 +35,8 @@ class RunRecord:
     in_job: list[tuple[str, ...]] = field(default_factory=list)
     #: The stragglers the run named: (rank, node).
     stragglers: list[tuple[int, str | None]] = field(default_factory=list)
+    #: The rehearsed faults (preempt, cancel, fail, hang) that never fired in this run, and why.
+    missed: list[str] = field(default_factory=list)
 
 
 class _Follow:
@@ -132,3 +135,23 @@ def _ended_by(r: RunRecord) -> str:
     if r.stragglers:
         ended += "; straggler " + ", ".join(f"rank {rank} on {node or '?'}" for rank, node in r.stragglers)
     return ended
+
+
+def missed_faults(faults: list[tuple[float, str]], fired: set[str], *, anchored: bool) -> list[str]:
+    """The rehearsed faults that never fired, each with why: a rehearsal that did not happen must not look like one
+    that was survived. ``anchored``: the faults' clock started (with --after-checkpoint, at the first checkpoint)."""
+    missed = sorted({what for _, what in faults if what != "preempt_term"} - fired)
+    why = ("no checkpoint was committed, and --after-checkpoint counts from the first one (give the job a checkpoint "
+           "directory and a save before then)" if not anchored else "the run ended before its moment")
+    return [f"{what}: {why}" for what in missed]
+
+
+class SimInterrupted(SlurmrtError):
+    """The simulator itself got SIGINT, SIGTERM or SIGHUP; the job was ended and nothing is left running."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"slurmrt sim got signal {signum}", signum=signum)
+        self.signum = signum
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (SimInterrupted, (self.signum,))
