@@ -57,12 +57,13 @@ def main() -> None:
 
     step = start - 1
     for step in range(start, args.steps):
-        g = torch.Generator().manual_seed(step * 1000 + rt.rank)
-        x = torch.randn(32, 16, generator=g)
-        y = x.sum(dim=1, keepdim=True)
-        loss = ((model(x) - y) ** 2).mean()
-        optim.zero_grad()
-        loss.backward()
+        with rt.time_compute():  # this rank's own work, no collective: a slow node is named a straggler
+            g = torch.Generator().manual_seed(step * 1000 + rt.rank)
+            x = torch.randn(32, 16, generator=g)
+            y = x.sum(dim=1, keepdim=True)
+            loss = ((model(x) - y) ** 2).mean()
+            optim.zero_grad()
+            loss.backward()
         if rt.world_size > 1:
             for p in model.parameters():
                 assert p.grad is not None
