@@ -374,7 +374,11 @@ def test_a_rehearsed_fault_that_never_fires_fails_the_rehearsal_and_says_why(tmp
     out = sim(tmp_path, "--after-checkpoint", "--preempt-at", "0", "--signal", "USR1@5", "--requeue", "--",
               sys.executable, quickstart)
     assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-2000:]
-    assert "the rehearsed fault never happened: preempt: no checkpoint was committed" in out.stderr
+    assert "not rehearsed: preempt: no checkpoint was committed" in out.stderr
     # A moment after the job's end: it finished before the fault.
     out = sim(tmp_path, "--cancel-at", "100000", "--", sys.executable, quickstart)
-    assert out.returncode == 1 and "cancel: the run ended before its moment" in out.stderr, out.stderr[-2000:]
+    assert out.returncode == 1 and "not rehearsed: cancel: the run ended before its moment" in out.stderr, out.stderr
+    # A slowed node in a job that times no compute, or too few steps to judge: nobody can be named.
+    out = sim(tmp_path, "-N", "2", "--slow-node", "1", "--", sys.executable, quickstart, "--steps", "5")
+    assert out.returncode == 1 and "not rehearsed: slow-node 1: it was slowed, but no straggler was named" in \
+        out.stderr, out.stderr[-2000:]

@@ -41,8 +41,13 @@ def run(args: argparse.Namespace) -> int:
     except SimInterrupted as stop:
         return 128 + stop.signum
     missed = [m for r in records for m in r.missed]
+    if spec.slow_node is not None and not any(r.stragglers for r in records):
+        missed.append(f"slow-node {spec.slow_node}: it was slowed, but no straggler was named. slurmrt judges the "
+                      "section the job times with rt.time_compute(), over straggler_windows windows of "
+                      "straggler_window timed steps (3 x 20 by default): time the job's compute, and run it long "
+                      "enough")
     for what in missed:
-        print(f"slurmrt sim: the rehearsed fault never happened: {what}. Nothing was rehearsed: exit 1",
+        print(f"slurmrt sim: not rehearsed: {what}; exit 1",
               file=sys.stderr)
     last = records[-1]
     return 0 if last.exit_code == 0 and last.ended_by == "finished" and not missed else 1
