@@ -33,25 +33,28 @@ def run(args: argparse.Namespace) -> int:
             spec = apply_option(spec, name, str(value))
     if args.requeue:
         spec = replace(spec, requeue=True)
-    if (args.fail_node is not None or args.hang_task is not None) and args.at is None:
-        raise SlurmrtError("--fail-node and --hang-task need --at SECONDS (when it happens)")
     spec = _faults(args, spec)
     try:
         records = simulate(spec)
     except SimInterrupted as stop:
         return 128 + stop.signum
+    missed = _not_rehearsed(spec, records)
+    for what in missed:
+        print(f"slurmrt sim: not rehearsed: {what}; exit 1", file=sys.stderr)
+    last = records[-1]
+    return 0 if last.exit_code == 0 and last.ended_by == "finished" and not missed else 1
+
+
+def _not_rehearsed(spec: Any, records: list[Any]) -> list[str]:
+    """What the user asked to rehearse that did not happen, with why: a fault that never fired, a slowed node that
+    nobody named. Such a run must not look survived."""
     missed = [m for r in records for m in r.missed]
     if spec.slow_node is not None and not any(r.stragglers for r in records):
         missed.append(f"slow-node {spec.slow_node}: it was slowed, but no straggler was named. slurmrt judges the "
                       "section the job times with rt.time_compute(), over straggler_windows windows of "
                       "straggler_window timed steps (3 x 20 by default): time the job's compute, and run it long "
                       "enough")
-    for what in missed:
-        print(f"slurmrt sim: not rehearsed: {what}; exit 1",
-              file=sys.stderr)
-    last = records[-1]
-    return 0 if last.exit_code == 0 and last.ended_by == "finished" and not missed else 1
-
+    return missed
 
 def _job(spec: Any, command: list[str]) -> Any:
     """``spec`` running ``command``: a batch script (its #SBATCH lines read), or a command line."""
@@ -103,8 +106,15 @@ def _check_usage(args: argparse.Namespace, command: list[str]) -> None:
                         ("--cancel-at", args.cancel_at), ("--at", args.at), ("--max-restarts", args.max_restarts)):
         if value is not None and not value >= 0:
             raise SlurmrtError(f"{flag} {value}: a time or count, 0 or more")
+    _check_timed_faults(args)
+
+
+def _check_timed_faults(args: argparse.Namespace) -> None:
+    """--at and the faults it times come together."""
     if args.at is not None and args.fail_node is None and args.hang_task is None:
         raise SlurmrtError("--at SECONDS says when --fail-node or --hang-task happens: give one of them, or drop --at")
+    if (args.fail_node is not None or args.hang_task is not None) and args.at is None:
+        raise SlurmrtError("--fail-node and --hang-task need --at SECONDS (when it happens)")
 
 
 def add_parser(sub: Any) -> None:
