@@ -402,23 +402,21 @@ def test_a_fifo_or_a_device_link_planted_under_a_file_slurmrt_reads_is_an_error_
     from slurmrt.record.events import read_events
     from slurmrt.record.experiment import establish
 
-    os.mkfifo(tmp_path / name)  # a reader that opened it blocking would wait for a writer for ever
-    with pytest.raises((SlurmrtError, OSError), match="not a regular file"):
+    def read() -> None:  # what reads the file: the event log's reader, the experiment, the lease
         if name.startswith("events"):
             list(read_events(tmp_path / name))
         elif name == "experiment.json":
             establish(tmp_path, job="7001", override=None)
         else:
             _lease(tmp_path, "7001").acquire()
+
+    os.mkfifo(tmp_path / name)  # a reader that opened it blocking would wait for a writer for ever
+    with pytest.raises((SlurmrtError, OSError), match="not a regular file"):
+        read()
     (tmp_path / name).unlink()
     (tmp_path / name).symlink_to("/dev/zero")  # read whole, it never ends
     with pytest.raises((SlurmrtError, OSError), match="symlink"):
-        if name.startswith("events"):
-            list(read_events(tmp_path / name))
-        elif name == "experiment.json":
-            establish(tmp_path, job="7001", override=None)
-        else:
-            _lease(tmp_path, "7001").acquire()
+        read()
 
 
 def test_a_fifo_in_place_of_a_manifest_or_a_leftover_is_named_not_waited_on(tmp_path: Path) -> None:
