@@ -382,3 +382,16 @@ def test_a_rehearsed_fault_that_never_fires_fails_the_rehearsal_and_says_why(tmp
     out = sim(tmp_path, "-N", "2", "--slow-node", "1", "--", sys.executable, quickstart, "--steps", "5")
     assert out.returncode == 1 and "not rehearsed: slow-node 1: it was slowed, but no straggler was named" in \
         out.stderr, out.stderr[-2000:]
+
+
+def test_a_clean_rehearsal_leaves_no_state_behind_and_a_failed_one_says_where_it_is(tmp_path: Path) -> None:
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    out = sim(tmp_path, "--", sys.executable, str(ROOT / "examples" / "quickstart" / "train.py"), "--steps", "3",
+              env={"TMPDIR": str(tmp)})
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert not list(tmp.glob("slurmrt-sim-*")), "a clean end leaves no state directory"
+    out = sim(tmp_path, "--", sys.executable, "-c", "raise SystemExit(1)", env={"TMPDIR": str(tmp)})
+    assert out.returncode == 1
+    (kept,) = tmp.glob("slurmrt-sim-*")
+    assert f"its state is kept in {kept}" in out.stdout

@@ -34,7 +34,7 @@ from .environ import batch_env, default_node_names
 from .shims import install
 from .spec import JobSpec
 from .state import ENV, SimState
-from .summary import RunRecord, SimInterrupted, _annotate, _Follow, _is_terminal, missed_faults, summary
+from .summary import RunRecord, SimInterrupted, _annotate, _Follow, _is_terminal, missed_faults, summary, tidy
 
 __all__ = ["RunRecord", "SimInterrupted", "simulate"]
 
@@ -359,6 +359,8 @@ def _simulate(spec: JobSpec, out: IO[str], state_dir: Path | None) -> list[RunRe
             proc.kill()
         processes.reap()
     _annotate(records, list(read_events(events)) if events.exists() else [])
+    if state_dir is None:  # ours: gone after a clean end, kept (and named) to look into otherwise
+        tidy(directory, records, out, interrupted=bool(received))
     print(summary(records), file=out, flush=True)
     if received:
         raise SimInterrupted(received[0])

@@ -3,6 +3,7 @@ summary table at the end."""
 
 from __future__ import annotations
 
+import shutil
 import signal
 import time
 from collections.abc import Callable
@@ -144,6 +145,16 @@ def missed_faults(faults: list[tuple[float, str]], fired: set[str], *, anchored:
     why = ("no checkpoint was committed, and --after-checkpoint counts from the first one (give the job a checkpoint "
            "directory and a save before then)" if not anchored else "the run ended before its moment")
     return [f"{what}: {why}" for what in missed]
+
+
+def tidy(directory: Path, records: list[RunRecord], out: IO[str], *, interrupted: bool) -> None:
+    """The simulator's own state directory (a temporary one): removed when the job finished cleanly, so that a
+    rehearsal leaves nothing behind; kept, and named, when something is worth a look."""
+    last = records[-1] if records else None
+    if last is not None and last.exit_code == 0 and last.ended_by == "finished" and not interrupted:
+        shutil.rmtree(directory, ignore_errors=True)
+    else:
+        print(f"slurmrt sim: its state is kept in {directory}", file=out, flush=True)
 
 
 class SimInterrupted(SlurmrtError):
