@@ -19,14 +19,14 @@ import shutil
 import stat
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from ._errors import UnsafePathError
 
-__all__ = ["fsync_dir", "group_id", "leftover_tmp_files", "lock", "open_append", "open_new", "open_regular",
-           "private_dir", "process_start_time", "read_capped", "remove_entry", "replace_text", "runtime_base",
-           "write_text"]
+__all__ = ["fsync_dir", "group_id", "leftover_tmp_files", "lock", "locked_file", "open_append", "open_new",
+           "open_regular", "private_dir", "process_start_time", "process_stopped", "read_capped", "remove_entry",
+           "replace_text", "runtime_base", "write_text"]
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -180,20 +180,44 @@ def lock(fd: int, *, timeout_s: float, shared: bool = False) -> bool:
         delay = min(delay * 2, 0.05)
 
 
-def process_start_time(pid: int) -> int | None:
-    """The start time of process ``pid`` in clock ticks since boot (field 22 of ``/proc/<pid>/stat``); None when
-    there is no such process. With the pid it names one process, even after the pid is reused."""
+def _proc_stat(pid: int) -> list[bytes]:
+    """The fields of ``/proc/<pid>/stat`` after the command name (field 3 on); none when there is no such process.
+    The command name (field 2) is in parentheses and may hold spaces or ')': split after its last ')'."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read()
     except OSError:
-        return None
-    # The command name (field 2) is in parentheses and may hold spaces or ')': split after its last ')'.
-    fields = data[data.rfind(b")") + 2:].split()
+        return []
+    return data[data.rfind(b")") + 2:].split()
+
+
+def process_start_time(pid: int) -> int | None:
+    """The start time of process ``pid`` in clock ticks since boot (field 22 of ``/proc/<pid>/stat``); None when
+    there is no such process. With the pid it names one process, even after the pid is reused."""
+    fields = _proc_stat(pid)
     try:
         return int(fields[19])
     except (IndexError, ValueError):
         return None
+
+
+def process_stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped (state T or t: SIGSTOP, a debugger)."""
+    fields = _proc_stat(pid)
+    return bool(fields) and fields[0] in (b"T", b"t")
+
+
+@contextlib.contextmanager
+def locked_file(path: Path, *, timeout_s: float, mode: int = 0o644) -> Iterator[None]:
+    """Hold the flock of the lock file ``path`` (created if absent, a regular file only: :func:`open_regular`),
+    waited for at most ``timeout_s``; :class:`TimeoutError` when someone held it all that time."""
+    fd = open_regular(path, os.O_RDONLY | os.O_CREAT, mode)
+    try:
+        if not lock(fd, timeout_s=timeout_s):
+            raise TimeoutError(f"{path} stayed locked for {timeout_s:.0f} s")
+        yield
+    finally:
+        os.close(fd)
 
 
 def write_text(path: Path, text: str) -> None:

@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import CheckpointError
+from .._safefs import process_stopped
 from ._files import FileInfo
 from .shm import SharedBuffers, _recv, _Segment, _send
 
@@ -64,16 +65,6 @@ _REST_S = 60.0
 class HelperLost(CheckpointError):
     """The helper died or stayed stopped during a write: the caller writes the same files with threads."""
 
-
-def _stopped(pid: int) -> bool:
-    """Whether process ``pid`` is stopped (state T or t in /proc)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return False
-    state = data[data.rfind(b")") + 2:data.rfind(b")") + 3]
-    return state in (b"T", b"t")
 
 #: Signals the helper ignores: Slurm's warnings and its SIGTERM go to every process of a step, a terminal's ^C to
 #: the whole foreground group.
@@ -225,7 +216,7 @@ class Helper:
             proc = self._proc
             if proc is None or proc.poll() is not None:
                 raise EOFError("the save helper process exited")
-            if not _stopped(proc.pid):
+            if not process_stopped(proc.pid):
                 stopped_since = None
                 continue
             stopped_since = stopped_since or time.monotonic()

@@ -12,7 +12,8 @@ host and pid of its rank 0, and a heartbeat that the watcher thread refreshes ev
   the other job, where it runs, and the fix;
 - one of another job that is stale, taken over with a warning. A lease is stale only on positive evidence that its
   holder is gone: its rank-0 process is gone from this host (pid and start time), its heartbeat is older than
-  ``stale_s`` (``STALE_S``, 10 minutes, by default), or Slurm, asked on the holder's own cluster (``squeue -M``),
+  ``stale_s`` (``STALE_S``, 10 minutes, by default), or Slurm, asked on the holder's own cluster (``squeue -M``
+  for another cluster),
   says its job ended *and* the heartbeat has stopped moving (``QUIET_S``). A holder alive on this host is never
   taken over. Slurm's "Invalid job id" alone is not evidence: a job of another cluster that shares the filesystem,
   or one whose record slurmctld already purged while its processes live, gets the same answer.
@@ -40,7 +41,7 @@ from typing import Any
 
 from .. import _clock, _slurm
 from .._errors import CheckpointError, LeaseError, UnsafePathError
-from .._safefs import lock, open_regular, process_start_time, read_capped
+from .._safefs import locked_file, process_start_time, read_capped
 from ..launch.topology import Topology
 from ._files import replace_text
 from .trust import check_directory
@@ -326,18 +327,14 @@ class Lease:
     def _locked(self) -> Any:
         path = self.directory / _LOCK_FILE
         try:
-            fd = open_regular(path, os.O_RDONLY | os.O_CREAT)
-        except OSError as err:  # UnsafePathError (a link, a FIFO planted there) included
+            with locked_file(path, timeout_s=_LOCK_WAIT_S):
+                yield
+        except TimeoutError:
+            raise LeaseError(f"{path} stayed locked for {_LOCK_WAIT_S:.0f} s: another job is taking the checkpoint "
+                             "directory, or a process holds the lock. Retry, or use another checkpoint_dir",
+                             path=str(path)) from None
+        except UnsafePathError as err:  # a link, a FIFO planted there
             raise LeaseError(f"cannot open the lease lock {path}: {err}", path=str(path)) from None
-        try:
-            if not lock(fd, timeout_s=_LOCK_WAIT_S):
-                raise LeaseError(f"{path} stayed locked for {_LOCK_WAIT_S:.0f} s: another job is taking the "
-                                 "checkpoint directory, or a process holds the lock. Retry, or use another "
-                                 "checkpoint_dir", path=str(path))
-            yield
-        finally:
-            os.close(fd)
-
 
 def take(directory: Path, topology: Topology, *, shared: bool = False) -> Lease:
     """The run's lease on its checkpoint directory: rank 0 takes it, the others check it, so that every rank of a

@@ -24,14 +24,13 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from .. import _clock
-from .._safefs import lock, open_regular, read_capped, replace_text
+from .._safefs import locked_file, read_capped, replace_text
 
 __all__ = ["LEDGER_ENV", "TTL_S", "Entry", "Ledger", "ledger_path"]
 
@@ -139,13 +138,6 @@ class Ledger:
                                           for n, e in sorted(entries.items())}}
         replace_text(self.path, json.dumps(record, indent=1) + "\n")
 
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
+    def _locked(self) -> contextlib.AbstractContextManager[None]:
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = open_regular(self.path.with_name(f".{self.path.name}.lock"), os.O_RDONLY | os.O_CREAT, 0o600)
-        try:
-            if not lock(fd, timeout_s=_LOCK_WAIT_S):
-                raise OSError(f"{self.path}'s lock stayed taken for {_LOCK_WAIT_S:.0f} s")
-            yield
-        finally:
-            os.close(fd)
+        return locked_file(self.path.with_name(f".{self.path.name}.lock"), timeout_s=_LOCK_WAIT_S, mode=0o600)
