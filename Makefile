@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test test-unit test-repeat bench chaos lint docs clean
+.PHONY: demo test test-unit test-repeat bench chaos lint docs dist check-dist clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -54,9 +54,19 @@ bench: $(VENV)/.installed
 docs: $(VENV)/.installed
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
+# The sdist and the wheel, into dist/ (python -m build: an isolated build environment from PyPI).
+dist: $(VENV)/.installed
+	rm -rf dist
+	$(PY) -m build --outdir dist .
+
+# The wheel as a user gets it: a clean venv installs dist/*.whl and runs the quickstart under `slurmrt sim` from a
+# directory outside the clone (.ci/wheel; CI runs it).
+check-dist:
+	PYTHON=$(PYTHON) .ci/wheel
+
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check src tests examples benchmarks
 	$(VENV)/bin/mypy src
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) build dist *.egg-info src/*.egg-info .pytest_cache .mypy_cache .ruff_cache

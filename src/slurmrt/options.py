@@ -98,6 +98,10 @@ class Options:
     experiment_id: str | None = None
     #: Rank 0 records its step in the event log this often (the timeline of ``slurmrt status``, ``slurmrt sim``).
     progress_s: float | None = 10.0
+    #: slurmrt's own log lines (the ``slurmrt`` logger) get a handler of their own at init(): time, level and
+    #: ``[host:rank]``, INFO on rank 0 and warnings on every rank, under the job's flock. Skipped when the program
+    #: configured logging first (the root logger or ``slurmrt`` has a handler). False: never.
+    log_handler: bool = True
     #: The job's declared shape, for the launch checks and the CUDA rule. Its fields are init() options of their
     #: own (``tp=2``, ``SLURMRT_TP``), and so is ``megatron_args``, Megatron-LM's command line, read in their place.
     parallel: ParallelConfig = field(default_factory=ParallelConfig)

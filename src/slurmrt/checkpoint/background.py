@@ -57,6 +57,8 @@ class SaveResult:
     bytes: int
     #: Wall time the save began.
     started: float
+    #: The step was committed by this run already (a periodic save, then the stop at that step): that one is kept.
+    kept: bool = False
 
 
 class PendingSave:

@@ -227,7 +227,8 @@ class CheckpointStore:
             )
         self._committed.add(step)
         self.retention.damaged.discard(step)
-        return SaveResult(step=step, path=final, seconds=_clock.mono() - start, bytes=size, started=started)
+        return SaveResult(step=step, path=final, seconds=_clock.mono() - start, bytes=size, started=started,
+                          kept=rank == 0 and not committed)
 
     def _lead_commit(self, tmp: Path, final: Path, step: int, kind: str, reports: list[_Part] | None
                      ) -> tuple[tuple[str | None, int], bool]:

@@ -29,6 +29,7 @@ from ..stop.decision import Reason, StopDecision
 from ..stop.killswitch import KillSwitch
 from ..stop.signals import SignalRecorder
 from ..stop.watcher import Watcher
+from . import logs
 from .controller import StopController
 from .hooks import ProcessHooks
 from .report import Reporter
@@ -218,6 +219,8 @@ class Runtime:
                                     exclude=self.stop.exclude_nodes, progressed=self.stop.steps_done > 0)
         if self.outcome is Outcome.FINISHED:  # nothing will resume from this node's local tier
             self.checkpoints.clear_local()
+            if self.topology.rank == 0:
+                logs.remove_job_lock()
         self.close()
         return self.outcome.code
 

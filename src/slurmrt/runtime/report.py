@@ -74,7 +74,7 @@ class Reporter:
             self.events.emit(Event.PHASE, durable=False, name=name, seconds=round(seconds, 3))
 
     def saved(self, result: SaveResult, *, blocking: bool, tier: str = "shared") -> None:
-        if self._lead:
+        if self._lead and not result.kept:  # a kept step was said and recorded when it was committed
             logger.info("checkpoint step %d committed%s: %.2f s, %d bytes", result.step,
                         " (local tier)" if tier == "local" else "", result.seconds, result.bytes)
             extra: dict[str, Any] = {"tier": tier} if tier != "shared" else {}

@@ -21,12 +21,12 @@ from ..recovery import facts as recovery_facts
 from ..recovery.conclude import exit_at_init
 from ..recovery.executor import Executor
 from ..stop import killswitch
+from . import logs
 from .facade import Runtime
 
 __all__ = ["init"]
 
 logger = logging.getLogger(__name__)
-
 
 
 def init(options: Options | None = None, **overrides: Any) -> Runtime:
@@ -38,8 +38,9 @@ def init(options: Options | None = None, **overrides: Any) -> Runtime:
     """
     env = os.environ
     opts = Options.resolve(overrides, env, base=options)
-    warn_unknown(env)
     topo = from_environ(env, launcher_argv=launcher_argv() if "RANK" in env else None)
+    logs.install_default(topo.rank, wanted=opts.log_handler)
+    warn_unknown(env)
     for warning in topo.warnings:
         logger.warning("%s", warning)
     node_gpus = cuda.node_gpu_count(env)

@@ -230,7 +230,8 @@ class _Run:
             self.events.poll()
             if not anchored and self.events.saved(self.restart):
                 anchored = True
-                self.say(f"first checkpoint of run {self.restart} committed: the rehearsed faults count from now")
+                if faults:
+                    self.say(f"first checkpoint of run {self.restart} committed: the rehearsed faults count from now")
                 timeline = sorted(timeline + [(self.elapsed() + t, what) for t, what in faults])
             if self._requests():
                 break

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections import deque
 from collections.abc import Callable, Mapping
 
@@ -166,8 +167,9 @@ class Budget:
         requeued run does not start from the default save time, and skip a save that takes 2 s, nor without a
         step time)."""
         if measured_step_s is not None or measured_save_s is not None:
-            logger.info("earlier runs of the job measured a step of %s s and a save of %s s", measured_step_s,
-                        measured_save_s)
+            logger.info("earlier runs of the job measured a step of %s and a save of %s",
+                        "-" if measured_step_s is None else f"{measured_step_s:.3g} s",
+                        "-" if measured_save_s is None else f"{measured_save_s:.3g} s")
         return cls(margin_s=margin_s, save_time_s=measured_save_s or save_time_s, kill_wait_s=kill_wait_s,
                    step_time_s=measured_step_s)
 
@@ -242,5 +244,10 @@ class EndTime:
         self.queries += 1
         end = self._fetch(self._job_id)
         if end != self.queried:
-            logger.info("job %s ends at %s (epoch s)", self._job_id, end)
+            logger.info("job %s ends at %s", self._job_id, _when(end))
         self.queried = end
+
+
+def _when(end: float | None) -> str:
+    """An end time as people read it: local time, with the date."""
+    return "an unknown time" if end is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(end))
