@@ -293,6 +293,12 @@ def test_slurmrt_verify_names_the_damaged_file_and_fails(tmp_path: Path, capsys:
     assert main(["verify", str(tmp_path)]) == 1
     out = capsys.readouterr().out
     assert "step_000000002: DAMAGED" in out and "model/weights.bin: checksum" in out and "step_000000001: ok" in out
+    assert main(["verify", str(tmp_path), "--json"]) == 1  # the same findings, as data
+    found = json.loads(capsys.readouterr().out)
+    assert found["schema"] == "slurmrt.verify/1" and found["ok"] is False
+    assert [(c["path"].rsplit("/", 1)[1], c["status"]) for c in found["checkpoints"]] == [
+        ("step_000000002", "damaged"), ("step_000000001", "ok")]
+    assert "model/weights.bin: checksum" in found["checkpoints"][0]["problems"][0]
     assert main(["verify", str(tmp_path / "step_000000001")]) == 0
     (tmp_path / "step_000000001" / "rank_00000.pt").unlink()
     assert main(["verify", str(tmp_path / "step_000000001")]) == 1

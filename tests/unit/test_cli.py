@@ -128,7 +128,8 @@ def test_status_shows_the_in_job_restart_which_node_left_and_why(tmp_path: Path)
 
 
 def test_every_command_has_help_with_an_example(capsys: pytest.CaptureFixture[str]) -> None:
-    for command in ["hostnames", "hostlist", "sim", "run", "env", "doctor", "kill", "status"]:
+    for command in ["hostnames", "hostlist", "sim", "run", "env", "doctor", "kill", "status", "verify", "nodes",
+                    "signal", "completion"]:
         with pytest.raises(SystemExit) as info:
             main([command, "--help"])
         assert info.value.code == 0

@@ -27,30 +27,42 @@ from ..options import Options, unknown_variables
 from ..record.events import Event, read_events
 from ..stop.deadline import end_time_from_env, query_end_time
 from ._common import add_command, add_events, add_parallel, default_dirs, event_files, parallel
+from ._json import add_flag, emit
 
 
 def run(args: argparse.Namespace) -> int:
     dirs = args.events or default_dirs(os.environ)
     report = doctor(os.environ, parallel(args, os.environ), events_dirs=dirs, health_check=args.health)
-    print("slurmrt doctor")
-    print("\n".join(report.lines))
+    if args.json:
+        emit("doctor", {"ok": not report.failed,
+                        "checks": [{"check": c, "status": s, "text": t} for s, c, t in report.checks]})
+    else:
+        print("slurmrt doctor")
+        print("\n".join(report.lines))
     return 1 if report.failed else 0
 
 
 class Report:
     def __init__(self) -> None:
-        self.lines: list[str] = []
-        self.failed = False
+        #: (status: "ok", "warn" or "fail"; the check; what it found), in the order checked.
+        self.checks: list[tuple[str, str, str]] = []
+
+    @property
+    def failed(self) -> bool:
+        return any(status == "fail" for status, _, _ in self.checks)
+
+    @property
+    def lines(self) -> list[str]:
+        return [f"  {'FAIL' if status == 'fail' else status:<4}  {what}: {text}" for status, what, text in self.checks]
 
     def ok(self, what: str, text: str) -> None:
-        self.lines.append(f"  ok    {what}: {text}")
+        self.checks.append(("ok", what, text))
 
     def warn(self, what: str, text: str) -> None:
-        self.lines.append(f"  warn  {what}: {text}")
+        self.checks.append(("warn", what, text))
 
     def fail(self, what: str, text: str) -> None:
-        self.failed = True
-        self.lines.append(f"  FAIL  {what}: {text}")
+        self.checks.append(("fail", what, text))
 
 
 def doctor(env: Mapping[str, str], config: ParallelConfig, *, events_dirs: Iterable[Path],
@@ -185,6 +197,7 @@ def add_parser(sub: Any) -> None:
                     epilog="example: srun --ntasks-per-node=1 slurmrt doctor --tp 2 --events /shared/ckpt/run17")
     add_parallel(p)
     add_events(p, "to read save times from")
+    add_flag(p)
     p.add_argument("--health", action="store_true",
                    help="also run slurmrt's node health check (init(health_check=True)): /dev/shm, the checkpoint "
                         "directory ($SLURMRT_CHECKPOINT_DIR), a GPU allocation; run it on every node with "

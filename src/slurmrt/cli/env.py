@@ -18,14 +18,35 @@ from ..launch.parallel import ParallelConfig
 from ..launch.ports import master_port_for
 from ..launch.topology import from_environ
 from ._common import add_command, add_parallel, parallel
+from ._json import add_flag, emit
 
 
 def run(args: argparse.Namespace) -> int:
     config = parallel(args, os.environ)
     arch = cuda.gpu_arch_major() if cuda.node_gpu_count(os.environ) else None
-    for line in env_exports(os.environ, config, args.gpus_per_node, arch):
+    lines = env_exports(os.environ, config, args.gpus_per_node, arch)
+    if args.json:
+        emit("env", _as_json(lines))
+        return 0
+    for line in lines:
         print(line)
     return 0
+
+
+def _as_json(lines: list[str]) -> dict[str, Any]:
+    """The lines as data: ``exports`` (name: value), ``unset`` (names to unset), ``notes`` (the comments)."""
+    out: dict[str, Any] = {"exports": {}, "unset": [], "notes": []}
+    for line in lines:
+        if line.startswith("export "):
+            name, _, value = line.removeprefix("export ").partition("=")
+            out["exports"][name] = value
+        elif line.startswith("unset "):
+            name, _, note = line.removeprefix("unset ").partition("#")
+            out["unset"].append(name.strip())
+            out["notes"].append(f"{name.strip()}: {note.strip()}")
+        else:
+            out["notes"].append(line.lstrip("# "))
+    return out
 
 
 def env_exports(env: Mapping[str, str], config: ParallelConfig, gpus_per_node: int | None,
@@ -74,3 +95,4 @@ def add_parser(sub: Any) -> None:
                     epilog="example (in an sbatch script): eval \"$(slurmrt env --tp 4)\"")
     add_parallel(p)
     p.add_argument("--gpus-per-node", type=int, help="default: what the node shows (SLURM_GPUS_ON_NODE, NVML)")
+    add_flag(p)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Iterable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +18,15 @@ from .._errors import SlurmrtError
 from ..record.events import read_events
 from ..record.timeline import JobLife, RunLife, build, draw, duration, render, totals
 from ._common import add_command, default_dirs, event_files
+from ._json import add_flag, emit
 
 
 def run(args: argparse.Namespace) -> int:
     dirs = args.dirs or default_dirs(os.environ)
+    if args.json:
+        jobs = status_data(dirs)
+        emit("status", {"jobs": jobs})
+        return 0 if jobs and all(job["runs"] for job in jobs) else 1
     lines = status(dirs, chart=not args.no_chart, plot=args.plot)
     for line in lines:
         print(line)
@@ -30,11 +36,36 @@ def run(args: argparse.Namespace) -> int:
 _NOTHING = "no slurmrt event in"
 
 
-def status(dirs: Iterable[Path], *, chart: bool = True, plot: Path | None = None) -> list[str]:
-    dirs = list(dirs)
+def status_data(dirs: Iterable[Path]) -> list[dict[str, Any]]:
+    """``--json``: per event log, the job, its runs (as ``slurmrt.record.timeline.RunLife`` holds them, without the
+    step samples) and its totals. Times are epoch seconds, durations seconds."""
+    files = _files(list(dirs))
+    jobs = []
+    for f in files:
+        life = build(read_events(f), job=f.stem.removeprefix("events-"))
+        runs = []
+        for i, run_ in enumerate(life.runs):
+            fields = {k: v for k, v in asdict(run_).items() if k != "points"}
+            fields["checkpoints"] = [{"time": t, "step": s, "seconds": d} for t, s, d in run_.checkpoints]
+            runs.append({"label": run_.label, **fields, "gap_before_s": life.gaps[i - 1] if i else None})
+        jobs.append({"job": life.job, "experiment": life.experiment, "event_log": str(f), "runs": runs,
+                     "restarts": max((r.restart for r in life.runs), default=0),
+                     "in_job_restarts": sum(1 for r in life.runs if r.attempt),
+                     "totals": {"wall_s": life.wall_s, "last_step": life.last_step, "lost_steps": life.lost_steps,
+                                "lost_s": life.lost_s, "save_s": life.save_s, "checkpoints": life.checkpoints,
+                                "waiting_s": sum(life.gaps)}})
+    return jobs
+
+
+def _files(dirs: list[Path]) -> list[Path]:
     files = event_files(dirs)
     if not files:
         raise SlurmrtError(f"no event log (events-*.jsonl) in {', '.join(str(d) for d in dirs)}")
+    return files
+
+
+def status(dirs: Iterable[Path], *, chart: bool = True, plot: Path | None = None) -> list[str]:
+    files = _files(list(dirs))
     out: list[str] = []
     for f in files:
         life = build(read_events(f), job=f.stem.removeprefix("events-"))
@@ -123,3 +154,4 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--plot", type=Path, metavar="FILE",
                    help="also draw the timeline into FILE (.png, .svg, .pdf); needs matplotlib")
     p.add_argument("--no-chart", action="store_true", help="leave out the text timeline")
+    add_flag(p)

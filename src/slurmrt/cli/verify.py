@@ -15,6 +15,7 @@ from typing import Any
 from .._errors import SlurmrtError
 from ..checkpoint.manifest import MANIFEST, step_dirs, verify
 from ._common import add_command
+from ._json import add_flag, emit
 
 
 def run(args: argparse.Namespace) -> int:
@@ -23,23 +24,34 @@ def run(args: argparse.Namespace) -> int:
     targets = [root] if one else [root / f"step_{s:09d}" for s in step_dirs(root)]
     if not targets:
         raise SlurmrtError(f"{root} holds no committed checkpoint (no {MANIFEST} in it or in a step_N under it)")
-    bad = 0
-    for path in targets:
-        problems = verify(path)
-        if problems and not one and not os.path.lexists(path):
-            print(f"{path}: gone (pruned by the job while this ran)")  # a job with keep_last prunes as it saves
-            continue
-        if problems:
-            bad += 1
-            print(f"{path}: DAMAGED")
-            for p in problems:
+    found = [_check(path, one) for path in targets]
+    bad = sum(1 for f in found if f["status"] == "damaged")
+    if args.json:
+        emit("verify", {"dir": str(root), "ok": not bad, "checkpoints": found})
+        return 1 if bad else 0
+    for f in found:
+        if f["status"] == "gone":
+            print(f"{f['path']}: gone (pruned by the job while this ran)")  # a job with keep_last prunes as it saves
+        elif f["status"] == "damaged":
+            print(f"{f['path']}: DAMAGED")
+            for p in f["problems"]:
                 print(f"  {p}")
         else:
-            print(f"{path}: ok")
+            print(f"{f['path']}: ok")
     return 1 if bad else 0
+
+
+def _check(path: Path, one: bool) -> dict[str, Any]:
+    """One checkpoint: ``status`` "ok", "damaged" (with its ``problems``, each naming a file) or "gone" (pruned
+    while this ran)."""
+    problems = verify(path)
+    if problems and not one and not os.path.lexists(path):
+        return {"path": str(path), "status": "gone", "problems": []}
+    return {"path": str(path), "status": "damaged" if problems else "ok", "problems": list(problems)}
 
 
 def add_parser(sub: Any) -> None:
     p = add_command(sub, "verify", run, doc=__doc__, help="check checkpoints' files against their manifests",
                     epilog="example: slurmrt verify /shared/ckpt/run17")
-    p.add_argument("dir", type=Path, metavar="DIR")
+    p.add_argument("dir", type=Path, metavar="DIR", help="a checkpoint (step_N) or a checkpoint directory")
+    add_flag(p)

@@ -25,7 +25,8 @@ def install_default(rank: int, *, wanted: bool = True) -> FlockHandler | None:
 
     Nothing is installed, and None returned, when the program configured logging before init(): the root logger
     or ``slurmrt`` has a handler (its lines then go where the program sends them), or the default is already in
-    place (a second init() in one process), or the option ``log_handler`` is off. A level the program set on ``slurmrt`` is kept."""
+    place (a second init() in one process), or the option ``log_handler`` is off. A level the program set on
+    ``slurmrt`` is kept."""
     own = logging.getLogger("slurmrt")
     if not wanted or own.handlers or logging.getLogger().handlers:
         return None
