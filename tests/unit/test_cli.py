@@ -165,3 +165,20 @@ def test_kill_with_events_given_says_where_it_looked_not_to_pass_events(tmp_path
     assert main(["kill", str(tmp_path / "stop"), "--events", str(tmp_path / "ckpt")]) == 0
     out = capsys.readouterr().out
     assert f"no event log in {tmp_path / 'ckpt'} mentions it" in out and "pass --events" not in out
+
+
+def test_every_option_and_argument_has_help_and_no_help_shows_markup(capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+
+    from slurmrt.cli import build_parser
+
+    (commands,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    without = [f"{name} {a.option_strings or a.dest}" for name, sub in commands.choices.items()
+               for a in sub._actions if not a.help]
+    assert without == []
+    for name in commands.choices:
+        with pytest.raises(SystemExit):
+            main([name, "--help"])
+        text = capsys.readouterr().out
+        assert "``" not in text, name
+        assert max(len(line) for line in text.splitlines()) <= 100, name  # wrapped, not one line per paragraph

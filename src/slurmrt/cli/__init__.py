@@ -33,6 +33,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0
     name = getattr(args, "command_name", "")
+    args.parser = parser  # `slurmrt completion` writes its scripts from it
     try:
         return int(args.func(args))
     except SlurmrtError as err:

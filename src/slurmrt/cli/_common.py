@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import shutil
+import textwrap
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -47,12 +49,39 @@ def event_files(dirs: Iterable[Path]) -> list[Path]:
     return files
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions and epilogs as written (wrapped by :func:`description`); each option's default after its help,
+    unless it has none (None, a flag's False) or its help names it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help
+        if text and "default" not in text and action.default not in (None, False, "", argparse.SUPPRESS) \
+                and action.option_strings:
+            return f"{text} (default: %(default)s)"
+        return text
+
+
+def description(doc: str | None) -> str | None:
+    """A module docstring as a command's description: without its first paragraph (the one-line help), without
+    reST markup (``x`` reads x), each paragraph wrapped to the terminal (at most 100 columns); an indented block (a
+    command to copy) is kept as written."""
+    if not doc or "\n\n" not in doc:
+        return None
+    width = min(100, shutil.get_terminal_size().columns) - 2  # as argparse wraps the options
+    paragraphs = []
+    for para in doc.split("\n\n")[1:]:
+        para = para.strip("\n").replace("``", "")
+        if para.startswith("    "):
+            paragraphs.append(textwrap.dedent(para))
+        else:
+            paragraphs.append(textwrap.fill(" ".join(para.split()), width))
+    return "\n\n".join(p for p in paragraphs if p.strip())
+
+
 def add_command(sub: Any, name: str, run: Callable[[argparse.Namespace], int], *, doc: str | None, help: str,
                 epilog: str) -> argparse.ArgumentParser:
-    """The sub-command ``name``: its description is its module's docstring after the first paragraph, and its
-    epilog (examples) keeps its line breaks."""
-    description = doc.split("\n\n", 1)[1].strip().replace("\n", " ") if doc and "\n\n" in doc else None
-    p = sub.add_parser(name, help=help, description=description, epilog=epilog,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    """The sub-command ``name``: its description is its module's docstring after the first paragraph
+    (:func:`description`), and its epilog (examples) keeps its line breaks."""
+    p = sub.add_parser(name, help=help, description=description(doc), epilog=epilog, formatter_class=HelpFormatter)
     p.set_defaults(func=run, command_name=name)
     return p

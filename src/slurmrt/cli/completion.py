@@ -17,9 +17,7 @@ from ._common import add_command
 
 
 def run(args: argparse.Namespace) -> int:
-    from . import build_parser
-
-    commands = _commands(build_parser())
+    commands = _commands(args.parser)  # the whole command line's parser (cli.main sets it)
     print(bash(commands) if args.shell == "bash" else zsh(commands))
     return 0
 

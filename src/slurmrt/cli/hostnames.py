@@ -22,10 +22,10 @@ def run_compress(args: argparse.Namespace) -> int:
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("hostnames", help="expand a hostlist, one host per line (like scontrol show hostnames)",
                        epilog="example: slurmrt hostnames 'gpu[001-003,7]'")
-    p.add_argument("expression")
+    p.add_argument("expression", help="a hostlist, as Slurm writes it: n[1-3],gpu[07-08]")
     p.set_defaults(func=run, command_name="hostnames")
 
     p = sub.add_parser("hostlist", help="compress host names into a hostlist (like scontrol show hostlist)",
                        epilog="example: slurmrt hostlist gpu001 gpu002 gpu003")
-    p.add_argument("hosts", nargs="+")
+    p.add_argument("hosts", nargs="+", help="host names")
     p.set_defaults(func=run_compress, command_name="hostlist")

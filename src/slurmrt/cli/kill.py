@@ -48,5 +48,5 @@ def kill(path: Path, *, events_dirs: Iterable[Path]) -> list[str]:
 def add_parser(sub: Any) -> None:
     p = add_command(sub, "kill", run, doc=__doc__, help="create a kill switch, and say which jobs watch it",
                     epilog="example: slurmrt kill /shared/stop-run17 --events /shared/ckpt/run17")
-    p.add_argument("path", type=Path)
+    p.add_argument("path", type=Path, help="the kill switch: the path the jobs watch (init(kill_switch=...))")
     add_events(p, "to search for jobs that watch the switch")

@@ -96,7 +96,8 @@ def add_parser(sub: Any) -> None:
                     help="run the training step; on a failure, a new step on a spare node of the same job",
                     epilog="example (sbatch script):\n"
                            "  #SBATCH --nodes=3 --ntasks-per-node=1 --no-kill --requeue --signal=B:USR1@120\n"
-                           "  slurmrt run --spare-nodes 1 -- python train.py")
+                           "  exec slurmrt run --spare-nodes 1 -- python train.py\n"
+                           "  (exec: the B: warning signal reaches slurmrt run, not a batch shell that dies of it)")
     p.add_argument("--spare-nodes", type=int, default=0, metavar="S",
                    help="nodes of the job kept out of the step, to replace a bad one (default 0)")
     p.add_argument("--max-in-job-restarts", type=int, default=3, metavar="K",

@@ -121,17 +121,18 @@ def add_parser(sub: Any) -> None:
     p = add_command(sub, "sim", run, doc=__doc__,
                     help="run a command or batch script as a Slurm job on this machine (signals, limits, requeue)",
                     epilog="examples:\n"
-                           "  slurmrt sim --nodes 2 --ntasks-per-node 2 --time 2:00 --signal USR1@20 --requeue -- "
-                           "python train.py --checkpoint-dir ckpt\n"
-                           "  slurmrt sim --nodes 2 --preempt-at 15 --grace 10 --signal USR1@5 --requeue -- "
-                           "python train.py\n"
+                           "  slurmrt sim --nodes 2 --ntasks-per-node 2 --time 2:00 --signal USR1@20 --requeue \\\n"
+                           "      -- python train.py --checkpoint-dir ckpt\n"
+                           "  slurmrt sim --nodes 2 --preempt-at 15 --grace 10 --signal USR1@5 --requeue \\\n"
+                           "      -- python train.py --checkpoint-dir ckpt\n"
                            "  slurmrt sim job.sbatch          # reads its #SBATCH lines; srun inside starts the tasks")
-    p.add_argument("-N", "--nodes", type=int)
-    p.add_argument("--ntasks-per-node", type=int)
-    p.add_argument("-t", "--time", help="time limit, as sbatch: minutes, MM:SS or HH:MM:SS")
-    p.add_argument("--signal", help="[B:]SIG@SECONDS, as sbatch")
+    p.add_argument("-N", "--nodes", type=int, help="nodes of the job, spares included, as sbatch (default: 1, or the "
+                                                   "script's #SBATCH line)")
+    p.add_argument("--ntasks-per-node", type=int, help="tasks on each node, as sbatch (default: 1, or the script's)")
+    p.add_argument("-t", "--time", help="time limit, as sbatch: minutes, MM:SS or HH:MM:SS (default: none)")
+    p.add_argument("--signal", help="[B:]SIG@SECONDS, as sbatch: the warning before the time limit (default: none)")
     p.add_argument("--requeue", action="store_true", help="the job may be requeued")
-    p.add_argument("-J", "--job-name")
+    p.add_argument("-J", "--job-name", help="the job's name, SLURM_JOB_NAME (default: sim, or the script's)")
     p.add_argument("--kill-wait", type=float, default=10.0, help="seconds from SIGTERM to SIGKILL (Slurm's KillWait)")
     p.add_argument("--preempt-at", type=float, metavar="SECS", help="preempt the first run after SECS")
     p.add_argument("--grace", type=float, default=20.0, metavar="SECS", help="preemption grace time")
@@ -152,6 +153,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--slow-node", type=int, metavar="N",
                    help="node N (0-based) is slow: the CPU time its tasks run is charged K-1 times over as a stop "
                         "(SIGSTOP/SIGCONT), until excluded")
-    p.add_argument("--slow-factor", type=float, default=4.0, metavar="K", help="how much slower (default 4)")
-    p.add_argument("--max-restarts", type=int, default=5)
+    p.add_argument("--slow-factor", type=float, default=4.0, metavar="K", help="how much slower")
+    p.add_argument("--max-restarts", type=int, default=5,
+                   help="requeues the simulator grants, as Slurm's MaxBatchRequeue (then the job ends)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ARGS..., or a batch script")

@@ -28,7 +28,12 @@ def run(args: argparse.Namespace) -> int:
     bad = sum(1 for f in found if f["status"] == "damaged")
     if args.json:
         emit("verify", {"dir": str(root), "ok": not bad, "checkpoints": found})
-        return 1 if bad else 0
+    else:
+        _print(found)
+    return 1 if bad else 0
+
+
+def _print(found: list[dict[str, Any]]) -> None:
     for f in found:
         if f["status"] == "gone":
             print(f"{f['path']}: gone (pruned by the job while this ran)")  # a job with keep_last prunes as it saves
@@ -38,7 +43,6 @@ def run(args: argparse.Namespace) -> int:
                 print(f"  {p}")
         else:
             print(f"{f['path']}: ok")
-    return 1 if bad else 0
 
 
 def _check(path: Path, one: bool) -> dict[str, Any]:
