@@ -127,6 +127,12 @@ def test_preemption_saves_requeues_and_resumes_with_a_summary(tmp_path: Path) ->
     assert f"step {stop}" in rows[1].split(f"step {last}")[1]  # resumed from the checkpoint of run 0
     assert final["restart_count"] == 1
     assert final["w"] == pytest.approx(expected_weights(last + 1, 2), abs=1e-5)
+    # What the user reads (issue 39): slurmrt's own lines with [host:rank], the time and the level, the commits
+    # said by rank 0; no warning from the simulator's shims (scontrol requeue ran); no lock file left behind.
+    output = out.stdout + out.stderr
+    assert re.search(r"^\[n\d+:0\] \d{4}-\d\d-\d\d \d\d:\d\d:\d\d INFO slurmrt: checkpoint step \d+ committed",
+                     output, re.M), output[-3000:]
+    assert "RuntimeWarning" not in output and not list(tmp_path.glob(".slurmrt-*.lock"))
 
 
 def test_cancel_stops_the_job_without_requeue(tmp_path: Path) -> None:

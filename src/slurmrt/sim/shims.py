@@ -28,7 +28,10 @@ def install(bin_dir: Path) -> Path:
         module = "slurmrt.sim.srun" if name == "srun" else "slurmrt.sim.shims"
         args = "" if name == "srun" else f" {name}"
         path = bin_dir / name
-        path.write_text(f"#!/bin/sh\nexec {python} -m {module}{args} \"$@\"\n")
+        # -c, not -m: `python -m slurmrt.sim.shims` imports the package first, which imports this module, and
+        # runpy then warned on every call ("found in sys.modules ... prior to execution").
+        code = shlex.quote(f"import sys; from {module} import main; sys.exit(main())")
+        path.write_text(f"#!/bin/sh\nexec {python} -c {code}{args} \"$@\"\n")
         path.chmod(0o755)
     return bin_dir
 
