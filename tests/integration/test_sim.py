@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
@@ -354,6 +355,18 @@ def test_a_node_that_dies_under_no_kill_is_replaced_by_a_spare_in_the_same_run(t
               "--save-every", "10", env={"SLURMRT_CHECKPOINT_DIR": str(tmp_path / "ckpt")})
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "--no-kill: the job goes on without it" in out.stdout
+    # A recovery that worked reads as one: a block from slurmrt run; no traceback, no thread stacks in the output
+    # (they are in the stacks files the block names), at most 15 lines from the failure to the new step.
+    output = out.stdout + out.stderr
+    assert "Traceback" not in output and "Thread 0x" not in output, output[-4000:]
+    (block,) = re.findall(r"in-job restart 1 of at most \d+:\n(?:slurmrt run:   .*\n)+", out.stderr)
+    assert re.search(r"took: +\d+\.\d s from the failure to the new step", block), block
+    stacks = re.search(r"stacks: +(\S+)", block)
+    assert stacks is not None and any("Thread 0x" in Path(f).read_text() for f in glob.glob(stacks[1]))
+    lines = out.stderr.splitlines()  # the tasks', srun's and slurmrt run's lines, in order
+    first = min(i for i, line in enumerate(lines) if "srun: error" in line or "a peer was lost" in line)
+    last = next(i for i, line in enumerate(lines) if line.startswith("slurmrt run:   stacks:"))
+    assert last - first + 1 <= 15, "\n".join(lines[first:last + 1])
     (row,) = summary_rows(out.stdout)
     assert row["ended by"].startswith("finished") and "in-job restart(s) without" in row["ended by"], row
     finals = _finals(tmp_path / "out.1", 2)

@@ -31,6 +31,7 @@ from ..stop.killswitch import KillSwitch, cancel_and_exit
 from ..stop.signals import SignalRecorder
 from .census import Census, CensusError
 from .response import HangResponse, exit_now, is_peer_failure, unhealthy
+from .stacks import quiet_peer_tracebacks, stacks_file
 from .watchdog import Activity, PhaseTimes, Watchdog
 
 __all__ = ["HangMonitor", "HangSettings"]
@@ -149,6 +150,9 @@ class HangMonitor:
     def first_collective(self, group: Any) -> None:
         """slurmrt's groups were just opened (every rank at the same point): place this rank's node in the census,
         and with the health check, pass a barrier over every rank within the floor."""
+        if self._response is not None and self.topology.world_size > 1:  # torch's excepthook is in place by now
+            quiet_peer_tracebacks(stacks_file(self._response.executor.events.path, self.topology), is_peer_failure,
+                                  logger.info)  # rank 0's says where; the leader names every rank's files
         census = self.census()
         if census is not None:
             try:

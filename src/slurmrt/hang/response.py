@@ -17,6 +17,7 @@ import faulthandler
 import logging
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
@@ -28,6 +29,7 @@ from ..recovery.executor import Executor
 from ..recovery.plan import Trigger, plan
 from ..recovery.policy import ExitCode
 from .census import Census, CensusError, RankState, main_thread_state, name_suspects
+from .stacks import pattern, stacks_file, write
 from .watchdog import Hang
 
 #: How long the census and its hand-over may wait once Slurm takes the step down (see HangResponse.terminating).
@@ -147,6 +149,7 @@ class HangResponse:
             # failed as the peers left, or the other way round): it ends the process.
             threading.Event().wait()
         step = self.last_step()
+        since = time.time()
         state = self._record(what, step, idle, victim, detail)
         census, states, store_lost = self._gather(state)
         self._exit_if_not_a_node(states, idle)
@@ -158,7 +161,9 @@ class HangResponse:
             self._exit(ExitCode.HUNG)
         bad = self._name(suspects, why, nodes, states)
         decision = self.executor.recover(trigger, nodes=bad, step=step,
-                                         detail=f"{what}; suspects {suspects or 'none'}: {why}")
+                                         detail=f"{what}; suspects {suspects or 'none'}: {why}",
+                                         about={"since": since, "suspects": why,
+                                                "stacks": pattern(self.executor.events.path, self.topology)})
         if census is not None and not store_lost:
             with contextlib.suppress(CensusError):
                 census.finish(decision.why)
@@ -171,8 +176,14 @@ class HangResponse:
         t = self.topology
         stacks = all_stacks()
         waiting, where = (True, victim) if victim is not None else main_thread_state()
-        logger.error("rank %d on %s: %s; the training thread is at %s. Stacks of every thread:\n%s", t.rank,
-                     t.hostname, what, where, stacks)
+        path = stacks_file(self.executor.events.path, t)
+        if write(path, f"rank {t.rank} on {t.hostname}: {what}; the training thread is at {where}", stacks):
+            # One line: the stacks of every rank would bury what the leader says next (issue 39).
+            logger.info("rank %d on %s: %s%s; its stacks: %s", t.rank, t.hostname, what,
+                        "" if victim is not None else f"; the training thread is at {where}", path)
+        else:
+            logger.error("rank %d on %s: %s; the training thread is at %s. Stacks of every thread:\n%s", t.rank,
+                         t.hostname, what, where, stacks)
         self.executor.events.emit(Event.HANG, node=t.hostname, step=step, where=where, waiting=waiting,
                                   stacks=stacks, **detail)
         return RankState(t.rank, t.hostname, step, waiting, where, round(idle, 1), kill_switch=self.kill_switch_seen())
@@ -205,7 +216,9 @@ class HangResponse:
         extra = [n for n in self.also_exclude() if n not in bad]
         if extra:
             logger.error("also leaving out straggler node(s) %s", ", ".join(extra))
-        logger.error("suspects: %s (%s); node(s) %s", suspects or "none", why, ", ".join(bad) or "none")
+        files = pattern(self.executor.events.path, self.topology)
+        logger.error("suspects: %s (%s); node(s) %s%s", suspects or "none", why, ", ".join(bad) or "none",
+                     f"; every rank's stacks: {files}" if files else "")
         named = [{"rank": r, "node": nodes.get(r), "where": states[r].where if r in states else None,
                   "step": states[r].step if r in states else None} for r in suspects]
         self.executor.events.emit(Event.SUSPECTS, suspects=named, nodes=bad, why=why, lead=True)

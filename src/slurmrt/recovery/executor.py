@@ -52,10 +52,12 @@ class Executor:
 
     def recover(self, trigger: Trigger, *, nodes: Sequence[str] = (), stop: StopDecision | None = None,
                 failed_save: bool = False, step: int | None = None, ask: bool = True, detail: str = "",
-                progressed: bool = True, **extra: Any) -> Decision:
+                progressed: bool = True, about: dict[str, Any] | None = None, **extra: Any) -> Decision:
         """Decide what ``trigger`` means for the job, do it, record it; returns what was done. ``ask``: an in-job
         restart is asked of ``slurmrt run`` with a request file (False: the caller is ``slurmrt run``);
-        ``detail``: what failed, in words, for the log and the request; ``progressed``: the run made a step."""
+        ``detail``: what failed, in words, for the log and the request; ``progressed``: the run made a step;
+        ``about``: more for the request (``since``: when the failure was found, epoch s; ``stacks``: where the
+        ranks' stacks are), which ``slurmrt run`` says when it starts the new step."""
         facts = self.facts
         decision = plan(trigger, facts, nodes=nodes, stop=stop, failed_save=failed_save, progressed=progressed)
         if decision.restarts:  # the loop guard has a say: read the event log (only the acting process does)
@@ -65,7 +67,7 @@ class Executor:
         reasons = sorted(r.value for r in stop.reasons) if stop is not None else \
             [] if trigger is Trigger.FINISHED else [decision.outcome.name.lower()]
         if decision.action is Action.IN_JOB_RESTART:
-            refused = self._in_job(decision, detail or decision.why, step, reasons, ask)
+            refused = self._in_job(decision, detail or decision.why, step, reasons, ask, about or {})
             if refused is None:
                 return decision
             decision = plan(trigger, facts.without_in_job(), nodes=nodes, stop=stop, failed_save=failed_save,
@@ -86,14 +88,15 @@ class Executor:
             self.ledger.record(decision.exclude, reason=f"{trigger.value}: {detail or decision.why}",
                                job=self.facts.job)
 
-    def _in_job(self, decision: Decision, why: str, step: int | None, reasons: list[str], ask: bool) -> str | None:
+    def _in_job(self, decision: Decision, why: str, step: int | None, reasons: list[str], ask: bool,
+                about: dict[str, Any]) -> str | None:
         """Ask for (or, for ``slurmrt run``, record) a new step without the decision's nodes; why not, or None."""
         sup = self.facts.in_job
         assert sup is not None
         bad = list(decision.exclude)
         if ask:
             no = injob.write_request(sup, {"attempt": sup.attempt, "exclude": bad, "code": decision.code,
-                                           "node": self._node, "why": why})
+                                           "node": self._node, "why": why, **about})
             if no is not None:
                 return no
         message = f"in-job restart {sup.attempt + 1}: a new step without {', '.join(bad)}"

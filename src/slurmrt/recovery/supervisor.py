@@ -28,6 +28,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +44,7 @@ from .executor import Executor
 from .facts import ATTEMPT_ENV, DIR_ENV, MAX_ENV, SPARES_ENV, Facts, InJob
 from .plan import Action, Trigger
 from .policy import ExitCode
+from .report import Failure, block
 
 __all__ = ["Placement", "Supervisor", "place", "srun_command", "tasks_per_node"]
 
@@ -117,6 +119,11 @@ class Supervisor:
     _pending: list[signal.Signals] = field(default_factory=list)
     _wake: threading.Event = field(default_factory=threading.Event)
     _done: bool = False
+    #: The step that failed last and why (said when its replacement starts).
+    _failure: Failure | None = None
+    _why: str = ""
+    _since: float | None = None
+    _stacks: str | None = None
 
     def __post_init__(self) -> None:
         job = self.env.get("SLURM_JOB_ID")
@@ -176,8 +183,9 @@ class Supervisor:
                           ("; stopping (SIGTERM/SIGINT)" if bad else ""))
                 return code
             excluded += bad
+            self._failure = Failure(attempt, code, tuple(bad), self._why or f"{', '.join(bad)} failed",
+                                    self._since or time.time(), self._stacks)
             attempt += 1
-            self._say(f"step {attempt - 1} failed (exit code {code}) on {', '.join(bad)}: in-job restart {attempt}")
 
     def _bad_nodes(self, placement: Placement, attempt: int, code: int) -> tuple[list[str], int]:
         """The nodes the next step must leave out (none: no next step), and the exit code so far. Those the step's
@@ -193,7 +201,9 @@ class Supervisor:
         gone = [n for n in placement.nodes if n not in held]
         if not gone:
             return [], code
-        self._say(f"{', '.join(gone)} left the job (node failure)")
+        self._why = f"{', '.join(gone)} left the job (node failure)"
+        self._since, self._stacks = None, None
+        self._say(self._why)
         spares = tuple(n for n in placement.spares if n in held)
         done = self._executor(attempt, spares).recover(
             Trigger.NODE_GONE, nodes=gone, ask=False,
@@ -209,6 +219,10 @@ class Supervisor:
         if ask is None:
             return None
         bad = [n for n in ask["exclude"] if n in placement.nodes]
+        self._why = str(ask.get("suspects") or ask.get("why") or "")
+        since, stacks = ask.get("since"), ask.get("stacks")
+        self._since = float(since) if isinstance(since, (int, float)) else None
+        self._stacks = stacks if isinstance(stacks, str) else None
         if not bad:
             self._say(f"step {attempt} asked to leave out {ask['exclude']}, none of them in the step")
         return bad
@@ -243,8 +257,12 @@ class Supervisor:
         env.update({DIR_ENV: str(self.directory), ATTEMPT_ENV: str(attempt), SPARES_ENV: ",".join(placement.spares),
                     MAX_ENV: str(self.max_restarts)})
         argv = srun_command(self.srun, placement, self.per_node, self.srun_args, self.command)
-        self._say(f"step {attempt} on {hostlist.compress(placement.nodes)}" +
-                  (f", spare {hostlist.compress(placement.spares)}" if placement.spares else ", no spare left"))
+        if self._failure is not None and attempt > 0:
+            for line in block(self._failure, attempt, self.max_restarts, placement.nodes, placement.spares):
+                self._say(line)
+        else:
+            self._say(f"step {attempt} on {hostlist.compress(placement.nodes)}" +
+                      (f", spare {hostlist.compress(placement.spares)}" if placement.spares else ", no spare left"))
         self._step = placement
         self._proc = subprocess.Popen(argv, env=env)
         self._wake.set()  # a signal that came between two steps goes to this one

@@ -1,0 +1,60 @@
+"""What ``slurmrt run`` says about an in-job restart: one block (what failed, where, what was done, how long it took,
+where the stacks are) in place of every rank's traceback and thread stacks (issue 39: a recovery that worked must
+not read like a crash)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..launch import hostlist
+
+__all__ = ["Failure", "block", "stacks_path", "stacks_pattern"]
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A step that failed and is replaced: its attempt, exit code, the nodes left out, why (the leader's words),
+    when slurmrt found it (epoch s: the leader's request says; for a node failure, when the step ended), and the
+    glob of the ranks' stacks files (None: not written, or a node failure nobody in the step could see)."""
+
+    attempt: int
+    code: int
+    nodes: tuple[str, ...]
+    why: str
+    since: float
+    stacks: str | None = None
+
+
+def stacks_path(events: Path | None, job: str | None, restart: int, attempt: int, rank: int) -> Path | None:
+    """Where a rank of a step writes its stacks and traceback when it fails (:mod:`slurmrt.hang.stacks`): beside the
+    event log; None without one."""
+    if events is None:
+        return None
+    return events.parent / f"stacks-{job or 'local'}-{restart}.{attempt}-rank{rank}.txt"
+
+
+def stacks_pattern(events: Path | None, job: str | None, restart: int, attempt: int) -> str | None:
+    """Every rank's stacks files of a step, as a glob a user can type."""
+    one = stacks_path(events, job, restart, attempt, 0)
+    return None if one is None else str(one.with_name(one.name.removesuffix("0.txt") + "*.txt"))
+
+
+def block(failure: Failure, attempt: int, max_restarts: int, nodes: tuple[str, ...], spares: tuple[str, ...],
+          now: float | None = None) -> list[str]:
+    """The lines, without the ``slurmrt run:`` prefix."""
+    took = max(0.0, (time.time() if now is None else now) - failure.since)
+    lines = [f"in-job restart {attempt} of at most {max_restarts}:",
+             f"  failed:   step {failure.attempt} (exit code {failure.code}): {_short(failure.why)}",
+             f"  left out: {', '.join(failure.nodes)}",
+             f"  new step: {attempt} on {hostlist.compress(list(nodes))}" +
+             (f", spare {hostlist.compress(list(spares))}" if spares else ", no spare left"),
+             f"  took:     {took:.1f} s from the failure to the new step"]
+    if failure.stacks:
+        lines.append(f"  stacks:   {failure.stacks}")
+    return lines
+
+
+def _short(text: str, limit: int = 200) -> str:
+    return text if len(text) <= limit else text[:limit - 1] + "…"
