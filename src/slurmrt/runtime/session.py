@@ -17,8 +17,10 @@ from typing import Any
 from .._comm import Comm
 from .._errors import CheckpointError, ConfigError
 from .._safefs import group_id
+from ..checkpoint import progress
 from ..checkpoint.background import PendingSave, SaveResult, Staged
 from ..checkpoint.local import LocalTier
+from ..checkpoint.manifest import read_manifest
 from ..checkpoint.store import CheckpointStore, Loaded, SaveFn
 from ..options import Options
 from ..stop.deadline import Budget
@@ -48,6 +50,7 @@ class CheckpointSession:
         #: This rank's ``local`` state of that checkpoint; None if none was saved, or if it could not be restored.
         self.local_state: Any = None
         self.loaded = False  #: True once load_latest() was called
+        self._last_bytes: int | None = None  #: the last save's size: the next one's expected total
 
     def _get_store(self) -> CheckpointStore:
         if self._store is None:
@@ -78,7 +81,10 @@ class CheckpointSession:
             return False
         if tier == "local":
             return self._save_local(state, step=step, local=local)
-        got = self._get_store().save(state, step, blocking=blocking or decision is not None, local=local)
+        store, blocking = self._get_store(), blocking or decision is not None
+        with progress.reporting(f"saving step {step}", progress.saved_bytes(store.root, step), self._last_bytes,
+                                enabled=blocking and store.comm.rank == 0):
+            got = store.save(state, step, blocking=blocking, local=local)
         if isinstance(got, PendingSave):
             self._background = got
         else:
@@ -134,6 +140,7 @@ class CheckpointSession:
             self._store.close()
 
     def _saved(self, result: SaveResult, *, blocking: bool, periodic: bool) -> None:
+        self._last_bytes = result.bytes or self._last_bytes
         self._budget.save_done(result.seconds, started=result.started, periodic=periodic)
         self._report.saved(result, blocking=blocking)
 
@@ -143,7 +150,7 @@ class CheckpointSession:
         got, received = self._from_local(store, tier) if tier is not None and into is None else (None, 0)
         where = "local" if got is not None else "shared"
         if got is None:
-            got = store.load_latest(into=into, verify=verify)
+            got = _load_shared(store, into=into, verify=verify)
         if tier is not None:
             tier.forget_after(got.step if got is not None else None)
         self._resumed(got, rank)
@@ -185,3 +192,24 @@ def _sharded(state: Any) -> bool:
     from ..checkpoint import sharded
 
     return isinstance(state, dict) and sharded.is_sharded(state)
+
+
+def _checkpoint_bytes(root: Path, step: int | None) -> int | None:
+    """The size of checkpoint ``step`` as its manifest says (for the load's progress); None when unknown."""
+    if step is None:
+        return None
+    try:
+        files = read_manifest(root / f"step_{step:09d}")["files"]
+        return sum(int(f.get("size", 0)) for f in files.values())
+    except (CheckpointError, OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def _load_shared(store: CheckpointStore, *, into: dict[str, Any] | None, verify: bool) -> Loaded | None:
+    """The shared tier's load, its progress said by rank 0 (its share: the newest checkpoint's size over the
+    ranks)."""
+    lead = store.comm.rank == 0
+    newest = _checkpoint_bytes(store.root, store.newest_step()) if lead else None
+    with progress.reporting("loading the latest checkpoint", progress.loaded_bytes(),
+                            newest // store.comm.world_size if newest else None, enabled=lead):
+        return store.load_latest(into=into, verify=verify)
