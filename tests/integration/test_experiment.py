@@ -132,7 +132,7 @@ def test_status_tells_the_jobs_life_with_the_figures_of_its_event_log(job: Path,
                             env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
     assert status.returncode == 0, status.stderr
     text = status.stdout
-    assert f"experiment {_experiment(job)}: 2 run(s), 1 restart(s)" in text
+    assert f"experiment {_experiment(job)}: 2 run(s): 1 requeue(s), 0 in-job restart(s)" in text
     # Task 1 is killed; task 0, the survivor, names it and records the end of the run (exit 5, HUNG).
     assert f"run 0: fresh start; no stop; last checkpoint step {SAVE_EVERY - 1}; exit HUNG" in text
     assert f"(at least {lost} step(s))" in text

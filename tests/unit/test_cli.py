@@ -92,7 +92,7 @@ def test_status_reports_runs_stops_checkpoints_and_lost_time(tmp_path: Path) -> 
         ev("21:50", 1, "signal", signal="SIGTERM"),  # then SIGKILL: no exit event
     ])
     lines = status([tmp_path])
-    assert lines[0].startswith("job 12: 2 run(s), 1 restart(s)")
+    assert lines[0].startswith("job 12: 2 run(s): 1 requeue(s), 0 in-job restart(s)")
     assert "stopped at step 150 (deadline); last checkpoint step 150; exit REQUEUED" in lines[1]
     assert "resumed after step 150" in lines[2] and "3m00s down between runs" in lines[2]
     assert "1m50s of work after the checkpoint kept" in lines[2]
@@ -118,10 +118,10 @@ def test_status_shows_the_in_job_restart_which_node_left_and_why(tmp_path: Path)
                                                                  step=79),
     ])
     lines = status([tmp_path], chart=False)
-    assert lines[0].startswith("job 12: 2 run(s), 0 restart(s), 1 in-job restart(s)")
+    assert lines[0].startswith("job 12: 2 run(s): 0 requeue(s), 1 in-job restart(s)")
     assert lines[1].startswith("  run 0: fresh start") and \
         "in-job restart without n1 (rank(s) 0 did not answer)" in lines[1] and "(at least 5 step(s))" in lines[1]
-    assert "exit HUNG; reached step 34" in lines[1]
+    assert "replaced by a new step in the job; reached step 34" in lines[1]
     assert "straggler rank 3 on n7 (1.90x slower, 45% of a step)" in lines[1]
     assert lines[2].startswith("  run 0.1: resumed after step 29 from the local tier (1829 bytes from other nodes)")
     assert "exit FINISHED; reached step 79" in lines[2]

@@ -84,8 +84,8 @@ def _job(life: JobLife, f: Path, *, chart: bool) -> list[str]:
     restarts = max((r.restart for r in life.runs), default=0)
     in_job = sum(1 for r in life.runs if r.attempt)
     experiment = f", experiment {life.experiment}" if life.experiment else ""
-    out = [f"job {life.job}{experiment}: {len(life.runs)} run(s), {restarts} restart(s)"
-           f"{f', {in_job} in-job restart(s)' if in_job else ''}  [{f}]"]
+    out = [f"job {life.job}{experiment}: {len(life.runs)} run(s): {restarts} requeue(s), {in_job} in-job "
+           f"restart(s)  [{f}]"]
     for i, run_ in enumerate(life.runs):
         out.append(f"  run {run_.label}: {'; '.join(_describe(run_, life.gaps[i - 1] if i else None))}")
     if chart:
@@ -124,12 +124,20 @@ def _lost(run_: RunLife, gap: float | None) -> list[str]:
     return lost
 
 
+def _exit(run_: RunLife) -> str:
+    """How the run's processes ended. A step replaced in the job exits HUNG on purpose (slurmrt run reads the
+    request, not the code): that is said as what it was."""
+    if run_.left:
+        return "replaced by a new step in the job"
+    return f"exit {run_.outcome}" if run_.outcome else "no exit recorded (killed?)"
+
+
 def _describe(run_: RunLife, gap: float | None) -> list[str]:
     parts = [
         _resumed(run_),
         f"stopped at step {run_.stop_step} ({', '.join(run_.reasons)})" if run_.stop_step is not None else "no stop",
         f"last checkpoint step {run_.last_checkpoint}" if run_.checkpoints else "last checkpoint none",
-        f"exit {run_.outcome}" if run_.outcome else "no exit recorded (killed?)",
+        _exit(run_),
     ]
     if run_.last_step is not None:  # from the exit event when the run recorded it: where training really got to
         parts.append(f"{'reached' if run_.outcome else 'last seen at'} step {run_.last_step}")

@@ -327,8 +327,8 @@ def draw(life: JobLife, path: Path, *, title: str | None = None) -> Path:
     fig, ax = plt.subplots(figsize=(10, 5), dpi=100)
     try:
         colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-        for run, following in _with_next(life.runs):
-            _plot_run(ax, run, following, colors[run.restart % len(colors)], t0)
+        for i, (run, following) in enumerate(_with_next(life.runs)):  # an in-job restart's step: a colour too
+            _plot_run(ax, run, following, colors[i % len(colors)], t0)
         ax.set_xlim(left=0)
         ax.set_xlabel("wall time since the first run started (s)")
         ax.set_ylabel("step")
@@ -350,7 +350,7 @@ def _plot_run(ax: Any, run: RunLife, following: RunLife | None, color: str, t0: 
     """One run on the picture's axes: its steps, start-up, checkpoints, lost work, stop and the wait after it."""
     xs = [t - t0 for t, _ in run.points]
     ys = [s for _, s in run.points]
-    ending = run.outcome or "no clean exit"
+    ending = "replaced in the job" if run.left else run.outcome or "no clean exit"
     why = f" ({', '.join(run.reasons)})" if run.reasons else ""
     ax.plot(xs, ys, color=color, linewidth=2, label=f"run {run.label}: {ending}{why}" +
             (f", in-job restart without {', '.join(run.left)}" if run.left else ""))
