@@ -52,7 +52,7 @@ def _stop(framework: str) -> tuple[int, float]:
         args += ["--output-dir", f"{tmp}/out", "--save-steps", "10"] if framework == "transformers" else \
             ["--save-every", "10"]
         env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SLURMD_"))}
-        env.update({"PYTHONPATH": str(ROOT / "src"), "SLURMRT_PROGRESS_S": "0", "OMP_NUM_THREADS": "1"})
+        env.update({"PYTHONPATH": str(ROOT / "src"), "SLURMRT_PROGRESS_S": "1", "OMP_NUM_THREADS": "1"})
         out = subprocess.run([sys.executable, "-m", "slurmrt", "sim", "-N", "1", "--ntasks-per-node", "2",
                               "--preempt-at", "0", "--after-checkpoint", "--signal", "USR1", "--grace", "60",
                               "--requeue", "--", sys.executable, str(example), *args], cwd=tmp, env=env,

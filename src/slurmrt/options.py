@@ -198,17 +198,17 @@ _INTS = {"keep_last": 1, "local_keep": 1, "keep_every": 1, "save_threads": 1, "s
          "max_excluded_nodes": 0, "max_futile_runs": 1, "straggler_window": 2,
          "straggler_windows": 1, "nnodes": 1, "gpus_per_node": 0, "tp": 1, "pp": 1, "cp": 1}
 #: Seconds and the least value each takes (a poll of 0 s burns a core; a negative margin or save time turns the
-#: deadline off without a word).
+#: deadline off without a word; a progress sample under 1 s wrote an event per step: 2,583 events in 3 s).
 _FLOATS = {"deadline_margin_s": 0.0, "save_time_s": 0.0, "kill_wait_s": 0.0, "kill_switch_poll_s": 0.01,
            "watch_interval_s": 0.01, "census_wait_s": 0.01,
-           "end_time_refresh_s": 1.0, "hang_timeout_s": 0.01, "progress_s": 0.0, "hang_floor_s": 0.01,
+           "end_time_refresh_s": 1.0, "hang_timeout_s": 0.01, "progress_s": 1.0, "hang_floor_s": 0.01,
            "startup_timeout_s": 0.01}
 #: Options whose "none"/"off"/"never" is a value: no limit, no milestones, no fixed allowance, no progress events.
 _OPTIONAL = {"max_restarts", "max_futile_runs", "keep_every", "hang_timeout_s", "progress_s", "census_wait_s"}
 #: Options that take one of a few words.
 _CHOICES = {"straggler": ("name", "exclude", "replace")}
 _BOOLS = {"requeue", "deadline", "watchdog", "health_check", "save_process", "fsdp", "moe_overlap",
-          "shared_checkpoint_dir"}
+          "shared_checkpoint_dir", "log_handler"}
 _TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
 _NONE = {"none", "off", "never"}
 #: Signals a process cannot catch: a recorder for them would never run.

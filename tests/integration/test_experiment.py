@@ -67,7 +67,7 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "rc=$?",
         'case $rc in 0|3|4) ;; *) scontrol requeue "$SLURM_JOB_ID" ;; esac', "exit $rc", ""]))
     out = sim(tmp, str(batch), env={"WANDB_MODE": "offline", "WANDB_SILENT": "true", "MLFLOW_ALLOW_FILE_STORE": "true",
-                                    "SLURMRT_PROGRESS_S": "0"})  # progress at every step: exact lost work
+                                    "SLURMRT_PROGRESS_S": "1"})
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "finished 40 steps" in out.stdout, out.stdout[-3000:]
     return tmp
@@ -122,7 +122,9 @@ def test_tensorboard_shows_each_step_once_after_the_purge(job: Path) -> None:
 def test_status_tells_the_jobs_life_with_the_figures_of_its_event_log(job: Path, tmp_path: Path) -> None:
     events = _events(job)
     run0, run1 = runs(events)
-    last_step0 = max(e["step"] for e in run0.all(Event.PROGRESS))
+    # Where run 0 got to: its progress samples, and the survivor's exit event (the step it was at).
+    last_step0 = max(e["step"] for e in [*run0.all(Event.PROGRESS), *run0.all(Event.EXIT)]
+                     if isinstance(e.get("step"), int))
     lost = last_step0 - run1.resumed_from
     assert run1.resumed_from == SAVE_EVERY - 1 and lost >= KILL_AT - SAVE_EVERY
     gap = run1.start - run0.end
@@ -150,7 +152,7 @@ def test_status_tells_the_jobs_life_with_the_figures_of_its_event_log(job: Path,
 def test_sim_shows_the_runs_progress_on_a_terminal(tmp_path: Path) -> None:
     leader, follower = pty.openpty()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SLURMD_"))}
-    env.update({"PYTHONPATH": str(ROOT / "src"), "SLURMRT_PROGRESS_S": "0"})
+    env.update({"PYTHONPATH": str(ROOT / "src"), "SLURMRT_PROGRESS_S": "1"})
     proc = subprocess.Popen([sys.executable, "-m", "slurmrt", "sim", "-N", "1", "--", sys.executable,
                              str(ROOT / "examples" / "quickstart" / "train.py"), "--steps", "5", "--checkpoint-dir",
                              str(tmp_path / "ckpt")], stdout=follower, stderr=follower, env=env, cwd=tmp_path)
@@ -176,7 +178,7 @@ def test_sim_shows_the_runs_progress_on_a_terminal(tmp_path: Path) -> None:
     assert "slurmrt sim: run 0: step 4, last checkpoint" in text, text[-2000:]
     # and not in a pipe: a log file gets no progress lines
     piped = sim(tmp_path, "-N", "1", "--", sys.executable, str(ROOT / "examples" / "quickstart" / "train.py"),
-                "--steps", "5", "--checkpoint-dir", str(tmp_path / "ckpt2"), env={"SLURMRT_PROGRESS_S": "0"})
+                "--steps", "5", "--checkpoint-dir", str(tmp_path / "ckpt2"), env={"SLURMRT_PROGRESS_S": "1"})
     assert piped.returncode == 0 and "run 0: step" not in piped.stdout
 
 

@@ -62,7 +62,7 @@ def test_a_preempted_run_saves_at_the_agreed_step_requeues_and_ends_with_the_sam
     framework, weights = reference
     out = sim(tmp_path, "-N", "1", "--ntasks-per-node", "2", "--preempt-at", "0", "--after-checkpoint",
               "--signal", "USR1", "--grace", "60", "--requeue", "--", sys.executable, str(EXAMPLES[framework]),
-              *_args(framework, tmp_path), env={"SLURMRT_PROGRESS_S": "0"}, timeout=500)
+              *_args(framework, tmp_path), env={"SLURMRT_PROGRESS_S": "1"}, timeout=500)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     first, second = summary_rows(out.stdout)
     assert first["stop reasons"] == "signal" and first["exit"] == "3" and "requeued" in first["ended by"]
@@ -124,7 +124,7 @@ def test_a_checkpoint_cut_by_sigkill_is_never_resumed_and_a_stop_during_evaluati
         "#!/bin/bash", "#SBATCH -N 1 --ntasks-per-node=2 --requeue",
         f"srun --kill-on-bad-exit=1 {sys.executable} {script} {' '.join(_args(framework, tmp_path))}",
         "rc=$?", 'case $rc in 0|3|4) ;; *) scontrol requeue "$SLURM_JOB_ID" ;; esac', "exit $rc", ""]))
-    out = sim(tmp_path, str(batch), env={"SLURMRT_PROGRESS_S": "0"}, timeout=500)
+    out = sim(tmp_path, str(batch), env={"SLURMRT_PROGRESS_S": "1"}, timeout=500)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     killed, evaluated, last = summary_rows(out.stdout)
     assert "SIGKILL" in killed["tasks"] and killed["checkpoint"] == "step 10"

@@ -63,6 +63,8 @@ def _no_launch(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     ({"save_threads": True}, r"save_threads=True .*whole number"),
     ({"save_nice": -5}, r"save_nice=-5 .*at least 0"),
     ({"max_futile_runs": 0}, r"max_futile_runs=0"),
+    ({"progress_s": 0}, r"progress_s=0 .*at least 1"),  # an event per step (issue 40); "none" turns it off
+    ({"log_handler": "maybe"}, r"log_handler='maybe'"),
 ])
 def test_a_malformed_option_is_refused_with_its_value_and_rule(given_: dict[str, Any], match: str) -> None:
     with pytest.raises(ConfigError, match=match):
