@@ -17,7 +17,10 @@ import slurmrt
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--step-time", type=float, default=0.0, help="seconds of simulated work per step")
+    parser.add_argument("--step-time", type=float, default=0.0, help="seconds of simulated work per step (a sleep)")
+    parser.add_argument("--compute-time", type=float, default=0.0,
+                        help="seconds of CPU work per step inside rt.time_compute(): what a slowed node "
+                             "(slurmrt sim --slow-node) makes slower, for a straggler rehearsal")
     parser.add_argument("--checkpoint-dir", default=os.environ.get("SLURMRT_CHECKPOINT_DIR"))
     parser.add_argument("--save-every", type=int, default=0, help="non-blocking save every N steps (0: never)")
     parser.add_argument("--trace", help="append 'rank step restart' per trained step to this file")
@@ -64,6 +67,9 @@ def main() -> None:
             loss = ((model(x) - y) ** 2).mean()
             optim.zero_grad()
             loss.backward()
+            spin = time.thread_time()
+            while time.thread_time() - spin < args.compute_time:  # CPU work that leaves the model as it is
+                pass
         if rt.world_size > 1:
             for p in model.parameters():
                 assert p.grad is not None
