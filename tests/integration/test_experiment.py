@@ -9,6 +9,7 @@ import json
 import multiprocessing
 import os
 import pty
+import re
 import subprocess
 import sys
 import threading
@@ -141,7 +142,8 @@ def test_status_tells_the_jobs_life_with_the_figures_of_its_event_log(job: Path,
     assert f"run 1: resumed after step {SAVE_EVERY - 1}; no stop; last checkpoint step {STEPS - 1}; exit FINISHED; " \
         f"reached step {STEPS - 1}" in text
     assert (f"reached step {STEPS - 1} in {duration(run1.end - run0.start)}; work lost {lost} step(s)" in text)
-    assert f"waiting between runs {duration(gap)}; saving {duration(saving)} (5 checkpoint(s))" in text
+    saves = sum(1 for e in events if e["event"] == "save" and e["rank"] == 0)  # a step saved twice counts once
+    assert f"waiting between runs {duration(gap)}; saving {duration(saving)} ({saves} checkpoint(s))" in text
     assert "!" in text.split("timeline")[1], "the lost steps are drawn"
     import matplotlib.image
 
@@ -154,8 +156,9 @@ def test_sim_shows_the_runs_progress_on_a_terminal(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SLURMD_"))}
     env.update({"PYTHONPATH": str(ROOT / "src"), "SLURMRT_PROGRESS_S": "1"})
     proc = subprocess.Popen([sys.executable, "-m", "slurmrt", "sim", "-N", "1", "--", sys.executable,
-                             str(ROOT / "examples" / "quickstart" / "train.py"), "--steps", "5", "--checkpoint-dir",
-                             str(tmp_path / "ckpt")], stdout=follower, stderr=follower, env=env, cwd=tmp_path)
+                             str(ROOT / "examples" / "quickstart" / "train.py"), "--steps", "30", "--step-time", "0.1",
+                             "--checkpoint-dir", str(tmp_path / "ckpt")], stdout=follower, stderr=follower, env=env,
+                            cwd=tmp_path)
     os.close(follower)
     chunks: list[bytes] = []
 
@@ -175,7 +178,7 @@ def test_sim_shows_the_runs_progress_on_a_terminal(tmp_path: Path) -> None:
     reader.join(30)
     os.close(leader)
     text = b"".join(chunks).decode(errors="replace")
-    assert "slurmrt sim: run 0: step 4, last checkpoint" in text, text[-2000:]
+    assert re.search(r"slurmrt sim: run 0: step \d+, last checkpoint", text), text[-2000:]  # a sample a second
     # and not in a pipe: a log file gets no progress lines
     piped = sim(tmp_path, "-N", "1", "--", sys.executable, str(ROOT / "examples" / "quickstart" / "train.py"),
                 "--steps", "5", "--checkpoint-dir", str(tmp_path / "ckpt2"), env={"SLURMRT_PROGRESS_S": "1"})

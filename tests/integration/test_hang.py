@@ -57,7 +57,10 @@ def test_a_rank_stuck_in_user_code_is_named_while_the_others_block_in_a_gloo_all
     assert "requeue 4242" in calls and "update JobId=4242 ExcNodeList=localhost" in calls
     assert calls.index("requeue 4242") < calls.index("update JobId=4242 ExcNodeList=localhost"), \
         "Slurm refuses ExcNodeList on a running job: requeue first"
-    assert "(most recent call first)" in (workdir / "rank1.log").read_text(), "faulthandler's stacks in the log"
+    # faulthandler's stacks: in the rank's stacks file beside the event log, which the leader's line names
+    assert "(most recent call first)" in (workdir / "ckpt" / "stacks-4242-0.0-rank1.txt").read_text()
+    assert f"every rank's stacks: {workdir / 'ckpt' / 'stacks-4242-0.0-rank*.txt'}" in \
+        "".join((workdir / f"rank{r}.log").read_text() for r in range(3))
 
 
 def test_a_rank_killed_mid_run_is_named_by_the_survivors(workdir: Path) -> None:
