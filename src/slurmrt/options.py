@@ -102,6 +102,9 @@ class Options:
     #: ``[host:rank]``, INFO on rank 0 and warnings on every rank, under the job's flock. Skipped when the program
     #: configured logging first (the root logger or ``slurmrt`` has a handler). False: never.
     log_handler: bool = True
+    #: Rank 0 writes the job's goodput (``slurmrt status``'s ledger) here as OpenMetrics text at the end of each
+    #: run, replaced whole: for Prometheus' textfile collector. None: not written.
+    metrics_file: Path | None = None
     #: The job's declared shape, for the launch checks and the CUDA rule. Its fields are init() options of their
     #: own (``tp=2``, ``SLURMRT_TP``), and so is ``megatron_args``, Megatron-LM's command line, read in their place.
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
@@ -192,7 +195,7 @@ def unknown_variables(env: Mapping[str, str]) -> list[str]:
     return sorted(k for k in env if k.startswith("SLURMRT_") and k not in known and k not in OTHER_VARIABLES)
 
 
-_PATHS = {"checkpoint_dir", "kill_switch", "event_log", "local_checkpoint_dir"}
+_PATHS = {"checkpoint_dir", "kill_switch", "event_log", "local_checkpoint_dir", "metrics_file"}
 #: Integers and the least value each takes.
 _INTS = {"keep_last": 1, "local_keep": 1, "keep_every": 1, "save_threads": 1, "save_nice": 0, "max_restarts": 0,
          "max_excluded_nodes": 0, "max_futile_runs": 1, "straggler_window": 2,

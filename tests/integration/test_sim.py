@@ -110,8 +110,13 @@ def test_preemption_saves_requeues_and_resumes_with_a_summary(tmp_path: Path) ->
               "--after-checkpoint", "--grace", "10", "--requeue", "--", sys.executable, str(WORKER), "--out",
               str(tmp_path / "out"), "--steps", "100000", "--resume-steps", "40", "--save-every", "10",
               "--step-time", "0.05",
-              env={"SLURMRT_CHECKPOINT_DIR": str(tmp_path / "ckpt"), "SLURMRT_SAVE_TIME_S": "1"})
+              env={"SLURMRT_CHECKPOINT_DIR": str(tmp_path / "ckpt"), "SLURMRT_SAVE_TIME_S": "1",
+                   "SLURMRT_METRICS_FILE": str(tmp_path / "slurmrt.prom")})
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    # the goodput of both runs, as rank 0 of the last one wrote it at its end
+    metrics = (tmp_path / "slurmrt.prom").read_text()
+    assert re.search(r"^slurmrt_goodput_ratio\{job=\"\d+\",experiment=\"[^\"]+\"\} 0\.\d+$", metrics, re.M), metrics
+    assert 'category="waiting"' in metrics and metrics.endswith("# EOF\n")
     summary = out.stdout[out.stdout.index("slurmrt sim summary"):]
     rows = summary.splitlines()[2:]
     assert len(rows) == 2

@@ -2,7 +2,8 @@
 
 Reads the event logs (events-*.jsonl) in checkpoint directories. For each job: one line per run (how it started,
 why it stopped, its last checkpoint, how it exited, what it lost), the timeline drawn as text (wall time across,
-steps up), and the totals. ``--plot FILE`` also draws it with matplotlib (.png, .svg or .pdf).
+steps up), the totals, and the goodput: the share of the wall time that was productive, and where the rest
+went. ``--plot FILE`` also draws it with matplotlib (.png, .svg or .pdf).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 from .._errors import SlurmrtError
 from ..record.events import read_events
+from ..record.goodput import account
 from ..record.timeline import JobLife, RunLife, build, draw, duration, render, totals
 from ._common import add_command, default_dirs, event_files
 from ._json import add_flag, emit
@@ -42,7 +44,8 @@ def status_data(dirs: Iterable[Path]) -> list[dict[str, Any]]:
     files = _files(list(dirs))
     jobs = []
     for f in files:
-        life = build(read_events(f), job=f.stem.removeprefix("events-"))
+        events = list(read_events(f))
+        life = build(events, job=f.stem.removeprefix("events-"))
         runs = []
         for i, run_ in enumerate(life.runs):
             fields = {k: v for k, v in asdict(run_).items() if k != "points"}
@@ -53,7 +56,8 @@ def status_data(dirs: Iterable[Path]) -> list[dict[str, Any]]:
                      "in_job_restarts": sum(1 for r in life.runs if r.attempt),
                      "totals": {"wall_s": life.wall_s, "last_step": life.last_step, "lost_steps": life.lost_steps,
                                 "lost_s": life.lost_s, "save_s": life.save_s, "checkpoints": life.checkpoints,
-                                "waiting_s": sum(life.gaps)}})
+                                "waiting_s": sum(life.gaps)},
+                     "goodput": account(events).as_dict()})
     return jobs
 
 
@@ -68,11 +72,13 @@ def status(dirs: Iterable[Path], *, chart: bool = True, plot: Path | None = None
     files = _files(list(dirs))
     out: list[str] = []
     for f in files:
-        life = build(read_events(f), job=f.stem.removeprefix("events-"))
+        events = list(read_events(f))
+        life = build(events, job=f.stem.removeprefix("events-"))
         if not life.runs:
             out.append(f"{_NOTHING} {f}: it is empty, or damaged (each line it skipped is in the warnings above)")
             continue
         out += _job(life, f, chart=chart)
+        out += [f"  {line}" for line in account(events).lines()]
         if plot is not None:
             target = plot if len(files) == 1 else plot.with_name(f"{plot.stem}-{life.job}{plot.suffix}")
             out.append(f"  drawn: {_draw(life, target)}")

@@ -20,6 +20,7 @@ from ..launch.topology import Topology
 from ..options import Options
 from ..record import experiment
 from ..record.events import measured_earlier
+from ..record.goodput import write_metrics
 from ..recovery.conclude import conclude
 from ..recovery.executor import Executor
 from ..recovery.plan import Trigger, plan
@@ -217,6 +218,9 @@ class Runtime:
             self.outcome = conclude(self.stop.decision, executor=self._executor, comm=self._hooks.groups().work,
                                     failed_save=failed_save, step=self.stop.last_step,
                                     exclude=self.stop.exclude_nodes, progressed=self.stop.steps_done > 0)
+        if self.options.metrics_file is not None and self.rank == 0:
+            write_metrics(self.options.metrics_file, self._executor.events.path, job=self.job_id or "local",
+                          experiment=self.experiment_id)
         if self.outcome is Outcome.FINISHED:  # nothing will resume from this node's local tier
             self.checkpoints.clear_local()
             if self.topology.rank == 0:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 from .. import _clock
+from .._env import get_int
 from ..checkpoint.store import SaveResult
 from ..launch.topology import Topology
 from ..record.events import Event, EventLog
@@ -31,7 +33,8 @@ class Reporter:
             self.events.emit(Event.INIT, mode=t.mode.value, world_size=t.world_size, nnodes=t.nnodes,
                              nodelist=list(t.nodelist), master=f"{t.master_addr}:{t.master_port}",
                              restart_count=t.restart_count, cuda_device_max_connections=connections,
-                             kill_switch=kill_switch, experiment=experiment)
+                             kill_switch=kill_switch, experiment=experiment,
+                             job_nodes=_job_nodes())
 
     def new_signals(self, recorder: SignalRecorder) -> None:
         """Report the signals ``recorder`` saw since the last call; the caller compares ``len(first_seen)`` with
@@ -87,12 +90,15 @@ class Reporter:
                            "%.1f s); the previous checkpoint stays the latest", step, save_s or 0.0)
             self.events.emit(Event.SAVE_SKIPPED, step=step, save_s=save_s)
 
-    def loaded(self, got: tuple[int, Any] | None, *, tier: str = "shared", from_peers: int | None = None) -> None:
+    def loaded(self, got: tuple[int, Any] | None, *, tier: str = "shared", from_peers: int | None = None,
+               seconds: float | None = None) -> None:
         """``tier``: where the checkpoint was read; ``from_peers``: bytes the ranks received from other nodes' local
-        tiers (None: no local tier)."""
+        tiers (None: no local tier); ``seconds``: how long the load took (the goodput ledger's "load")."""
         if self._lead:
             extra: dict[str, Any] = {} if from_peers is None else {"tier": tier if got else None,
                                                                    "from_peers": from_peers}
+            if seconds is not None:
+                extra["seconds"] = round(seconds, 4)
             self.events.emit(Event.RESUME if got else Event.FRESH_START, step=got[0] if got else None, **extra)
 
     def straggler(self, s: Straggler, *, node: str | None, action: str, step: int | None = None) -> None:
@@ -102,9 +108,19 @@ class Reporter:
         text = (f"straggler: rank {s.rank} on {node or 'an unknown node'} is {s.ratio:.2f}x slower than the slowest "
                 f"rank elsewhere in its timed sections ({s.slow_s * 1e3:.1f} ms against {s.others_s * 1e3:.1f} ms, "
                 f"{s.cost:.0%} of a {s.step_s * 1e3:.1f} ms step){what[action]}")
-        if self._lead or s.rank == self.topology.rank:
+        if self._lead:
             logger.warning("%s", text)
+        elif s.rank == self.topology.rank:  # the straggler's own log says it too (rank 0 said it for the job)
+            logger.info("%s", text)
         if self._lead:
             self.events.emit(Event.STRAGGLER, step=step, straggler=s.rank, node=node, ratio=round(s.ratio, 3),
                              cost=round(s.cost, 3), window=s.window, slow_s=round(s.slow_s, 6),
                              others_s=round(s.others_s, 6), step_s=round(s.step_s, 6), action=action)
+
+
+def _job_nodes() -> int | None:
+    """The allocation's node count, spares included (the goodput ledger's node-hours); None when unknown."""
+    try:
+        return get_int(os.environ, "SLURM_JOB_NUM_NODES", minimum=1)
+    except ValueError:  # malformed: Slurm writes it; the launch checks judge the variables that matter
+        return None

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .. import _clock
 from .._comm import Comm
 from .._errors import CheckpointError, ConfigError
 from .._safefs import group_id
@@ -145,6 +146,7 @@ class CheckpointSession:
         self._report.saved(result, blocking=blocking)
 
     def load_latest(self, *, into: dict[str, Any] | None, verify: bool, rank: int) -> Loaded | None:
+        started = _clock.mono()
         store = self._get_store()
         tier = self._get_local()
         got, received = self._from_local(store, tier) if tier is not None and into is None else (None, 0)
@@ -156,7 +158,8 @@ class CheckpointSession:
         self._resumed(got, rank)
         total = store.comm.gather(received) if tier is not None else None  # rank 0 reports it
         self._report.loaded((got.step, got.state) if got is not None else None, tier=where,
-                            from_peers=None if tier is None else sum(total or [0]))
+                            from_peers=None if tier is None else sum(total or [0]),
+                            seconds=_clock.mono() - started)
         return got
 
     def _resumed(self, got: Loaded | None, rank: int) -> None:

@@ -1,0 +1,214 @@
+"""Goodput: where a job's wall time went, from its event log (issue 41).
+
+Every second from the first run's start to the last run's end falls in one category:
+
+- ``productive``: training whose steps were kept;
+- ``startup``: a run's start (process start, init, rendezvous) to the end of its checkpoint load, the load apart:
+- ``load``: reading the checkpoint it resumed from;
+- ``checkpoint_stall``: saves that blocked training (blocking saves; a background save's write does not block);
+- ``lost_work``: steps trained after the last checkpoint that survived the run, redone by the next one;
+- ``recovery``: a run cut short (a hang, a lost node or rank, a failed health check): from its last step to its end,
+  the hang allowance, the census and the exit;
+- ``stopping``: a run that stopped or finished: from its last step to its end, saves apart (draining, teardown);
+- ``waiting``: between two runs: the requeue, the queue, the next allocation's start.
+
+``productive`` is what is left of each run once the others are taken out, so the categories add up to the wall time.
+The effective training time ratio (ETTR) is productive over wall time. Node-hour goodput weighs each run by its
+nodes: productive node-seconds (the training nodes) over allocated node-seconds (every node of the allocation, spare
+nodes included, while a run holds them).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .._safefs import replace_text
+from .events import Event, Run, read_events, runs, timestamp
+from .timeline import RunLife, build
+
+__all__ = ["CATEGORIES", "Goodput", "RunGoodput", "account", "openmetrics", "write_metrics"]
+
+logger = logging.getLogger(__name__)
+
+#: The categories, in the order they are shown; their names are the JSON keys.
+CATEGORIES = ("productive", "startup", "load", "checkpoint_stall", "lost_work", "recovery", "stopping", "waiting")
+
+#: How each category is said in text.
+WORDS = {"productive": "productive", "startup": "start-up", "load": "load", "checkpoint_stall": "checkpoint stall",
+         "lost_work": "lost work", "recovery": "fault detection and recovery", "stopping": "stopping and draining",
+         "waiting": "waiting between runs"}
+
+
+@dataclass
+class RunGoodput:
+    label: str
+    seconds: dict[str, float]
+    #: Nodes that trained, and nodes the allocation held (spares included); None when the log does not say.
+    nodes: int | None = None
+    job_nodes: int | None = None
+
+
+@dataclass
+class Goodput:
+    runs: list[RunGoodput] = field(default_factory=list)
+    waiting_s: float = 0.0
+
+    @property
+    def seconds(self) -> dict[str, float]:
+        total = {c: sum(r.seconds.get(c, 0.0) for r in self.runs) for c in CATEGORIES}
+        total["waiting"] = self.waiting_s
+        return total
+
+    @property
+    def wall_s(self) -> float:
+        return sum(self.seconds.values())
+
+    @property
+    def ettr(self) -> float | None:
+        """Effective training time ratio: productive seconds over wall seconds; None for an empty log."""
+        return self.seconds["productive"] / self.wall_s if self.wall_s > 0 else None
+
+    @property
+    def node_goodput(self) -> float | None:
+        """Productive node-seconds over allocated node-seconds; None when a run's node count is unknown."""
+        if not self.runs or any(r.nodes is None for r in self.runs):
+            return None
+        held = sum(sum(r.seconds.values()) * (r.job_nodes or r.nodes or 0) for r in self.runs)
+        kept = sum(r.seconds["productive"] * (r.nodes or 0) for r in self.runs)
+        return kept / held if held > 0 else None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"wall_s": self.wall_s, "seconds": self.seconds, "ettr": self.ettr, "node_goodput": self.node_goodput,
+                "runs": [{"label": r.label, "nodes": r.nodes, "job_nodes": r.job_nodes, "seconds": r.seconds}
+                         for r in self.runs]}
+
+    def lines(self) -> list[str]:
+        """The ledger in text: the ratios, then every category with its share."""
+        wall = self.wall_s
+        if wall <= 0:
+            return ["goodput: no time recorded"]
+        head = f"goodput: {self.ettr:.1%} of {_d(wall)} was productive (effective training time ratio)"
+        if self.node_goodput is not None:
+            head += f"; {self.node_goodput:.1%} of the node-hours"
+        parts = [f"{WORDS[c]} {_d(s)} ({s / wall:.1%})" for c, s in self.seconds.items() if s > 0 or c == "productive"]
+        return [head, "  " + "; ".join(parts)]
+
+
+def _d(seconds: float) -> str:
+    from .timeline import duration
+
+    return duration(seconds)
+
+
+def account(events: Iterable[dict[str, Any]]) -> Goodput:
+    """The ledger of the job whose (rank 0's) events these are."""
+    events = list(events)
+    life = build(events)
+    grouped = runs(events)
+    ledger = Goodput(waiting_s=sum(life.gaps))
+    for run, one in zip(grouped, life.runs, strict=True):
+        ledger.runs.append(_run(run, one))
+    return ledger
+
+
+def _run(run: Run, life: RunLife) -> RunGoodput:
+    wall = max(0.0, life.end - life.start)
+    ready, load = _started(run, life)
+    blocking = [(timestamp(e), _number(e, "seconds")) for e in run.all(Event.SAVE) if e.get("blocking")]
+    cut = life.cut_short or bool(life.left)
+    last = _fault_at(run, ready) if cut else _last_step_at(life, ready)
+    tail = _tail(life, last, blocking)
+    seconds = {"startup": ready - life.start - load, "load": load, "checkpoint_stall": sum(s for _, s in blocking),
+               "lost_work": _lost(life, last), "recovery": tail if cut else 0.0, "stopping": 0.0 if cut else tail}
+    seconds["productive"] = max(0.0, wall - sum(seconds.values()))
+    return _with_nodes(run, life.label, seconds)
+
+
+def _with_nodes(run: Run, label: str, seconds: dict[str, float]) -> RunGoodput:
+    init = run.first(Event.INIT) or {}
+    return RunGoodput(label, {c: seconds.get(c, 0.0) for c in CATEGORIES if c != "waiting"},
+                      nodes=_count(init.get("nnodes")), job_nodes=_count(init.get("job_nodes")))
+
+
+def _tail(life: RunLife, last: float, blocking: list[tuple[float, float]]) -> float:
+    """From ``last`` to the run's end, the blocking saves committed in it apart."""
+    return max(0.0, max(0.0, life.end - last) - sum(s for t, s in blocking if t >= last))
+
+
+def _last_step_at(life: RunLife, ready: float) -> float:
+    return max(life.points[-1][0] if life.points else ready, ready)
+
+
+def _lost(life: RunLife, last: float) -> float:
+    """The lost work's wall time: for a cut run, up to the fault (the timeline counts it up to the run's end; the
+    rest is the recovery's)."""
+    return max(0.0, life.lost_s - (life.end - last)) if life.cut_short else life.lost_s
+
+
+def _started(run: Run, life: RunLife) -> tuple[float, float]:
+    """When the run was ready to train (its resume or fresh start, within the run), and how long its load took."""
+    started = run.first(Event.RESUME) or run.first(Event.FRESH_START)
+    if started is None:
+        return life.start, 0.0
+    ready = min(max(timestamp(started), life.start), life.end)
+    return ready, min(_number(started, "seconds"), ready - life.start)
+
+
+def _fault_at(run: Run, ready: float) -> float:
+    """When a cut run's fault began: the first hang's time less the idle time it measured (a lost peer: when it was
+    found); without a hang event, its last recorded step before the exit."""
+    hangs = [timestamp(e) - _number(e, "idle_s") for e in run.all(Event.HANG)]
+    if hangs:
+        return max(ready, min(hangs))
+    steps = [timestamp(e) for e in run.events if e.get("event") in _STEPS and isinstance(e.get("step"), int)]
+    return max([ready, *steps])
+
+
+_STEPS = (Event.PROGRESS.value, Event.DECISION.value, Event.SAVE.value, Event.RESUME.value)
+
+
+def _number(event: dict[str, Any] | None, key: str) -> float:
+    value = (event or {}).get(key)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0 else 0.0
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def openmetrics(ledger: Goodput, *, job: str, experiment: str | None) -> str:
+    """The ledger as OpenMetrics text (Prometheus' textfile collector reads it): the ratios, and the seconds of each
+    category, labelled with the job and the experiment."""
+    labels = f'job="{_label(job)}"' + (f',experiment="{_label(experiment)}"' if experiment else "")
+    lines = ["# HELP slurmrt_goodput_ratio Productive share of the job's wall time (effective training time ratio).",
+             "# TYPE slurmrt_goodput_ratio gauge"]
+    if ledger.ettr is not None:
+        lines.append(f"slurmrt_goodput_ratio{{{labels}}} {ledger.ettr:.6f}")
+    lines += ["# HELP slurmrt_node_goodput_ratio Productive node-seconds over the node-seconds the allocation held.",
+              "# TYPE slurmrt_node_goodput_ratio gauge"]
+    if ledger.node_goodput is not None:
+        lines.append(f"slurmrt_node_goodput_ratio{{{labels}}} {ledger.node_goodput:.6f}")
+    lines += ["# HELP slurmrt_time_seconds Seconds of the job's wall time, by category.",
+              "# TYPE slurmrt_time_seconds gauge", "# UNIT slurmrt_time_seconds seconds"]
+    lines += [f'slurmrt_time_seconds{{{labels},category="{c}"}} {s:.3f}' for c, s in ledger.seconds.items()]
+    return "\n".join([*lines, "# EOF", ""])
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def write_metrics(path: Path, events: Path | None, *, job: str, experiment: str | None) -> None:
+    """Rank 0, at the end of a run: the job's ledger so far into ``path``, replaced whole (a collector never reads
+    half a file). Nothing without an event log; a failure is a warning, never the run's end."""
+    if events is None:
+        logger.warning("metrics_file=%s: no event log to account from (set checkpoint_dir or event_log)", path)
+        return
+    try:
+        replace_text(path, openmetrics(account(read_events(events)), job=job, experiment=experiment))
+    except OSError as err:
+        logger.warning("the goodput metrics could not be written to %s: %s", path, err)

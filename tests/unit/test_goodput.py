@@ -1,0 +1,79 @@
+"""The goodput ledger: every second of a job in one category, from an event log with known times."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from slurmrt.cli import main
+from slurmrt.record.goodput import CATEGORIES, account
+
+T0 = datetime(2026, 11, 21, 10, 0, tzinfo=timezone.utc)
+
+
+def ev(t: float, restart: int, event: str, **kw: object) -> dict[str, object]:
+    return {"time": (T0 + timedelta(seconds=t)).isoformat(), "event": event, "job": "12", "restart": restart,
+            "rank": 0, **kw}
+
+
+EVENTS = [
+    # run 0: 10 s to start, a 2 s blocking save, then rank 1 stops answering at 160 s (found at 200 s, idle 40 s),
+    # and the run ends HUNG at 230 s: 60 s of steps after the kept checkpoint (100 s) are lost
+    ev(0, 0, "init", nnodes=2, job_nodes=3), ev(10, 0, "fresh_start", seconds=0.0),
+    ev(100, 0, "save", step=99, seconds=2.0, blocking=True), ev(150, 0, "progress", step=150),
+    ev(200, 0, "hang", step=150, idle_s=40.0), ev(230, 0, "exit", outcome="HUNG", code=5, step=150),
+    # 60 s in the queue; run 1: 30 s to start, 5 s of it the load; it stops at 600 s, saves for 8 s, ends at 620 s
+    ev(290, 1, "init", nnodes=2, job_nodes=3), ev(320, 1, "resume", step=99, seconds=5.0),
+    ev(500, 1, "progress", step=300), ev(600, 1, "decision", step=350, reasons=["signal"]),
+    ev(610, 1, "save", step=350, seconds=8.0, blocking=True), ev(620, 1, "exit", outcome="FINISHED", step=350),
+]
+
+
+def test_each_second_falls_in_one_category_and_they_add_up_to_the_wall_time() -> None:
+    ledger = account(EVENTS)
+    assert ledger.seconds == pytest.approx({
+        "productive": 88.0 + 280.0, "startup": 10.0 + 25.0, "load": 5.0, "checkpoint_stall": 2.0 + 8.0,
+        "lost_work": 60.0, "recovery": 70.0, "stopping": 12.0, "waiting": 60.0})
+    assert list(ledger.seconds) == list(CATEGORIES)
+    assert ledger.wall_s == pytest.approx(620.0, rel=0.01)  # the first run's start to the last run's end
+    assert ledger.ettr == pytest.approx(368.0 / 620.0)
+    # node-hours: 2 nodes trained of the 3 the allocation held, while each run held them
+    assert ledger.node_goodput == pytest.approx((88.0 * 2 + 280.0 * 2) / (230.0 * 3 + 330.0 * 3))
+
+
+def test_a_log_without_node_counts_has_no_node_goodput_and_an_empty_one_no_ratio() -> None:
+    stripped = [{k: v for k, v in e.items() if k not in ("nnodes", "job_nodes")} for e in EVENTS]
+    assert account(stripped).node_goodput is None and account(stripped).ettr == pytest.approx(368.0 / 620.0)
+    assert account([]).ettr is None and account([]).lines() == ["goodput: no time recorded"]
+
+
+def test_status_prints_the_ledger_and_json_carries_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "events-12.jsonl").write_text("".join(json.dumps(e) + "\n" for e in EVENTS))
+    assert main(["status", str(tmp_path), "--no-chart"]) == 0
+    text = capsys.readouterr().out
+    assert "goodput: 59.4% of 10m20s was productive (effective training time ratio); 43.8% of the node-hours" in text
+    assert "fault detection and recovery 70.0 s (11.3%)" in text and "waiting between runs 60.0 s (9.7%)" in text
+    assert main(["status", str(tmp_path), "--json"]) == 0
+    goodput = json.loads(capsys.readouterr().out)["jobs"][0]["goodput"]
+    assert goodput["ettr"] == pytest.approx(368.0 / 620.0) and goodput["seconds"]["lost_work"] == pytest.approx(60)
+    assert [r["label"] for r in goodput["runs"]] == ["0", "1"]
+
+
+def test_the_metrics_file_is_openmetrics_text_replaced_whole(tmp_path: Path) -> None:
+    from slurmrt.record.goodput import openmetrics, write_metrics
+
+    text = openmetrics(account(EVENTS), job="12", experiment='e"1')
+    assert text.endswith("# EOF\n")
+    assert 'slurmrt_goodput_ratio{job="12",experiment="e\\"1"} 0.593548' in text
+    assert 'slurmrt_time_seconds{job="12",experiment="e\\"1",category="recovery"} 70.000' in text
+    log = tmp_path / "events-12.jsonl"
+    log.write_text("".join(json.dumps(e) + "\n" for e in EVENTS))
+    target = tmp_path / "slurmrt.prom"
+    target.write_text("old")
+    write_metrics(target, log, job="12", experiment=None)
+    assert target.read_text().startswith("# HELP slurmrt_goodput_ratio") and 'category="waiting"} 60.000' in \
+        target.read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["events-12.jsonl", "slurmrt.prom"]  # no temporary left
