@@ -17,7 +17,7 @@ from typing import Any
 
 from .._errors import SlurmrtError
 from ..record.events import read_events
-from ..record.goodput import account
+from ..record.goodput import Goodput, account, draw_bar
 from ..record.timeline import JobLife, RunLife, build, draw, duration, render, totals
 from ._common import add_command, default_dirs, event_files
 from ._json import add_flag, emit
@@ -81,7 +81,7 @@ def status(dirs: Iterable[Path], *, chart: bool = True, plot: Path | None = None
         out += [f"  {line}" for line in account(events).lines()]
         if plot is not None:
             target = plot if len(files) == 1 else plot.with_name(f"{plot.stem}-{life.job}{plot.suffix}")
-            out.append(f"  drawn: {_draw(life, target)}")
+            out.append(f"  drawn: {_draw(life, target, account(events))}")
     return out
 
 
@@ -102,9 +102,9 @@ def _job(life: JobLife, f: Path, *, chart: bool) -> list[str]:
     return out
 
 
-def _draw(life: JobLife, path: Path) -> Path:
+def _draw(life: JobLife, path: Path, ledger: Goodput) -> Path:
     try:
-        return draw(life, path)
+        return draw(life, path, below=lambda ax: draw_bar(ax, ledger))
     except ImportError as err:
         raise SlurmrtError(str(err)) from None
 

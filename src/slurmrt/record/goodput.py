@@ -30,7 +30,7 @@ from .._safefs import replace_text
 from .events import Event, Run, read_events, runs, timestamp
 from .timeline import RunLife, build
 
-__all__ = ["CATEGORIES", "Goodput", "RunGoodput", "account", "openmetrics", "write_metrics"]
+__all__ = ["CATEGORIES", "Goodput", "RunGoodput", "account", "draw_bar", "openmetrics", "write_metrics"]
 
 logger = logging.getLogger(__name__)
 
@@ -212,3 +212,23 @@ def write_metrics(path: Path, events: Path | None, *, job: str, experiment: str 
         replace_text(path, openmetrics(account(read_events(events)), job=job, experiment=experiment))
     except OSError as err:
         logger.warning("the goodput metrics could not be written to %s: %s", path, err)
+
+
+#: The bar's colours: productive green, each badput its own.
+_COLORS = {"productive": "#2ca02c", "startup": "#7f7f7f", "load": "#bcbd22", "checkpoint_stall": "#1f77b4",
+           "lost_work": "#d62728", "recovery": "#9467bd", "stopping": "#8c564b", "waiting": "#c7c7c7"}
+
+
+def draw_bar(ax: Any, ledger: Goodput) -> None:
+    """The ledger as one stacked horizontal bar (shares of the wall time) on matplotlib axes."""
+    wall, left = ledger.wall_s, 0.0
+    for category, seconds in ledger.seconds.items():
+        if wall <= 0 or seconds <= 0:
+            continue
+        share = seconds / wall
+        ax.barh(0, share, left=left, color=_COLORS[category], label=f"{WORDS[category]} {share:.0%}")
+        left += share
+    ax.set_xlim(0, 1)
+    ax.set_yticks([])
+    ax.set_xlabel("share of the wall time" + (f" (goodput {ledger.ettr:.0%})" if ledger.ettr is not None else ""))
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.9), ncol=4, fontsize=7, frameon=False)

@@ -11,7 +11,7 @@ after its last ``progress`` event; its lost work is a lower bound.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
@@ -312,9 +312,10 @@ def duration(seconds: float) -> str:
 # -- the picture (matplotlib, optional) --------------------------------------------------------------------------
 
 
-def draw(life: JobLife, path: Path, *, title: str | None = None) -> Path:
-    """Write the timeline to ``path`` (its suffix picks the format: .png, .svg, .pdf). Needs matplotlib
-    (``pip install 'slurmrt[plot]'``)."""
+def draw(life: JobLife, path: Path, *, title: str | None = None, below: Callable[[Any], None] | None = None
+         ) -> Path:
+    """Write the timeline to ``path`` (its suffix picks the format: .png, .svg, .pdf); ``below`` draws into a strip
+    of axes under it (the goodput's bar). Needs matplotlib (``pip install 'slurmrt[plot]'``)."""
     try:
         import matplotlib
     except ImportError as err:
@@ -324,7 +325,11 @@ def draw(life: JobLife, path: Path, *, title: str | None = None) -> Path:
     import matplotlib.pyplot as plt
 
     t0 = life.runs[0].start if life.runs else 0.0
-    fig, ax = plt.subplots(figsize=(10, 5), dpi=100)
+    if below is None:
+        fig, ax = plt.subplots(figsize=(10, 5), dpi=100)
+    else:
+        fig, (ax, strip) = plt.subplots(2, 1, figsize=(10, 6), dpi=100, gridspec_kw={"height_ratios": [5, 1]})
+        below(strip)
     try:
         colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
         for i, (run, following) in enumerate(_with_next(life.runs)):  # an in-job restart's step: a colour too
