@@ -43,9 +43,10 @@ def main() -> None:
 
     step = start - 1
     for step in range(start, args.steps):
-        g = torch.Generator().manual_seed(step * 1000 + accelerator.process_index)
-        x = torch.randn(32, 16, generator=g)
-        loss = ((model(x) - x.sum(dim=1, keepdim=True)) ** 2).mean()
+        with rt.time_compute():  # the forward pass: this rank's own work (DDP's backward holds the all-reduce)
+            g = torch.Generator().manual_seed(step * 1000 + accelerator.process_index)
+            x = torch.randn(32, 16, generator=g)
+            loss = ((model(x) - x.sum(dim=1, keepdim=True)) ** 2).mean()
         optimizer.zero_grad()
         accelerator.backward(loss)
         optimizer.step()
