@@ -148,7 +148,7 @@ def test_status_tells_the_jobs_life_with_the_figures_of_its_event_log(job: Path,
     import matplotlib.image
 
     pixels = matplotlib.image.imread(tmp_path / "life.png")
-    assert pixels.shape[:2] == (500, 1000) and (pixels[..., :3].min(axis=2) < 0.9).mean() > 0.02
+    assert pixels.shape[:2] == (600, 1000) and (pixels[..., :3].min(axis=2) < 0.9).mean() > 0.02
 
 
 def test_sim_shows_the_runs_progress_on_a_terminal(tmp_path: Path) -> None:
