@@ -18,12 +18,16 @@ from __future__ import annotations
 
 import inspect
 import logging
+from pathlib import Path
 from typing import Any, Protocol
 
 from ._errors import ConfigError
+from .record.events import read_events
 from .record.experiment import read_trackers, remember_tracker
+from .record.goodput import account
 
-__all__ = ["first_step", "mlflow_run_id", "mlflow_start_run", "tensorboard_purge_step", "wandb_args"]
+__all__ = ["first_step", "goodput_metrics", "mlflow_run_id", "mlflow_start_run", "tensorboard_purge_step",
+           "wandb_args"]
 
 logger = logging.getLogger(__name__)
 
@@ -122,3 +126,25 @@ def mlflow_start_run(rt: _Run, **kwargs: Any) -> Any:
         logger.warning("no checkpoint directory: MLflow run %s cannot be resumed by a requeued run", run.info.run_id)
     return run
 
+
+
+def goodput_metrics(rt: Any, prefix: str = "slurmrt/") -> dict[str, float]:
+    """The job's goodput so far, every run of its event log included (the ledger of ``slurmrt status``), as flat
+    metrics for the tracker run that spans the requeues: ``goodput`` (effective training time ratio),
+    ``node_goodput`` when the node counts are known, and ``seconds/<category>`` for each category. Log them on rank
+    0, at the end of a run or every so often (it reads the event log)::
+
+        wandb.log(trackers.goodput_metrics(rt), step=step)
+        mlflow.log_metrics(trackers.goodput_metrics(rt), step=step)
+
+    Empty without an event log (no checkpoint directory and no ``event_log``)."""
+    path = getattr(rt, "event_log", None)
+    if path is None or not Path(path).exists():
+        return {}
+    ledger = account(read_events(Path(path)))
+    metrics = {f"{prefix}seconds/{category}": round(seconds, 3) for category, seconds in ledger.seconds.items()}
+    if ledger.ettr is not None:
+        metrics[f"{prefix}goodput"] = round(ledger.ettr, 6)
+    if ledger.node_goodput is not None:
+        metrics[f"{prefix}node_goodput"] = round(ledger.node_goodput, 6)
+    return metrics

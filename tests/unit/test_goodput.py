@@ -77,3 +77,18 @@ def test_the_metrics_file_is_openmetrics_text_replaced_whole(tmp_path: Path) -> 
     assert target.read_text().startswith("# HELP slurmrt_goodput_ratio") and 'category="waiting"} 60.000' in \
         target.read_text()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["events-12.jsonl", "slurmrt.prom"]  # no temporary left
+
+
+def test_the_tracker_metrics_are_the_ledger_flattened(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from slurmrt import trackers
+
+    log = tmp_path / "events-12.jsonl"
+    log.write_text("".join(json.dumps(e) + "\n" for e in EVENTS))
+    metrics = trackers.goodput_metrics(SimpleNamespace(event_log=log))
+    assert metrics["slurmrt/goodput"] == pytest.approx(368.0 / 620.0, abs=1e-6)
+    assert metrics["slurmrt/seconds/recovery"] == 70.0 and metrics["slurmrt/seconds/waiting"] == 60.0
+    assert "slurmrt/node_goodput" in metrics and len(metrics) == len(CATEGORIES) + 2
+    assert trackers.goodput_metrics(SimpleNamespace(event_log=None)) == {}
+    assert trackers.goodput_metrics(SimpleNamespace(event_log=tmp_path / "none.jsonl")) == {}

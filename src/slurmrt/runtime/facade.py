@@ -105,6 +105,7 @@ class Runtime:
     master_addr = property(lambda self: self.topology.master_addr)
     master_port = property(lambda self: self.topology.master_port)
     job_id = property(lambda self: self.topology.job_id)
+    event_log = property(lambda self: self._executor.events.path, doc="the job's event log (None without one)")
     restart_count = property(lambda self: self.topology.restart_count)
     #: In-job restarts before this step in this run of the job (``slurmrt run``): 0 for the run's first step.
     in_job_restarts = property(lambda self: self.topology.attempt)
