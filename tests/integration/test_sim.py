@@ -149,6 +149,7 @@ def test_cancel_stops_the_job_without_requeue(tmp_path: Path) -> None:
     assert len(rows) == 1 and "scancel" in rows[0] and "requeued" not in rows[0]
     ranks = [json.loads((tmp_path / "out" / f"rank{r}.json").read_text()) for r in range(2)]
     assert all(r["reasons"] == ["sigterm"] and r["exit_code"] == 4 for r in ranks)
+    assert not list(tmp_path.glob(".slurmrt-*.lock")), "stopped for good: the job's lock file is gone"
 
 
 def test_a_failed_node_takes_the_step_down_and_the_batch_script_requeues(tmp_path: Path) -> None:

@@ -224,8 +224,8 @@ class Runtime:
                           experiment=self.experiment_id)
         if self.outcome is Outcome.FINISHED:  # nothing will resume from this node's local tier
             self.checkpoints.clear_local()
-            if self.topology.rank == 0:
-                logs.remove_job_lock()
+        if self.outcome in _FOR_GOOD and self.topology.rank == 0:  # no run of ours follows: its lock file goes
+            logs.remove_job_lock()
         self.close()
         return self.outcome.code
 
@@ -254,3 +254,7 @@ class Runtime:
         self._hooks.undo(destroy_groups=agreement is None or not agreement.failed)
         if self._lease is not None:
             self._lease.release()  # the next task of an --array=...%1 chain may take the directory now
+
+
+#: Outcomes after which slurmrt starts no other run of the job (Slurm may still requeue a preempted one).
+_FOR_GOOD = (Outcome.FINISHED, Outcome.KILL_SWITCH, Outcome.STOPPED, Outcome.FAILED)
