@@ -57,7 +57,7 @@ def status_data(dirs: Iterable[Path]) -> list[dict[str, Any]]:
                      "totals": {"wall_s": life.wall_s, "last_step": life.last_step, "lost_steps": life.lost_steps,
                                 "lost_s": life.lost_s, "save_s": life.save_s, "checkpoints": life.checkpoints,
                                 "waiting_s": sum(life.gaps)},
-                     "goodput": account(events).as_dict()})
+                     "goodput": account(events, life).as_dict()})
     return jobs
 
 
@@ -77,11 +77,12 @@ def status(dirs: Iterable[Path], *, chart: bool = True, plot: Path | None = None
         if not life.runs:
             out.append(f"{_NOTHING} {f}: it is empty, or damaged (each line it skipped is in the warnings above)")
             continue
+        ledger = account(events, life)
         out += _job(life, f, chart=chart)
-        out += [f"  {line}" for line in account(events).lines()]
+        out += [f"  {line}" for line in ledger.lines()]
         if plot is not None:
             target = plot if len(files) == 1 else plot.with_name(f"{plot.stem}-{life.job}{plot.suffix}")
-            out.append(f"  drawn: {_draw(life, target, account(events))}")
+            out.append(f"  drawn: {_draw(life, target, ledger)}")
     return out
 
 

@@ -28,7 +28,7 @@ from typing import Any
 
 from .._safefs import replace_text
 from .events import Event, Run, read_events, runs, timestamp
-from .timeline import RunLife, build
+from .timeline import JobLife, RunLife, build
 
 __all__ = ["CATEGORIES", "Goodput", "RunGoodput", "account", "draw_bar", "openmetrics", "write_metrics"]
 
@@ -104,10 +104,11 @@ def _d(seconds: float) -> str:
     return duration(seconds)
 
 
-def account(events: Iterable[dict[str, Any]]) -> Goodput:
-    """The ledger of the job whose (rank 0's) events these are."""
+def account(events: Iterable[dict[str, Any]], life: JobLife | None = None) -> Goodput:
+    """The ledger of the job whose (rank 0's) events these are; ``life``: their timeline, when the caller built it
+    already (``slurmrt status``), else it is built here."""
     events = list(events)
-    life = build(events)
+    life = build(events) if life is None else life
     grouped = runs(events)
     ledger = Goodput(waiting_s=sum(life.gaps))
     for run, one in zip(grouped, life.runs, strict=True):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..launch import hostlist
 
@@ -25,6 +26,15 @@ class Failure:
     why: str
     since: float
     stacks: str | None = None
+
+    @classmethod
+    def asked(cls, request: dict[str, Any], attempt: int, code: int, nodes: list[str]) -> Failure:
+        """The failure an in-job request describes (its fields are the leader's; a missing or malformed one
+        reads as unknown: the request file is this job's, but the block must not fail on it)."""
+        why, since, stacks = request.get("suspects") or request.get("why"), request.get("since"), request.get("stacks")
+        return cls(attempt, code, tuple(nodes), str(why) if why else f"{', '.join(nodes)} failed",
+                   float(since) if isinstance(since, (int, float)) and not isinstance(since, bool) else time.time(),
+                   stacks if isinstance(stacks, str) else None)
 
 
 def stacks_path(events: Path | None, job: str | None, restart: int, attempt: int, rank: int) -> Path | None:

@@ -121,9 +121,6 @@ class Supervisor:
     _done: bool = False
     #: The step that failed last and why (said when its replacement starts).
     _failure: Failure | None = None
-    _why: str = ""
-    _since: float | None = None
-    _stacks: str | None = None
 
     def __post_init__(self) -> None:
         job = self.env.get("SLURM_JOB_ID")
@@ -183,8 +180,6 @@ class Supervisor:
                           ("; stopping (SIGTERM/SIGINT)" if bad else ""))
                 return code
             excluded += bad
-            self._failure = Failure(attempt, code, tuple(bad), self._why or f"{', '.join(bad)} failed",
-                                    self._since or time.time(), self._stacks)
             attempt += 1
 
     def _bad_nodes(self, placement: Placement, attempt: int, code: int) -> tuple[list[str], int]:
@@ -192,7 +187,7 @@ class Supervisor:
         ranks asked for; else those that left the allocation (a node failure: with --no-kill, Slurm kills the
         step's tasks at once, so nobody could ask), for which the supervisor asks the recovery plan itself: a new
         step on a spare, or the requeue without them."""
-        asked = self._asked(placement, attempt)
+        asked = self._asked(placement, attempt, code)
         if asked is not None:
             return asked, code
         if code in {int(c) for c in ExitCode}:
@@ -201,9 +196,9 @@ class Supervisor:
         gone = [n for n in placement.nodes if n not in held]
         if not gone:
             return [], code
-        self._why = f"{', '.join(gone)} left the job (node failure)"
-        self._since, self._stacks = None, None
-        self._say(self._why)
+        why = f"{', '.join(gone)} left the job (node failure)"
+        self._failure = Failure(attempt, code, tuple(gone), why, time.time())
+        self._say(why)
         spares = tuple(n for n in placement.spares if n in held)
         done = self._executor(attempt, spares).recover(
             Trigger.NODE_GONE, nodes=gone, ask=False,
@@ -212,17 +207,14 @@ class Supervisor:
             return gone, code
         return [], done.code  # the executor said why, and what it did instead
 
-    def _asked(self, placement: Placement, attempt: int) -> list[str] | None:
+    def _asked(self, placement: Placement, attempt: int, code: int) -> list[str] | None:
         """The nodes the step's ranks asked to leave out (the plan chose an in-job restart there); None: no
         request."""
         ask = injob.read_request(self.directory, attempt)
         if ask is None:
             return None
         bad = [n for n in ask["exclude"] if n in placement.nodes]
-        self._why = str(ask.get("suspects") or ask.get("why") or "")
-        since, stacks = ask.get("since"), ask.get("stacks")
-        self._since = float(since) if isinstance(since, (int, float)) else None
-        self._stacks = stacks if isinstance(stacks, str) else None
+        self._failure = Failure.asked(ask, attempt, code, bad)
         if not bad:
             self._say(f"step {attempt} asked to leave out {ask['exclude']}, none of them in the step")
         return bad

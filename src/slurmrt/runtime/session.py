@@ -201,10 +201,9 @@ def _checkpoint_bytes(root: Path, step: int | None) -> int | None:
     """The size of checkpoint ``step`` as its manifest says (for the load's progress); None when unknown."""
     if step is None:
         return None
-    try:
-        files = read_manifest(root / f"step_{step:09d}")["files"]
-        return sum(int(f.get("size", 0)) for f in files.values())
-    except (CheckpointError, OSError, ValueError, KeyError, TypeError, AttributeError):
+    try:  # read_manifest checks the form: every entry has a whole size
+        return sum(int(f["size"]) for f in read_manifest(root / f"step_{step:09d}")["files"].values())
+    except CheckpointError:  # missing, damaged: load_latest() says so; the progress has no total
         return None
 
 
@@ -213,6 +212,6 @@ def _load_shared(store: CheckpointStore, *, into: dict[str, Any] | None, verify:
     ranks)."""
     lead = store.comm.rank == 0
     newest = _checkpoint_bytes(store.root, store.newest_step()) if lead else None
-    with progress.reporting("loading the latest checkpoint", progress.loaded_bytes(),
+    with progress.reporting("loading the latest checkpoint", progress.loaded_bytes() if lead else lambda: 0,
                             newest // store.comm.world_size if newest else None, enabled=lead):
         return store.load_latest(into=into, verify=verify)

@@ -1,0 +1,32 @@
+"""slurmrt run's block about an in-job restart, from the leader's request: what a malformed request still gives."""
+
+from __future__ import annotations
+
+from slurmrt.recovery.report import Failure, block, stacks_pattern
+
+
+def test_the_block_says_what_failed_where_what_was_done_how_long_and_where_the_stacks_are() -> None:
+    request = {"exclude": ["n2"], "why": "long detail", "suspects": "rank(s) 1 did not answer", "since": 100.0,
+               "stacks": "/ckpt/stacks-7-0.0-rank*.txt"}
+    lines = block(Failure.asked(request, 0, 137, ["n2"]), 1, 3, ("n1", "n3"), (), now=103.25)
+    assert lines == ["in-job restart 1 of at most 3:",
+                     "  failed:   step 0 (exit code 137): rank(s) 1 did not answer",
+                     "  left out: n2",
+                     "  new step: 1 on n[1,3], no spare left",
+                     "  took:     3.2 s from the failure to the new step",
+                     "  stacks:   /ckpt/stacks-7-0.0-rank*.txt"]
+
+
+def test_a_malformed_request_still_gives_a_block() -> None:
+    failure = Failure.asked({"exclude": ["n2"], "since": "soon", "stacks": ["x"], "suspects": None}, 2, 5, ["n2"])
+    assert failure.why == "n2 failed" and failure.stacks is None and isinstance(failure.since, float)
+    assert Failure.asked({"since": True}, 0, 5, ["n4"]).since != 1.0  # a boolean is no time
+    lines = block(failure, 3, 3, ("n1",), ("n5",), now=failure.since)
+    assert lines[3] == "  new step: 3 on n1, spare n5" and not any(line.startswith("  stacks") for line in lines)
+
+
+def test_the_stacks_pattern_names_every_rank_of_the_step() -> None:
+    from pathlib import Path
+
+    assert stacks_pattern(Path("/c/events-7.jsonl"), "7", 1, 2) == "/c/stacks-7-1.2-rank*.txt"
+    assert stacks_pattern(None, "7", 1, 2) is None
