@@ -28,7 +28,7 @@ from typing import Any
 
 from .._safefs import replace_text
 from .events import Event, Run, read_events, runs, timestamp
-from .timeline import JobLife, RunLife, build
+from .timeline import JobLife, RunLife, build, duration
 
 __all__ = ["CATEGORIES", "Goodput", "RunGoodput", "account", "draw_bar", "openmetrics", "write_metrics"]
 
@@ -91,17 +91,11 @@ class Goodput:
         wall = self.wall_s
         if wall <= 0:
             return ["goodput: no time recorded"]
-        head = f"goodput: {self.ettr:.1%} of {_d(wall)} was productive (effective training time ratio)"
+        head = f"goodput: {self.ettr:.1%} of {duration(wall)} was productive (effective training time ratio)"
         if self.node_goodput is not None:
             head += f"; {self.node_goodput:.1%} of the node-hours"
-        parts = [f"{WORDS[c]} {_d(s)} ({s / wall:.1%})" for c, s in self.seconds.items() if s > 0 or c == "productive"]
+        parts = [f"{WORDS[c]} {duration(s)} ({s / wall:.1%})" for c, s in self.seconds.items() if s > 0 or c == "productive"]
         return [head, "  " + "; ".join(parts)]
-
-
-def _d(seconds: float) -> str:
-    from .timeline import duration
-
-    return duration(seconds)
 
 
 def account(events: Iterable[dict[str, Any]], life: JobLife | None = None) -> Goodput:
