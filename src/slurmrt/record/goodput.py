@@ -94,7 +94,8 @@ class Goodput:
         head = f"goodput: {self.ettr:.1%} of {duration(wall)} was productive (effective training time ratio)"
         if self.node_goodput is not None:
             head += f"; {self.node_goodput:.1%} of the node-hours"
-        parts = [f"{WORDS[c]} {duration(s)} ({s / wall:.1%})" for c, s in self.seconds.items() if s > 0 or c == "productive"]
+        parts = [f"{WORDS[c]} {duration(s)} ({s / wall:.1%})" for c, s in self.seconds.items()
+                 if s > 0 or c == "productive"]
         return [head, "  " + "; ".join(parts)]
 
 
