@@ -22,7 +22,9 @@ def main() -> None:
                         help="seconds of CPU work per step inside rt.time_compute(): what a slowed node "
                              "(slurmrt sim --slow-node) makes slower, for a straggler rehearsal")
     parser.add_argument("--checkpoint-dir", default=os.environ.get("SLURMRT_CHECKPOINT_DIR"))
-    parser.add_argument("--save-every", type=int, default=0, help="non-blocking save every N steps (0: never)")
+    parser.add_argument("--save-every", default="0",
+                        help="non-blocking save every N steps (0: never), or 'auto': when rt.should_save() says, "
+                             "from the measured save time and the job's failure rate")
     parser.add_argument("--trace", help="append 'rank step restart' per trained step to this file")
     args = parser.parse_args()
 
@@ -86,7 +88,11 @@ def main() -> None:
                 rt.save(state(), step=step)  # blocking; skipped when SIGTERM leaves no time for it
             slurmrt.printflock(f"stopping at step {step}: {rt.stop_reason.value if rt.stop_reason else ''}")
             break
-        if args.checkpoint_dir and args.save_every and step % args.save_every == args.save_every - 1:
+        if args.checkpoint_dir and args.save_every == "auto":
+            tier = rt.should_save(step)  # "shared", "local" (with a local tier) or None; the same on every rank
+            if tier:
+                rt.save(state(), step=step, blocking=tier == "local", tier=tier)
+        elif args.checkpoint_dir and int(args.save_every) and step % int(args.save_every) == int(args.save_every) - 1:
             rt.save(state(), step=step, blocking=False)
     else:
         if args.checkpoint_dir:

@@ -105,6 +105,9 @@ class Options:
     #: Rank 0 writes the job's goodput (``slurmrt status``'s ledger) here as OpenMetrics text at the end of each
     #: run, replaced whole: for Prometheus' textfile collector. None: not written.
     metrics_file: Path | None = None
+    #: ``rt.should_save``'s prior: one failure in this many node-hours (Llama 3's run had about one in 5,700), until
+    #: the experiment's own history says more (slurmrt.checkpoint.cadence).
+    mtbf_node_h: float = 5000.0
     #: The job's declared shape, for the launch checks and the CUDA rule. Its fields are init() options of their
     #: own (``tp=2``, ``SLURMRT_TP``), and so is ``megatron_args``, Megatron-LM's command line, read in their place.
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
@@ -205,7 +208,7 @@ _INTS = {"keep_last": 1, "local_keep": 1, "keep_every": 1, "save_threads": 1, "s
 _FLOATS = {"deadline_margin_s": 0.0, "save_time_s": 0.0, "kill_wait_s": 0.0, "kill_switch_poll_s": 0.01,
            "watch_interval_s": 0.01, "census_wait_s": 0.01,
            "end_time_refresh_s": 1.0, "hang_timeout_s": 0.01, "progress_s": 1.0, "hang_floor_s": 0.01,
-           "startup_timeout_s": 0.01}
+           "startup_timeout_s": 0.01, "mtbf_node_h": 0.001}
 #: Options whose "none"/"off"/"never" is a value: no limit, no milestones, no fixed allowance, no progress events.
 _OPTIONAL = {"max_restarts", "max_futile_runs", "keep_every", "hang_timeout_s", "progress_s", "census_wait_s"}
 #: Options that take one of a few words.

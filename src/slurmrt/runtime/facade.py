@@ -9,10 +9,12 @@ import contextlib
 import os
 from typing import Any, NoReturn
 
+from .. import _clock
 from .._comm import destroy_default_group
 from .._errors import ConfigError
 from ..checkpoint import lease as leases
 from ..checkpoint.background import Staged
+from ..checkpoint.cadence import Cadence
 from ..checkpoint.store import SaveFn
 from ..hang.monitor import HangMonitor, HangSettings
 from ..hang.watchdog import PhaseTimes
@@ -34,12 +36,13 @@ from . import logs
 from .controller import StopController
 from .hooks import ProcessHooks
 from .report import Reporter
+from .view import TopologyView
 from .session import CheckpointSession
 
 __all__ = ["Runtime"]
 
 
-class Runtime:
+class Runtime(TopologyView):
     """Returned by :func:`slurmrt.init`: the topology, then the training-loop calls (docs/reference/api.md)."""
 
     def __init__(self, topology: Topology, options: Options, executor: Executor, *,
@@ -67,6 +70,10 @@ class Runtime:
                                              work=lambda: self._hooks.groups().work,
                                              guard=lease.guard if lease is not None else None,
                                              node=topology.hostname, per_node=topology.local_world_size)
+        self._cadence = Cadence(rank=topology.rank, comm=lambda: self._hooks.groups().work, events=events.path,
+                                current=(topology.restart_count, topology.attempt), nodes=topology.nnodes,
+                                node_h=options.mtbf_node_h, local=options.local_checkpoint_dir is not None,
+                                step_s=budget.steps.estimate, costs=(earlier.save_s, None))
         self.stop = StopController(topology, options, self._report, budget=budget, end_time=end_time,
                                    signals=signals, kill_switch=self._switch, phases=PhaseTimes(earlier.phases),
                                    groups=self._hooks.groups, watch=self._hooks.watch, poll_saves=self.checkpoints.poll,
@@ -96,19 +103,7 @@ class Runtime:
         self._report.started(kill_switch=str(switch.resolve()) if switch else None,
                              connections=self.cuda_device_max_connections, experiment=self._experiment_id)
 
-    rank = property(lambda self: self.topology.rank)
-    local_rank = property(lambda self: self.topology.local_rank)
-    node_rank = property(lambda self: self.topology.node_rank)
-    world_size = property(lambda self: self.topology.world_size)
-    local_world_size = property(lambda self: self.topology.local_world_size)
-    nnodes = property(lambda self: self.topology.nnodes)
-    master_addr = property(lambda self: self.topology.master_addr)
-    master_port = property(lambda self: self.topology.master_port)
-    job_id = property(lambda self: self.topology.job_id)
     event_log = property(lambda self: self._executor.events.path, doc="the job's event log (None without one)")
-    restart_count = property(lambda self: self.topology.restart_count)
-    #: In-job restarts before this step in this run of the job (``slurmrt run``): 0 for the run's first step.
-    in_job_restarts = property(lambda self: self.topology.attempt)
 
     @property
     def experiment_id(self) -> str:
@@ -119,12 +114,6 @@ class Runtime:
             self._experiment_id = experiment.establish(self.options.checkpoint_dir, job=self.topology.requeue_id,
                                                        override=self.options.experiment_id)
         return self._experiment_id
-
-    def __repr__(self) -> str:
-        t = self.topology
-        return (f"Runtime(mode={t.mode.value}, rank={t.rank}/{t.world_size}, local_rank={t.local_rank}/"
-                f"{t.local_world_size}, node={t.node_rank}/{t.nnodes}, master={t.master_addr}:{t.master_port}, "
-                f"job={t.job_id}, restart={t.restart_count})")
 
     # -- the training loop -----------------------------------------------------------------------------------------
     def should_stop(self, step: int, *, before: str | None = None) -> bool:
@@ -154,6 +143,12 @@ class Runtime:
         ``should_stop``."""
         return self.stop.phase(name, timeout_s=timeout_s)
 
+    def should_save(self, step: int) -> str | None:
+        """The tier to save ``step`` to now ("shared", or "local" with a local tier), or None: the interval that
+        balances the measured save stall against the job's failure rate (slurmrt.checkpoint.cadence). Call it on
+        every rank at every step; at its check steps, about one per save, it is a collective."""
+        return self._cadence.due(step)
+
     def save(self, state: dict[str, Any] | SaveFn | Staged, *, step: int, blocking: bool = True,
              local: Any = None, tier: str = "shared") -> bool:
         """Checkpoint ``state`` as ``step`` (collective): a dict of sharded state (DTensor, through DCP), this rank's
@@ -164,9 +159,12 @@ class Runtime:
         if tier not in ("shared", "local"):
             raise ConfigError(f"save(tier={tier!r}): 'shared' (the checkpoint directory) or 'local' "
                               "(local_checkpoint_dir, replicated to a partner node)")
+        started = _clock.mono()
         with self.stop.doing("save"):
             saved = self.checkpoints.save(state, step=step, blocking=blocking, local=local,
                                           decision=self.stop.decision, tier=tier)
+        if saved:
+            self._cadence.saved(tier, _clock.mono() - started)
         self.stop.restart_step_clock()  # a save between two steps is not step time
         return saved
 

@@ -1,0 +1,180 @@
+"""When to save, from measurements: ``rt.should_save(step)`` (issue 41).
+
+A save costs the time it blocks training (its stall, ``C``). A failure costs the work since the newest checkpoint
+it can resume from. Over a long run the interval between saves that loses the least is Young's (1974)
+``sqrt(2 C M)``, for a mean time between failures ``M``; Daly (2006) refined it for saves that are not small next to
+``M``, and his form is the one used here::
+
+    T = sqrt(2 C M) * (1 + sqrt(C / 2M) / 3 + (C / 2M) / 9) - C     (C < 2M; else T = M)
+
+``C`` is measured on every save (rank 0's stall; before one is measured in this run, the earlier runs' saves from
+the event log). ``M`` is learned from the experiment's own history, the runs and in-job attempts before this one: the
+time they ran over the failures that cut them (a hang, a lost node or rank, a killed run), plus a prior of one
+failure in ``mtbf_node_h`` node-hours shared by the job's nodes (so a job of twice the nodes fails twice as often).
+A preemption or a time limit is not a failure: a stop saves first and loses nothing.
+
+With a local tier (``local_checkpoint_dir``) there are two intervals. Local saves serve the failures the local tier
+survives (a node lost while its partner lives: an in-job restart resumes from it); the shared tier serves the rest.
+So the shared interval is Daly's for the shared save's stall and the mean time between failures the local tier did
+not serve, and the local one Daly's for the local save's stall and the time between those it did. Which ones it
+serves is learned too (the tier each resume read), from a prior of one in two.
+
+Every rank must get the same answer at the same step, without a collective per step. The answer is decided at
+*check steps*: every rank calls ``should_save`` at every step; at a check step they take part in one broadcast of
+rank 0's decision, which carries the next check step, computed from rank 0's clock and measured step time. Between
+two checks the call is one comparison. Typically one check per save.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .. import _clock
+from .._comm import Comm
+
+__all__ = ["Cadence", "History", "Intervals", "daly", "intervals"]
+
+logger = logging.getLogger(__name__)
+
+#: The share of failures the local tier is assumed not to serve, until the history says (weight: one failure).
+SHARED_SHARE_PRIOR = 0.5
+#: With no save measured yet (a fresh experiment), the first check after this many steps saves to the shared
+#: tier, and the next to the local tier if any: their stalls are then known, and a checkpoint exists early (a
+#: broken save shows in minutes, not hours).
+WARMUP_STEPS = 3
+
+
+def daly(cost_s: float, mtbf_s: float) -> float:
+    """Daly's optimum compute time between two saves, for a save stall ``cost_s`` and a mean time between failures
+    ``mtbf_s`` (both > 0). Young's ``sqrt(2 C M)`` to first order."""
+    if cost_s >= 2 * mtbf_s:
+        return mtbf_s
+    ratio = cost_s / (2 * mtbf_s)
+    return math.sqrt(2 * cost_s * mtbf_s) * (1 + math.sqrt(ratio) / 3 + ratio / 9) - cost_s
+
+
+@dataclass(frozen=True)
+class History:
+    """The experiment's failures before this run: seconds run, failures, and of those, the ones whose next run did
+    not resume from the local tier."""
+
+    exposure_s: float = 0.0
+    failures: int = 0
+    shared_failures: int = 0
+
+    @classmethod
+    def of(cls, events: Iterable[dict[str, Any]], *, current: tuple[int, int] | None = None) -> History:
+        """From the event log's events; ``current``: this run's (restart, attempt), left out (it has not ended)."""
+        from ..record.timeline import build
+
+        lives = [life for life in build(events).runs if (life.restart, life.attempt) != current]
+        exposure = sum(max(0.0, life.end - life.start) for life in lives)
+        failures = shared = 0
+        for life, following in zip(lives, [*lives[1:], None]):
+            if life.cut_short or life.left:
+                failures += 1
+                shared += following is None or following.resumed_tier != "local"
+        return cls(exposure, failures, shared)
+
+    def mtbf_s(self, *, node_h: float, nodes: int) -> float:
+        """Mean time between failures of the job: its history, with a prior of one failure in ``node_h`` node-hours
+        over ``nodes`` nodes."""
+        return (node_h * 3600 / max(1, nodes) + self.exposure_s) / (1 + self.failures)
+
+    def shared_share(self) -> float:
+        """The share of failures the local tier did not serve."""
+        return (SHARED_SHARE_PRIOR + self.shared_failures) / (1 + self.failures)
+
+
+@dataclass(frozen=True)
+class Intervals:
+    """Seconds of training between two shared saves, and between two local ones (None: no local saves)."""
+
+    shared_s: float
+    local_s: float | None = None
+
+
+def intervals(history: History, *, shared_cost_s: float, local_cost_s: float | None, node_h: float, nodes: int
+              ) -> Intervals:
+    """The two intervals (see the module's docstring); the local one only when it is shorter than the shared."""
+    mtbf = history.mtbf_s(node_h=node_h, nodes=nodes)
+    if local_cost_s is None:
+        return Intervals(daly(max(shared_cost_s, 1e-3), mtbf))
+    share = history.shared_share()
+    shared = daly(max(shared_cost_s, 1e-3), mtbf / share)
+    local = daly(max(local_cost_s, 1e-3), mtbf / (1 - share)) if share < 1 else None
+    return Intervals(shared, local if local is not None and local < shared else None)
+
+
+class Cadence:
+    """The answers of ``rt.should_save(step)`` on one rank (see the module's docstring).
+
+    ``comm`` opens slurmrt's work group (for the broadcast at check steps); ``events`` is the event log (rank 0 reads
+    the history from it once); ``costs`` gives the earlier runs' measured (shared, local) save times; ``step_s`` the
+    measured step time; ``local``: whether the job has a local tier."""
+
+    def __init__(self, *, rank: int, comm: Callable[[], Comm], events: Path | None, current: tuple[int, int],
+                 nodes: int, node_h: float, local: bool, step_s: Callable[[], float | None],
+                 costs: tuple[float | None, float | None] = (None, None)) -> None:
+        self._rank, self._comm, self._events, self._current = rank, comm, events, current
+        self._nodes, self._node_h, self._local, self._step_s = nodes, node_h, local, step_s
+        self._check: int | None = None  # the next check step: the same on every rank
+        self._history: History | None = None
+        self._cost: dict[str, float | None] = {"shared": costs[0], "local": costs[1]}
+        self._since: dict[str, float] = {}  # rank 0: when each tier's newest save of this run ended
+        self.plan: Intervals | None = None  #: rank 0's intervals at the last check
+
+    def due(self, step: int) -> str | None:
+        """The tier to save ``step`` to ("shared", "local"), or None. Collective at check steps."""
+        if self._check is not None and step < self._check:
+            return None
+        decided = self._decide(step) if self._rank == 0 else None
+        answer, self._check = self._comm().broadcast(decided)
+        return answer
+
+    def saved(self, tier: str, stall_s: float) -> None:
+        """A save of ``tier`` returned after blocking training ``stall_s`` seconds (rank 0's count)."""
+        self._cost[tier] = stall_s
+        self._since[tier] = _clock.mono()
+
+    def _decide(self, step: int) -> tuple[str | None, int]:
+        now = _clock.mono()
+        if self._check is None:  # the first call: the clock starts, nothing is due yet
+            self._since.setdefault("shared", now)
+            return None, step + WARMUP_STEPS
+        shared_cost = self._cost["shared"]
+        if shared_cost is None:  # nothing measured: save once, to measure it
+            return "shared", step + WARMUP_STEPS
+        if self._local and self._cost["local"] is None:  # and the local tier once
+            return "local", step + WARMUP_STEPS
+        plan = self.plan = intervals(self._known_history(), shared_cost_s=shared_cost, nodes=self._nodes,
+                                     local_cost_s=self._cost["local"] if self._local else None, node_h=self._node_h)
+        step_s = self._step_s() or 0.0
+        newest = max(self._since.values())
+        left = {"shared": plan.shared_s - (now - self._since["shared"])}
+        if plan.local_s is not None:
+            left["local"] = plan.local_s - (now - newest)
+        due = next((tier for tier, s in left.items() if s <= step_s / 2), None)
+        if due is not None:
+            left[due] = getattr(plan, f"{due}_s")
+            if due == "shared" and "local" in left:
+                left["local"] = plan.local_s or 0.0
+        ahead = min(left.values())
+        return due, step + max(1, int(ahead / step_s) if step_s > 0 else 1)
+
+    def _known_history(self) -> History:
+        if self._history is None:
+            from ..record.events import read_events
+
+            try:
+                self._history = History.of(read_events(self._events), current=self._current) \
+                    if self._events is not None else History()
+            except OSError as err:
+                logger.warning("cannot read the event log for the failure history (%s): the prior alone is used", err)
+                self._history = History()
+        return self._history

@@ -1,0 +1,169 @@
+"""rt.should_save(step): Daly's interval from the measured save stall and the learned failure rate, the same answer
+on every rank, and answers that move when the measurements do."""
+
+from __future__ import annotations
+
+import json
+import math
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from slurmrt import _clock
+from slurmrt._comm import SoloComm
+from slurmrt.checkpoint.cadence import WARMUP_STEPS, Cadence, History, daly, intervals
+
+T0 = datetime(2026, 11, 21, 10, 0, tzinfo=timezone.utc)
+
+
+def ev(t: float, restart: int, event: str, attempt: int = 0, **kw: object) -> dict[str, object]:
+    return {"time": (T0 + timedelta(seconds=t)).isoformat(), "event": event, "job": "12", "restart": restart,
+            "attempt": attempt, "rank": 0, **kw}
+
+
+def test_daly_is_youngs_square_root_for_small_saves_and_the_mtbf_for_huge_ones() -> None:
+    for cost, mtbf in ((1.0, 36_000.0), (10.0, 3_600.0), (30.0, 10_800.0)):
+        young = math.sqrt(2 * cost * mtbf)
+        assert daly(cost, mtbf) == pytest.approx(young, rel=0.06)
+        assert daly(cost, mtbf) < young + cost  # Daly takes the save itself out of the period
+    assert daly(500.0, 100.0) == 100.0  # a save longer than two MTBFs: save once per MTBF
+    assert daly(4.0, 3600) > daly(1.0, 3600) and daly(1.0, 7200) > daly(1.0, 3600)  # grows with C and M
+    # four times the stall: about twice the interval (the square root)
+    assert daly(40.0, 36_000.0) / daly(10.0, 36_000.0) == pytest.approx(2.0, rel=0.05)
+
+
+def test_the_history_counts_the_runs_a_fault_cut_and_whether_the_local_tier_served_the_next() -> None:
+    events = [
+        ev(0, 0, "init"), ev(5, 0, "fresh_start"), ev(100, 0, "exit", outcome="HUNG", code=5, step=50),
+        ev(110, 0, "init", attempt=1), ev(115, 0, "resume", attempt=1, step=40, tier="local"),
+        ev(300, 0, "progress", attempt=1, step=200),  # killed: no exit (a lost node), 190 s after its start
+        ev(400, 1, "init"), ev(405, 1, "resume", step=190, tier="shared"),
+        ev(700, 1, "exit", outcome="REQUEUED", code=3, step=400),  # a preemption: stopped and saved, no failure
+        ev(800, 2, "init"), ev(810, 2, "resume", step=400),  # the current run
+    ]
+    history = History.of(events, current=(2, 0))
+    assert history.failures == 2 and history.shared_failures == 1  # the hang was served locally, the loss was not
+    assert history.exposure_s == pytest.approx(100 + 190 + 300)
+    # the prior: one failure in node_h node-hours over the nodes, then one failure per observed one
+    assert History().mtbf_s(node_h=1000, nodes=4) == pytest.approx(1000 * 3600 / 4)
+    assert history.mtbf_s(node_h=1000, nodes=4) == pytest.approx((900_000 + 590) / 3)
+    assert history.shared_share() == pytest.approx(1.5 / 3)
+
+
+def test_with_a_local_tier_local_saves_come_more_often_than_shared_ones() -> None:
+    plan = intervals(History(), shared_cost_s=30.0, local_cost_s=2.0, node_h=5000, nodes=128)
+    assert plan.local_s is not None and plan.local_s < plan.shared_s / 3
+    assert intervals(History(), shared_cost_s=30.0, local_cost_s=None, node_h=5000, nodes=128).local_s is None
+    # a local save as slow as the shared one is pointless: shared saves only
+    assert intervals(History(), shared_cost_s=5.0, local_cost_s=50.0, node_h=5000, nodes=128).local_s is None
+
+
+class Clock:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.now = 1000.0
+        monkeypatch.setattr(_clock, "mono", lambda: self.now)
+
+
+def cadence(rank: int = 0, comm: Any = None, *, events: Path | None = None, local: bool = False,
+            step_s: float = 1.0, node_h: float = 5000.0, nodes: int = 4) -> Cadence:
+    return Cadence(rank=rank, comm=lambda: comm or SoloComm(), events=events, current=(0, 0), nodes=nodes,
+                   node_h=node_h, local=local, step_s=lambda: step_s)
+
+
+def train(c: Cadence, clock: Clock, steps: int, *, stall: dict[str, float], start: int = 0) -> list[tuple[int, str]]:
+    """Steps of 1 s; each save the cadence asks for stalls ``stall[tier]`` seconds. The saves made, in order."""
+    saves = []
+    for step in range(start, start + steps):
+        clock.now += 1.0
+        tier = c.due(step)
+        if tier is not None:
+            clock.now += stall[tier]
+            c.saved(tier, stall[tier])
+            saves.append((step, tier))
+    return saves
+
+
+def test_the_first_save_comes_early_to_measure_it_then_the_interval_is_dalys(monkeypatch: pytest.MonkeyPatch
+                                                                                ) -> None:
+    clock = Clock(monkeypatch)
+    c = cadence(node_h=50.0, nodes=4)  # M = 45,000 s
+    saves = train(c, clock, 2000, stall={"shared": 10.0})
+    assert saves[0] == (WARMUP_STEPS, "shared")  # nothing measured: one save to measure it
+    gaps = [b - a for (a, _), (b, _) in zip(saves[1:], saves[2:])]
+    expected = daly(10.0, 45_000.0)  # 1 s steps: seconds of training are steps
+    assert gaps and all(abs(g - expected) <= 2 for g in gaps), (gaps, expected)
+
+
+def test_the_interval_adapts_when_the_save_cost_and_the_failure_rate_change(monkeypatch: pytest.MonkeyPatch,
+                                                                            tmp_path: Path) -> None:
+    clock = Clock(monkeypatch)
+    c = cadence(node_h=50.0, nodes=4)
+    cheap = train(c, clock, 3000, stall={"shared": 5.0})
+    dear = train(c, clock, 6000, stall={"shared": 20.0}, start=3000)
+    gap = lambda saves: saves[-1][0] - saves[-2][0]  # noqa: E731
+    assert gap(dear) / gap(cheap) == pytest.approx(math.sqrt(4), rel=0.1)  # four times the stall: twice the gap
+    # a history of frequent failures (10 in 2,000 s) makes saves more frequent than the prior alone
+    log = tmp_path / "events.jsonl"
+    events = [e for n in range(1, 11) for e in (ev(n * 200, n, "init"), ev(n * 200 + 200, n, "exit", outcome="HUNG"))]
+    log.write_text("".join(json.dumps(e) + "\n" for e in events))
+    clock2 = Clock(monkeypatch)
+    flaky = cadence(node_h=50.0, nodes=4, events=log)
+    flaky.saved("shared", 5.0)  # measured: no warm-up save
+    saves = train(flaky, clock2, 3000, stall={"shared": 5.0})
+    mtbf = (45_000 + 2000) / 11
+    assert gap(saves) == pytest.approx(daly(5.0, mtbf), abs=2) and gap(saves) < gap(cheap) / 2
+
+
+def test_with_a_local_tier_it_answers_local_between_shared_saves(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = Clock(monkeypatch)
+    c = cadence(local=True, node_h=20.0, nodes=8)
+    saves = train(c, clock, 4000, stall={"shared": 30.0, "local": 1.0})
+    assert [t for _, t in saves[:2]] == ["shared", "local"]  # each measured once, early
+    tiers = [t for _, t in saves[2:]]
+    assert tiers.count("local") > 3 * tiers.count("shared") > 0
+    plan = c.plan
+    assert plan is not None and plan.local_s is not None
+    local_gaps = [b - a for (a, x), (b, y) in zip(saves[2:], saves[3:]) if x == y == "local"]
+    assert local_gaps and max(local_gaps) <= plan.local_s + 2
+
+
+class Pair:
+    """Two ranks' broadcast: rank 0 calls first at each check step, rank 1 gets what it sent."""
+
+    def __init__(self) -> None:
+        self.sent: list[Any] = []
+        self.calls = [0, 0]
+
+    def comm(self, rank: int) -> Any:
+        pair = self
+
+        class One:
+            world_size = 2
+
+            def broadcast(self, obj: Any) -> Any:
+                pair.calls[rank] += 1
+                if rank == 0:
+                    pair.sent.append(obj)
+                    return obj
+                return pair.sent[pair.calls[1] - 1]
+
+        One.rank = rank  # type: ignore[attr-defined]
+        return One()
+
+
+def test_every_rank_gets_rank_0s_answer_at_the_same_step_with_one_exchange_per_check(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = Clock(monkeypatch)
+    pair = Pair()
+    ranks = [cadence(0, pair.comm(0), node_h=10.0, nodes=2), cadence(1, pair.comm(1), step_s=7.0)]
+    answers: list[list[str | None]] = [[], []]
+    for step in range(3000):
+        clock.now += 1.0
+        for rank, c in enumerate(ranks):
+            answers[rank].append(c.due(step))
+            if answers[rank][-1]:
+                c.saved("shared", 3.0 if rank == 0 else 50.0)  # rank 1's own figures play no part
+    assert answers[0] == answers[1] and sum(a is not None for a in answers[0]) > 5
+    assert pair.calls[0] == pair.calls[1] < 3000 / 10  # exchanges at check steps only
