@@ -86,7 +86,7 @@ def test_accelerate_example_stops_on_the_forwarded_signal_requeues_and_resumes(t
                           "--after-checkpoint", "--grace", "30", str(script)], env=env, cwd=tmp_path,
                          capture_output=True, text=True, timeout=280)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    rows = out.stdout[out.stdout.index("slurmrt sim summary"):].splitlines()[2:]
+    rows = out.stdout[out.stdout.index("slurmrt sim summary"):].split("\n\n")[0].splitlines()[2:]
     assert len(rows) == 2 and "signal" in rows[0] and "finished" in rows[1], rows
     resumed = int(rows[1].split("step ")[-1])
     assert resumed >= 19

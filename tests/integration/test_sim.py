@@ -35,7 +35,7 @@ def sim(tmp: Path, *args: str, env: dict[str, str] | None = None,
 
 def summary_rows(stdout: str) -> list[dict[str, str]]:
     """The rows of the summary `slurmrt sim` prints last, as dicts keyed by its column titles."""
-    lines = stdout[stdout.index("slurmrt sim summary"):].splitlines()[1:]
+    lines = stdout[stdout.index("slurmrt sim summary"):].split("\n\n")[0].splitlines()[1:]
     split = [re.split(r"\s{2,}", line.strip()) for line in lines if line.strip()]
     return [dict(zip(split[0], row, strict=True)) for row in split[1:]]
 
@@ -117,7 +117,7 @@ def test_preemption_saves_requeues_and_resumes_with_a_summary(tmp_path: Path) ->
     metrics = (tmp_path / "slurmrt.prom").read_text()
     assert re.search(r"^slurmrt_goodput_ratio\{job=\"\d+\",experiment=\"[^\"]+\"\} 0\.\d+$", metrics, re.M), metrics
     assert 'category="waiting"' in metrics and metrics.endswith("# EOF\n")
-    summary = out.stdout[out.stdout.index("slurmrt sim summary"):]
+    summary = out.stdout[out.stdout.index("slurmrt sim summary"):].split("\n\n")[0]
     rows = summary.splitlines()[2:]
     assert len(rows) == 2
     assert "preemption (requeued)" in rows[0] and "signal" in rows[0] and "fresh start" in rows[0]
@@ -145,7 +145,7 @@ def test_cancel_stops_the_job_without_requeue(tmp_path: Path) -> None:
     out = sim(tmp_path, "-N", "1", "--ntasks-per-node", "2", "--cancel-at", "6", "--requeue", "--", sys.executable,
               str(WORKER), "--out", str(tmp_path / "out"), "--steps", "100000", "--step-time", "0.05",
               env={"SLURMRT_CHECKPOINT_DIR": str(tmp_path / "ckpt"), "SLURMRT_SAVE_TIME_S": "1"})
-    rows = out.stdout[out.stdout.index("slurmrt sim summary"):].splitlines()[2:]
+    rows = out.stdout[out.stdout.index("slurmrt sim summary"):].split("\n\n")[0].splitlines()[2:]
     assert len(rows) == 1 and "scancel" in rows[0] and "requeued" not in rows[0]
     ranks = [json.loads((tmp_path / "out" / f"rank{r}.json").read_text()) for r in range(2)]
     assert all(r["reasons"] == ["sigterm"] and r["exit_code"] == 4 for r in ranks)
@@ -420,3 +420,28 @@ def test_a_clean_rehearsal_leaves_no_state_behind_and_a_failed_one_says_where_it
     assert out.returncode == 1
     (kept,) = tmp.glob("slurmrt-sim-*")
     assert f"its state is kept in {kept}" in out.stdout
+
+
+@pytest.mark.timeout(900)
+def test_a_fault_trace_replays_over_the_jobs_runs_and_the_job_ends_with_the_weights_of_an_uninterrupted_one(
+        tmp_path: Path) -> None:
+    train = [sys.executable, str(ROOT / "examples" / "quickstart" / "train.py"), "--steps", "160", "--step-time",
+             "0.05", "--save-every", "10", "--checkpoint-dir", "ckpt"]
+    env = {"SLURMRT_HANG_FLOOR_S": "5", "SLURMRT_WATCH_INTERVAL_S": "0.5", "SLURMRT_SAVE_TIME_S": "2"}
+    (tmp_path / "reference").mkdir()
+    reference = sim(tmp_path / "reference", "-N", "2", "--", *train, env=env, timeout=400)
+    assert reference.returncode == 0, reference.stdout[-3000:] + reference.stderr[-3000:]
+    checksum = re.search(r"weights checksum (\S+)", reference.stdout + reference.stderr)
+    assert checksum is not None
+    # On training time (each run's clock starts at its first checkpoint): a rank crashes, a node is lost, a rank
+    # hangs. A fault that comes while the job is still finding the one before hits the same run.
+    (tmp_path / "trace.csv").write_text("time,kind,node\n1.0,rank-crash,1\n2.0,node-loss,0\n3.0,hang,1\n")
+    out = sim(tmp_path, "-N", "2", "--trace", "trace.csv", "--after-checkpoint", "--", *train, env=env, timeout=800)
+    output = out.stdout + out.stderr
+    assert out.returncode == 0, output[-5000:]
+    assert "faults (trace trace.csv): 3 injected (1 node-loss, 1 rank-crash, 1 hang)" in out.stdout, output[-3000:]
+    assert f"weights checksum {checksum[1]}" in output  # every step applied once: bitwise the uninterrupted weights
+    rows = summary_rows(out.stdout)
+    assert 2 <= len(rows) <= 4 and rows[-1]["ended by"] == "finished", rows
+    assert all("requeued" in r["ended by"] for r in rows[:-1]), rows
+    assert re.search(r"^goodput: \d+\.\d% of .* was productive", out.stdout, re.M), out.stdout[-2000:]

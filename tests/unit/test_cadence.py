@@ -91,7 +91,7 @@ def test_the_first_save_comes_early_to_measure_it_then_the_interval_is_dalys(mon
     c = cadence(node_h=50.0, nodes=4)  # M = 45,000 s
     saves = train(c, clock, 2000, stall={"shared": 10.0})
     assert saves[0] == (WARMUP_STEPS, "shared")  # nothing measured: one save to measure it
-    gaps = [b - a for (a, _), (b, _) in zip(saves[1:], saves[2:])]
+    gaps = [b - a for (a, _), (b, _) in zip(saves[1:], saves[2:], strict=False)]
     expected = daly(10.0, 45_000.0)  # 1 s steps: seconds of training are steps
     assert gaps and all(abs(g - expected) <= 2 for g in gaps), (gaps, expected)
 
@@ -125,7 +125,7 @@ def test_with_a_local_tier_it_answers_local_between_shared_saves(monkeypatch: py
     assert tiers.count("local") > 3 * tiers.count("shared") > 0
     plan = c.plan
     assert plan is not None and plan.local_s is not None
-    local_gaps = [b - a for (a, x), (b, y) in zip(saves[2:], saves[3:]) if x == y == "local"]
+    local_gaps = [b - a for (a, x), (b, y) in zip(saves[2:], saves[3:], strict=False) if x == y == "local"]
     assert local_gaps and max(local_gaps) <= plan.local_s + 2
 
 

@@ -17,6 +17,11 @@ from typing import Any
 from .._errors import SlurmrtError
 from ._common import add_command
 
+#: The requeues a job with a fault trace is granted unless --max-restarts says: its faults end many runs.
+MAX_RESTARTS_TRACED = 1000
+#: --mtbf draws this many mean times between failures of faults: far more than a rehearsal lives through.
+DRAWN = 1000
+
 
 def run(args: argparse.Namespace) -> int:
     from ..sim.runner import SimInterrupted, simulate
@@ -26,14 +31,16 @@ def run(args: argparse.Namespace) -> int:
     if command[:1] == ["--"]:
         command = command[1:]
     _check_usage(args, command)
-    spec = _job(JobSpec(kill_wait_s=args.kill_wait, grace_s=args.grace, max_restarts=args.max_restarts), command)
+    traced = args.mtbf is not None or args.trace is not None
+    restarts = args.max_restarts if args.max_restarts is not None else (MAX_RESTARTS_TRACED if traced else 5)
+    spec = _job(JobSpec(kill_wait_s=args.kill_wait, grace_s=args.grace, max_restarts=restarts), command)
     for name, value in (("nodes", args.nodes), ("ntasks-per-node", args.ntasks_per_node), ("time", args.time),
                         ("signal", args.signal), ("job-name", args.job_name)):
         if value is not None:
             spec = apply_option(spec, name, str(value))
-    if args.requeue:
+    if args.requeue or traced:
         spec = replace(spec, requeue=True)
-    spec = _faults(args, spec)
+    spec = _traced(args, _faults(args, spec))
     try:
         records = simulate(spec)
     except SimInterrupted as stop:
@@ -96,6 +103,23 @@ def _faults(args: argparse.Namespace, spec: Any) -> Any:
     return spec
 
 
+def _traced(args: argparse.Namespace, spec: Any) -> Any:
+    """The faults of ``--mtbf`` (drawn from ``--seed``) or ``--trace``, onto ``spec``."""
+    from ..sim.faults import draw, parse_duration, parse_weights, read_trace
+
+    if args.mtbf is not None and args.trace is not None:
+        raise SlurmrtError("--mtbf draws the faults and --trace reads them: give one of them")
+    if args.mtbf is None and (args.fault_weights is not None or args.seed is not None):
+        raise SlurmrtError("--seed and --fault-weights go with --mtbf (they say how its faults are drawn)")
+    if args.trace is not None:
+        return replace(spec, faults=tuple(read_trace(Path(args.trace))), fault_source=f"trace {args.trace}")
+    if args.mtbf is None:
+        return spec
+    mtbf, seed = parse_duration(args.mtbf), args.seed if args.seed is not None else 0
+    faults = draw(mtbf, seed, horizon_s=mtbf * DRAWN, weights=parse_weights(args.fault_weights))
+    return replace(spec, faults=tuple(faults), fault_source=f"MTBF {args.mtbf}, seed {seed}")
+
+
 def _check_usage(args: argparse.Namespace, command: list[str]) -> None:
     """What the simulator would otherwise run and misreport: a command that does not exist (it "ran" and exited
     127), a negative time, a failure time with nothing to fail."""
@@ -103,7 +127,8 @@ def _check_usage(args: argparse.Namespace, command: list[str]) -> None:
         raise SlurmrtError(f"{command[0]!r}: no such batch script or command (give `-- COMMAND ...` or a batch "
                            "script that exists)")
     for flag, value in (("--kill-wait", args.kill_wait), ("--grace", args.grace), ("--preempt-at", args.preempt_at),
-                        ("--cancel-at", args.cancel_at), ("--at", args.at), ("--max-restarts", args.max_restarts)):
+                        ("--cancel-at", args.cancel_at), ("--at", args.at), ("--max-restarts", args.max_restarts),
+                        ("--seed", args.seed)):
         if value is not None and not value >= 0:
             raise SlurmrtError(f"{flag} {value}: a time or count, 0 or more")
     _check_timed_faults(args)
@@ -154,6 +179,19 @@ def add_parser(sub: Any) -> None:
                    help="node N (0-based) is slow: the CPU time its tasks run is charged K-1 times over as a stop "
                         "(SIGSTOP/SIGCONT), until excluded")
     p.add_argument("--slow-factor", type=float, default=4.0, metavar="K", help="how much slower")
-    p.add_argument("--max-restarts", type=int, default=5,
-                   help="requeues the simulator grants, as Slurm's MaxBatchRequeue (then the job ends)")
+    p.add_argument("--max-restarts", type=int,
+                   help="requeues the simulator grants, as Slurm's MaxBatchRequeue (then the job ends); default 5, "
+                        f"{MAX_RESTARTS_TRACED} with --mtbf or --trace")
+    p.add_argument("--mtbf", metavar="DURATION",
+                   help="faults over the job's life, exponential inter-arrival times of this mean (90s, 10m, 1.5h), "
+                        "on the job's clock (its runs' time, summed; with --after-checkpoint, each run's from its "
+                        "first checkpoint); implies --requeue")
+    p.add_argument("--seed", type=int, help="the seed --mtbf draws its faults from (default: 0): the same seed, "
+                                            "the same faults")
+    p.add_argument("--fault-weights", metavar="KIND=W,...",
+                   help="how often each kind comes with --mtbf: node-loss, rank-crash, hang, preemption "
+                        "(default: node-loss=4,rank-crash=3,hang=2,preemption=1)")
+    p.add_argument("--trace", metavar="CSV",
+                   help="replay the faults of a CSV file instead: time,kind[,node] per line (time in seconds or "
+                        "with a unit); implies --requeue")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ARGS..., or a batch script")

@@ -36,8 +36,8 @@ from . import logs
 from .controller import StopController
 from .hooks import ProcessHooks
 from .report import Reporter
-from .view import TopologyView
 from .session import CheckpointSession
+from .view import TopologyView
 
 __all__ = ["Runtime"]
 

@@ -17,7 +17,6 @@ import shlex
 import signal
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -34,18 +33,17 @@ from .environ import batch_env, default_node_names
 from .shims import install
 from .spec import JobSpec
 from .state import ENV, SimState
-from .summary import RunRecord, SimInterrupted, _annotate, _Follow, _is_terminal, missed_faults, summary, tidy
+from .summary import RunRecord, SimInterrupted, _annotate, _Follow, _is_terminal, ledger, missed_faults, summary, tidy
+from .throttle import Throttle
+from .trace import Trace
 
 __all__ = ["RunRecord", "SimInterrupted", "simulate"]
 
-#: ``--slow-node``: how often the slowed node's CPU time is charged.
-SLOW_TICK_S = 0.002
-
-
 class _Run:
     def __init__(self, spec: JobSpec, restart: int, state: SimState, bin_dir: Path, events: Path,
-                 out: IO[str], stop_signal: Callable[[], int | None]) -> None:
+                 out: IO[str], stop_signal: Callable[[], int | None], trace: Trace | None = None) -> None:
         self.spec = spec
+        self.trace = trace
         self.restart = restart
         self.state = state
         self.out = out
@@ -75,11 +73,7 @@ class _Run:
             script.write_text(f"#!/bin/bash\n{line}\n")
         self.batch = psutil.Popen(["bash", str(script)], env=env, start_new_session=True)
         processes.keep(self.batch.pid)
-        self._unthrottled = threading.Event()
-        self._throttler: threading.Thread | None = None
-        if spec.slow_name is not None:
-            self._throttler = threading.Thread(target=self._throttle, name="sim-slow-node", daemon=True)
-            self._throttler.start()
+        self._throttle = Throttle(spec, state) if spec.slow_name is not None else None
 
     def say(self, text: str) -> None:
         print(f"slurmrt sim: {text}", file=self.out, flush=True)
@@ -101,51 +95,10 @@ class _Run:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             (os.killpg if group else os.kill)(self.batch.pid, sig)
 
-    def _throttle(self) -> None:
-        """``--slow-node``: every :data:`SLOW_TICK_S`, the CPU time the node's processes ran since the last tick is
-        charged ``slow_factor - 1`` times over as a stop (SIGSTOP to each task's process group, SIGCONT after). So
-        the work they do takes about ``slow_factor`` times as long, as on a node with a slow GPU or a throttled
-        CPU, and their sleeps and their waits for the other ranks do not. Charging the CPU time, not a share of
-        the wall clock, keeps the slowdown when the machine's cores are shared: a node stopped for a fixed part of
-        each period was hardly slowed when it would have waited for a core anyway. The tasks of later steps on the
-        node are found as they start."""
-        spec = self.spec
-        extra = spec.slow_factor - 1
-        ran: dict[int, int] = {}
-        groups: list[int] = []
-        watched: list[int] = []
-        refreshed = 0.0
-        while not self._unthrottled.wait(SLOW_TICK_S):
-            if time.monotonic() - refreshed > 0.25:
-                node = spec.node_names.index(spec.slow_name) if spec.slow_name in spec.node_names else None
-                groups = [pid for pid, n, _ in self.state.tasks() if n == node]
-                watched = processes.family(groups)
-                refreshed = time.monotonic()
-            used = 0
-            for pid in watched:
-                now = processes.run_ns(pid)
-                used += max(0, now - ran.get(pid, now))  # a process counts from its first reading
-                ran[pid] = now
-            if used:
-                self._group_signal(groups, signal.SIGSTOP)
-                self._unthrottled.wait(used * extra / 1e9)
-                self._group_signal(groups, signal.SIGCONT)
-        self._group_signal([pid for pid, _, _ in self.state.tasks()], signal.SIGCONT)
-
-    @staticmethod
-    def _group_signal(pids: list[int], sig: signal.Signals) -> None:
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, sig)
-
-    def _unthrottle(self) -> None:
-        self._unthrottled.set()
-        if self._throttler is not None:
-            self._throttler.join(5)
-
     def terminate(self, why: str) -> None:
         """Slurm's ending of a job: SIGCONT+SIGTERM to the tasks and the batch shell, SIGKILL after the kill wait."""
-        self._unthrottle()
+        if self._throttle is not None:
+            self._throttle.stop()
         self.record.ended_by = self.record.ended_by or why
         for sig in (signal.SIGCONT, signal.SIGTERM):
             self.signal_tasks(sig)
@@ -186,7 +139,7 @@ class _Run:
             if spec.fail_at_s is not None:
                 faults += [(spec.fail_at_s, what) for what, given in (("fail", spec.fail_node),
                                                                        ("hang", spec.hang_task)) if given is not None]
-        return timeline, faults
+        return timeline, faults + (self.trace.schedule() if self.trace is not None else [])
 
     def _requests(self) -> bool:
         """Act on what came from outside the job's schedule (the simulator's own signal, the job's `scontrol
@@ -216,27 +169,32 @@ class _Run:
 
     def run(self) -> RunRecord:
         timeline, faults = self._schedule()
+        # With --after-checkpoint, a fault trace's clock runs from each run's first checkpoint: training time.
         anchored = not self.spec.after_checkpoint
-        timeline = sorted(timeline + faults) if anchored else sorted(timeline)
+        self._timeline = sorted(timeline + faults) if anchored else sorted(timeline)
         self._fired: set[str] = set()
         try:
-            anchored = self._loop(timeline, faults, anchored)
+            anchored = self._loop(faults, anchored)
         finally:
-            self.record.missed = missed_faults(faults, self._fired, anchored=anchored)
+            if not anchored:  # the job's clock never started in this run
+                self.record.anchor_s = None
+            self.record.missed = missed_faults([f for f in faults if not f[1].startswith("fault:")], self._fired,
+                                               anchored=anchored)
         return self._ended()
 
-    def _loop(self, timeline: list[tuple[float, str]], faults: list[tuple[float, str]], anchored: bool) -> bool:
+    def _loop(self, faults: list[tuple[float, str]], anchored: bool) -> bool:
         while self.batch.poll() is None:
             self.events.poll()
             if not anchored and self.events.saved(self.restart):
                 anchored = True
+                self.record.anchor_s = self.elapsed()
                 if faults:
                     self.say(f"first checkpoint of run {self.restart} committed: the rehearsed faults count from now")
-                timeline = sorted(timeline + [(self.elapsed() + t, what) for t, what in faults])
+                self._timeline = sorted(self._timeline + [(self.elapsed() + t, what) for t, what in faults])
             if self._requests():
                 break
-            while timeline and self.elapsed() >= timeline[0][0]:
-                what = timeline.pop(0)[1]
+            while self._timeline and self.elapsed() >= self._timeline[0][0]:
+                what = self._timeline.pop(0)[1]
                 self._fired.add(what)
                 self.act(what)
             if self.record.ended_by and self.batch.poll() is not None:
@@ -246,7 +204,8 @@ class _Run:
         return anchored
 
     def _ended(self) -> RunRecord:
-        self._unthrottle()
+        if self._throttle is not None:
+            self._throttle.stop()
         self.record.exit_code = self.batch.poll()
         self.events.poll(final=True)  # what the run wrote since the last poll
         self.kill_all()
@@ -255,6 +214,9 @@ class _Run:
         # The batch script may ask for the requeue and exit between two polls above (after a node failure, say):
         # the request counts all the same.
         requeue_asked = self.state.requested("requeue")
+        if self.record.ended_by == "preemption" and self.record.exit_code == 0 and not requeue_asked \
+                and not self.record.requeued:  # done before the grace time ended: Slurm says COMPLETED
+            self.record.ended_by = ""
         if not self.record.ended_by:
             self.record.ended_by = "requeued by the job" if requeue_asked else \
                 "finished" if self.record.exit_code == 0 else f"exit {self.record.exit_code}"
@@ -280,7 +242,11 @@ class _Run:
         elif what == "hang":
             self._hang()
         elif what == "fail":
-            self._fail()
+            self._fail(spec.fail_node or 0)
+        elif what.startswith("fault:") and self.trace is not None:
+            later = self.trace.inject(int(what[6:]), self)
+            if later is not None:  # a preemption's SIGTERM, or a fault that found no task alive yet
+                self._timeline = sorted([*self._timeline, (self.elapsed() + later[0], later[1])])
 
     def _preempt(self, term: bool) -> None:
         """A preemption: the job's --signal at once (preempt_send_user_signal), SIGTERM after the grace time."""
@@ -294,18 +260,18 @@ class _Run:
         if spec.signal is not None:
             (self.signal_batch if spec.signal_batch else self.signal_tasks)(spec.signal)
 
-    def _hang(self) -> None:
+    def _hang(self, task: int | None = None) -> None:
         spec = self.spec
+        task = spec.hang_task if task is None else task
         for pid, node, rank in self.state.tasks():
-            if rank == spec.hang_task:
+            if rank == task:
                 self.say(f"task {rank} on {spec.node_names[node]} hangs: SIGSTOP (slurmrt's watchdog should "
                          "find it; the floor is SLURMRT_HANG_FLOOR_S)")
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(pid, signal.SIGSTOP)
 
-    def _fail(self) -> None:
+    def _fail(self, node: int) -> None:
         spec = self.spec
-        node = spec.fail_node or 0
         name = spec.node_names[node]
         if spec.no_kill and node > 0:  # the job keeps the nodes it still holds; the node leaves its NodeList
             self.say(f"node {name} fails: SIGKILL to its tasks; --no-kill: the job goes on without it")
@@ -316,6 +282,7 @@ class _Run:
                  (" (the batch script's node: --no-kill does not keep the job)" if spec.no_kill else ""))
         self.signal_tasks(signal.SIGKILL, node)
         self.record.ended_by = self.record.ended_by or f"node {name} failed"
+        self.record.requeued = self.record.requeued or spec.requeue  # Slurm requeues a NODE_FAIL'd job itself
 
 
 def simulate(spec: JobSpec, *, out: IO[str] = sys.stdout, state_dir: Path | None = None) -> list[RunRecord]:
@@ -344,6 +311,7 @@ def _simulate(spec: JobSpec, out: IO[str], state_dir: Path | None) -> list[RunRe
     events = directory / "events.jsonl"
     print(f"slurmrt sim: {spec.describe()} (state in {directory})", file=out, flush=True)
     records: list[RunRecord] = []
+    trace = Trace(spec.faults, out, spec.fault_source) if spec.faults else None
     # Ctrl-C, `timeout`, a CI runner's SIGTERM, a closed terminal: the job ends as Slurm ends a cancelled one
     # (SIGTERM to the tasks, SIGKILL after the kill wait), then the simulator exits 128 + the signal.
     received: list[int] = []
@@ -352,7 +320,7 @@ def _simulate(spec: JobSpec, out: IO[str], state_dir: Path | None) -> list[RunRe
     for sig in ending:
         signal.signal(sig, lambda signum, frame: received.append(signum))
     try:
-        records = _runs(spec, state, bin_dir, events, out, received)
+        records = _runs(spec, state, bin_dir, events, out, received, trace)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -360,24 +328,27 @@ def _simulate(spec: JobSpec, out: IO[str], state_dir: Path | None) -> list[RunRe
             proc.kill()
         processes.reap()
     _annotate(records, list(read_events(events)) if events.exists() else [])
+    after = (trace.lines() if trace is not None else []) + ledger(events)
     if state_dir is None:  # ours: gone after a clean end, kept (and named) to look into otherwise
         tidy(directory, records, out, interrupted=bool(received))
-    print(summary(records), file=out, flush=True)
+    print(summary(records, after), file=out, flush=True)
     if received:
         raise SimInterrupted(received[0])
     return records
 
 
-def _runs(spec: JobSpec, state: SimState, bin_dir: Path, events: Path, out: IO[str], received: list[int]
-          ) -> list[RunRecord]:
+def _runs(spec: JobSpec, state: SimState, bin_dir: Path, events: Path, out: IO[str], received: list[int],
+          trace: Trace | None) -> list[RunRecord]:
     """The job's runs: the first, and each requeued one, until one is not requeued, the simulator is told to stop,
     or max_restarts."""
     records: list[RunRecord] = []
     for restart in range(spec.max_restarts + 1):
         spec = _placed(spec, state, restart, out)
-        run = _Run(spec, restart, state, bin_dir, events, out, lambda: received[0] if received else None)
+        run = _Run(spec, restart, state, bin_dir, events, out, lambda: received[0] if received else None, trace)
         record = run.run()
         records.append(record)
+        if trace is not None:
+            trace.ran(0.0 if record.anchor_s is None else record.seconds - record.anchor_s)
         run.say(f"run {restart} ended after {record.seconds:.1f} s: {record.ended_by}"
                 f"{' -> requeued' if record.requeued else ''}")
         if not record.requeued or received:

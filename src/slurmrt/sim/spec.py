@@ -11,6 +11,7 @@ from pathlib import Path
 from .._errors import ConfigError
 from ..launch import hostlist
 from ..stop.signals import parse_signal
+from .faults import Fault
 
 __all__ = ["JobSpec", "parse_sbatch_script", "parse_signal_option", "parse_time"]
 
@@ -56,6 +57,9 @@ class JobSpec:
     node_names: tuple[str, ...] = field(default=())
     #: --open-mode: "a" (append) or "t" (truncate); Slurm exports it as SLURM_OPEN_MODE when given.
     open_mode: str | None = None
+    #: Faults over the job's life (``--mtbf``, ``--trace``: slurmrt.sim.faults), and where they came from.
+    faults: tuple[Fault, ...] = ()
+    fault_source: str = ""
 
     @property
     def ntasks(self) -> int:

@@ -14,7 +14,7 @@ from typing import IO, Any
 from .._errors import SlurmrtError
 from ..record.events import Event, EventFollower, Run, runs
 
-__all__ = ["RunRecord", "summary"]
+__all__ = ["RunRecord", "ledger", "summary"]
 
 
 @dataclass
@@ -38,6 +38,8 @@ class RunRecord:
     stragglers: list[tuple[int, str | None]] = field(default_factory=list)
     #: The rehearsed faults (preempt, cancel, fail, hang) that never fired in this run, and why.
     missed: list[str] = field(default_factory=list)
+    #: Seconds from the run's start to its first checkpoint, when the faults counted from it (--after-checkpoint).
+    anchor_s: float | None = 0.0
 
 
 class _Follow:
@@ -102,8 +104,9 @@ def _status(code: int) -> str:
     return f"SIG{signal.Signals(-code).name[3:]}" if code < 0 and -code in signal.valid_signals() else str(code)
 
 
-def summary(records: list[RunRecord]) -> str:
-    """One row per run. ``ended by`` says how the run ended (the time limit, a preemption...); ``exit`` is the code
+def summary(records: list[RunRecord], after: list[str] | None = None) -> str:
+    """One row per run, then the lines ``after`` (what a fault trace did, the goodput ledger). ``ended by`` says
+    how the run ended (the time limit, a preemption...); ``exit`` is the code
     slurmrt chose (3: stopped and requeued); ``tasks`` how the training processes really ended, and ``batch`` the
     batch shell: a requeue or the time limit ends them with signals, as Slurm does."""
     rows: list[tuple[str, ...]] = [("run", "duration", "ended by", "exit", "tasks", "batch", "stop reasons",
@@ -111,7 +114,18 @@ def summary(records: list[RunRecord]) -> str:
     rows += [_row(r) for r in records]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
-    return "\n".join(["", "slurmrt sim summary", *lines])
+    return "\n".join(["", "slurmrt sim summary", *lines, *([""] + after if after else [])])
+
+
+def ledger(events: Path | None) -> list[str]:
+    """The goodput ledger of the job (``slurmrt status``'s), when it wrote events."""
+    from ..record.events import read_events
+    from ..record.goodput import account
+
+    if events is None or not events.exists():
+        return []
+    ledger = account(read_events(events))
+    return ledger.lines() if ledger.wall_s > 0 else []
 
 
 def _row(r: RunRecord) -> tuple[str, ...]:

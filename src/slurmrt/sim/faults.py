@@ -1,0 +1,134 @@
+"""Faults replayed over a job's life: drawn from a mean time between failures and a seed, or read from a trace.
+
+One injector for ``slurmrt sim --mtbf``/``--trace`` and for the fault campaign (``benchmarks/chaos.py``) and the
+goodput benchmark (``benchmarks/bench_goodput.py``), which run the simulator with a trace of their own.
+
+A fault's time is counted on the job's clock: the seconds its runs have run, summed over requeues. With
+``--after-checkpoint`` each run's time counts from its first committed checkpoint: training time, so a trace hits the
+same progress on a fast machine and a slow one, and never a run's start. A fault whose moment falls while a run is
+already ending comes at the next run's start (its clock's start). The kinds:
+
+- ``node-loss``: every task of one node is SIGKILLed (with ``--no-kill``, a node other than the batch script's leaves
+  the job, as a node Slurm marks down);
+- ``rank-crash``: one task is SIGKILLed (a segfault, an OOM kill);
+- ``hang``: one task is frozen (SIGSTOP), as a hung collective looks from outside;
+- ``preemption``: the job's ``--signal`` at once, SIGTERM after the grace time, and a requeue.
+
+The node or task a fault hits is drawn with it (an index, taken modulo what is alive when it fires), so a seed
+replays the same campaign whatever the machine's speed.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import random
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from .._errors import ConfigError
+
+__all__ = ["KINDS", "Fault", "draw", "parse_duration", "parse_weights", "read_trace", "write_trace"]
+
+KINDS = ("node-loss", "rank-crash", "hang", "preemption")
+#: The default weights: Llama 3's 466 interruptions were mostly hardware (GPUs, memory, network: a lost node or a
+#: crashed rank); hangs and preemptions are rarer on a dedicated allocation.
+DEFAULT_WEIGHTS = {"node-loss": 4.0, "rank-crash": 3.0, "hang": 2.0, "preemption": 1.0}
+#: A trace longer than this is refused: a typo in --mtbf (10ms for 10m) must not draw millions of faults.
+MAX_FAULTS = 100_000
+
+
+@dataclass(frozen=True)
+class Fault:
+    at_s: float  #: on the job's clock
+    kind: str
+    #: The node (node-loss) or task (rank-crash, hang) it hits, modulo those alive when it fires.
+    target: int = 0
+
+    def describe(self) -> str:
+        return f"{self.kind} at {self.at_s:.1f} s"
+
+
+_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_DURATION = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([smhd]?)\s*")
+
+
+def parse_duration(value: str, what: str = "--mtbf") -> float:
+    """``90``, ``90s``, ``10m``, ``1.5h``, ``2d`` -> seconds (more than 0)."""
+    match = _DURATION.fullmatch(value)
+    if match is None or float(match.group(1)) <= 0:
+        raise ConfigError(f"{what} {value!r}: a duration above 0, in seconds or with a unit: 90, 90s, 10m, 1.5h, 2d",
+                          value=value)
+    return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+def parse_weights(value: str | None) -> dict[str, float]:
+    """``node-loss=4,hang=1``: the relative weight of each kind; kinds not named get 0. None: the defaults."""
+    if value is None:
+        return dict(DEFAULT_WEIGHTS)
+    weights = {kind: 0.0 for kind in KINDS}
+    for part in value.split(","):
+        kind, eq, number = part.strip().partition("=")
+        if kind not in KINDS or not eq:
+            raise ConfigError(f"--fault-weights {value!r}: KIND=WEIGHT,... with KIND one of {', '.join(KINDS)}",
+                              value=value)
+        try:
+            weights[kind] = float(number)
+        except ValueError:
+            weights[kind] = -1.0
+        if not (math.isfinite(weights[kind]) and weights[kind] >= 0):
+            raise ConfigError(f"--fault-weights {value!r}: {kind}'s weight {number!r} is not a number, 0 or more",
+                              value=value)
+    if not sum(weights.values()) > 0:
+        raise ConfigError(f"--fault-weights {value!r}: at least one kind needs a weight above 0", value=value)
+    return weights
+
+
+def draw(mtbf_s: float, seed: int, *, horizon_s: float, weights: dict[str, float] | None = None,
+         targets: int = 1024) -> list[Fault]:
+    """Faults with exponential inter-arrival times of mean ``mtbf_s`` up to ``horizon_s`` of the job's clock, kinds
+    by ``weights``: the same list for the same arguments."""
+    if horizon_s / mtbf_s > MAX_FAULTS:
+        raise ConfigError(f"--mtbf {mtbf_s:g} s over {horizon_s:g} s would draw about {horizon_s / mtbf_s:.0f} "
+                          f"faults (at most {MAX_FAULTS}): is the unit right?")
+    rng = random.Random(seed)
+    weights = weights or DEFAULT_WEIGHTS
+    kinds = [k for k in KINDS if weights.get(k, 0) > 0]
+    faults, clock = [], 0.0
+    while True:
+        clock += rng.expovariate(1.0 / mtbf_s)
+        if clock > horizon_s:
+            return faults
+        kind = rng.choices(kinds, weights=[weights[k] for k in kinds])[0]
+        faults.append(Fault(round(clock, 3), kind, rng.randrange(targets)))
+
+
+def read_trace(path: Path) -> list[Fault]:
+    """A CSV trace: ``time,kind[,node]`` per line (time in seconds or with a unit, ``10m``; a header line and
+    ``#`` comments are skipped), in time order."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"--trace {path}: cannot be read: {err}", path=str(path)) from None
+    faults = []
+    for number, row in enumerate(csv.reader(text.splitlines()), 1):
+        cells = [c.strip() for c in row]
+        if not cells or not cells[0] or cells[0].startswith("#") or (number == 1 and cells[0].lower() == "time"):
+            continue
+        where = f"--trace {path}:{number}"
+        if len(cells) not in (2, 3) or cells[1] not in KINDS:
+            raise ConfigError(f"{where}: {','.join(row)!r}: give time,kind[,node] with kind one of "
+                              f"{', '.join(KINDS)}", path=str(path))
+        if len(cells) == 3 and cells[2] and not cells[2].isdigit():
+            raise ConfigError(f"{where}: node {cells[2]!r}: a node or task index, 0 or more", path=str(path))
+        at = 0.0 if cells[0] in ("0", "0s") else parse_duration(cells[0], where)
+        faults.append(Fault(at, cells[1], int(cells[2]) if len(cells) == 3 and cells[2] else 0))
+        if len(faults) > MAX_FAULTS:
+            raise ConfigError(f"--trace {path}: more than {MAX_FAULTS} faults", path=str(path))
+    return sorted(faults, key=lambda f: f.at_s)
+
+
+def write_trace(path: Path, faults: list[Fault]) -> None:
+    """The trace ``read_trace`` reads back (the campaign and the benchmark hand theirs to the simulator so)."""
+    path.write_text("time,kind,node\n" + "".join(f"{f.at_s:.3f},{f.kind},{f.target}\n" for f in faults))

@@ -1,0 +1,85 @@
+"""A fault trace played into the simulated job's runs, on the job's clock (see :mod:`slurmrt.sim.faults`)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from collections import Counter
+from collections.abc import Sequence
+from typing import IO, Any
+
+import psutil
+
+from .faults import KINDS, Fault
+
+__all__ = ["Trace"]
+
+#: A fault that finds no task alive (a run still starting, between two in-job steps) tries again this much later.
+RETRY_S = 0.2
+
+
+class Trace:
+    def __init__(self, faults: Sequence[Fault], out: IO[str], source: str = "") -> None:
+        self.faults, self.out, self.source = list(faults), out, source
+        self.clock = 0.0  #: the job's clock at the current run's start
+        self.injected: dict[int, str] = {}  #: index -> what it hit
+
+    def schedule(self) -> list[tuple[float, str]]:
+        """The faults not injected yet, as (seconds from the run's clock start, action) pairs; a fault whose moment
+        passed while a run was ending comes at once."""
+        return [(max(0.0, f.at_s - self.clock), f"fault:{i}") for i, f in enumerate(self.faults)
+                if i not in self.injected]
+
+    def ran(self, seconds: float) -> None:
+        """A run ended after ``seconds`` on the job's clock."""
+        self.clock += max(0.0, seconds)
+
+    def inject(self, index: int, run: Any) -> tuple[float, str] | None:
+        """Fault ``index`` into ``run`` (a :class:`slurmrt.sim.runner._Run`); returns an action to schedule after
+        it (seconds from now, action), or None. A run that is ending already leaves the fault to the next run."""
+        fault = self.faults[index]
+        if run.record.ended_by:
+            return None
+        live = [(pid, node, rank) for pid, node, rank in run.state.tasks() if _alive(pid)]
+        if not live:
+            return RETRY_S, f"fault:{index}"
+        if fault.kind == "preemption":
+            self.injected[index] = "the job"
+            run._preempt(False)
+            return run.spec.grace_s, "preempt_term"
+        if fault.kind == "node-loss":
+            nodes = sorted({node for _, node, _ in live})
+            node = nodes[fault.target % len(nodes)]
+            self.injected[index] = run.spec.node_names[node]
+            run._fail(node)
+        else:
+            pid, node, rank = live[fault.target % len(live)]
+            self.injected[index] = f"task {rank}"
+            if fault.kind == "hang":
+                run._hang(rank)
+            else:
+                run.say(f"task {rank} on {run.spec.node_names[node]} crashes: SIGKILL")
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pid, signal.SIGKILL)
+        return None
+
+    def lines(self) -> list[str]:
+        """What the trace did, for the simulator's summary."""
+        kinds = Counter(self.faults[i].kind for i in self.injected)
+        said = ", ".join(f"{kinds[k]} {k}" for k in KINDS if kinds[k]) or "none"
+        pending = [f for i, f in enumerate(self.faults) if i not in self.injected]
+        ending = sum(f.at_s <= self.clock for f in pending)  # their moment came as the job ended
+        head = f"faults{f' ({self.source})' if self.source else ''}: {len(self.injected)} injected ({said})"
+        if ending:
+            head += f"; {ending} came as the job ended"
+        if len(pending) > ending and self.source.startswith("trace"):
+            head += f"; {len(pending) - ending} fell after the job's end"
+        return [head]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
