@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import random
+import re
 import shlex
 import shutil
 import subprocess
@@ -33,10 +34,15 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from slurmrt.sim.faults import Fault, write_trace
+
 from ._common import ROOT, machine, table
 
 WORKER = ROOT / "tests" / "integration" / "worker.py"
 STEPS, SAVE_EVERY, STEP_TIME = 60, 10, 0.05
+#: The training of a trial of many faults (--mtbf): long enough for several.
+MTBF_STEPS = 240
+VERDICTS = ("survived", "lost", "dead", "leftover", "timeout")
 NODES = 2
 #: Fast detection, as the cluster tests use: a hung rank is named within seconds, not the default minutes.
 ENV = {"SLURMRT_HANG_FLOOR_S": "5", "SLURMRT_WATCH_INTERVAL_S": "0.5", "OMP_NUM_THREADS": "1"}
@@ -50,18 +56,30 @@ class Trial:
     step: int  #: the training step a fault inside the worker hits
     at_s: float  #: seconds after the first checkpoint a fault from the simulator hits
     target: int  #: the rank or node it hits
+    #: A trial of many faults: the simulator draws them with this mean time between failures (of training time).
+    mtbf: str | None = None
+    seed: int = 0
 
-    def sim_args(self) -> list[str]:
+    def sim_args(self, directory: Path) -> list[str]:
+        """The simulator's options; a fault from outside the job is a one-line trace for the simulator's injector
+        (slurmrt.sim.faults), counted from the first checkpoint."""
         nodes = NODES + (1 if self.kind == "node-killed-spare" else 0)
+        if self.mtbf is not None:  # the simulator's own draw, on training time; every run resumes and goes on
+            return ["-N", str(nodes), "--ntasks-per-node", "1", "--mtbf", self.mtbf, "--seed", str(self.seed),
+                    "--after-checkpoint"]
         args = ["-N", str(nodes), "--ntasks-per-node", "1", "--requeue", "--max-restarts", "4"]
-        timed = ["--at", f"{self.at_s:.2f}", "--after-checkpoint"]
-        return args + {
-            "node-killed": ["--fail-node", str(self.target), *timed],
-            "node-killed-spare": ["--no-kill", "--fail-node", str(self.target), *timed],  # its script: slurmrt run
-            "task-frozen": ["--hang-task", str(self.target), *timed],
-            "preempted": ["--preempt-at", f"{self.at_s:.2f}", "--after-checkpoint", "--grace", "10",
-                          "--signal", "USR1@5"],
-        }.get(self.kind, [])
+        injected = {"node-killed": "node-loss", "node-killed-spare": "node-loss", "task-frozen": "hang",
+                    "preempted": "preemption"}.get(self.kind)
+        if injected is None:
+            return args
+        trace = directory / "trace.csv"
+        write_trace(trace, [Fault(round(self.at_s, 2), injected, self.target)])
+        args += ["--trace", str(trace), "--after-checkpoint"]
+        if self.kind == "node-killed-spare":
+            args.append("--no-kill")  # its script: slurmrt run --spare-nodes 1
+        if self.kind == "preempted":
+            args += ["--grace", "10", "--signal", "USR1@5"]
+        return args
 
     def worker_args(self) -> list[str]:
         return {
@@ -71,17 +89,20 @@ class Trial:
         }.get(self.kind, [])
 
 
-def draw(seed: int, trials: int) -> list[Trial]:
-    """The campaign of ``seed``: kinds in turn (each as often as the others), moments and targets at random."""
+def draw(seed: int, trials: int, mtbf: str | None = None) -> list[Trial]:
+    """The campaign of ``seed``: kinds in turn (each as often as the others), moments and targets at random; with
+    ``mtbf``, trials of many faults each, drawn by the simulator from a seed of each trial's."""
     rng = random.Random(seed)
+    if mtbf is not None:
+        return [Trial(n, "mixed", 0, 0.0, 0, mtbf=mtbf, seed=seed * 100_003 + n) for n in range(trials)]
     return [Trial(n, KINDS[n % len(KINDS)], rng.randint(SAVE_EVERY + 1, STEPS - 5), rng.uniform(0.0, 1.5),
                   rng.randrange(NODES)) for n in range(trials)]
 
 
-def batch_script(directory: Path, trial: Trial) -> Path:
+def batch_script(directory: Path, trial: Trial, steps: int = STEPS) -> Path:
     """The job as users write it: srun the training, requeue on a failure slurmrt could not answer itself."""
     worker = [sys.executable, str(WORKER), "--out", f"{directory}/run${{SLURM_RESTART_COUNT:-0}}", "--steps",
-              str(STEPS), "--step-time", str(STEP_TIME), "--save-every", str(SAVE_EVERY), *trial.worker_args()]
+              str(steps), "--step-time", str(STEP_TIME), "--save-every", str(SAVE_EVERY), *trial.worker_args()]
     command = " ".join(shlex.quote(a) if "$" not in a else f'"{a}"' for a in worker)
     script = directory / "job.sbatch"
     if trial.kind == "node-killed-spare":
@@ -120,69 +141,97 @@ def run_sim(directory: Path, args: list[str], timeout_s: float) -> subprocess.Co
                           cwd=directory, timeout=timeout_s)
 
 
-def reference(work: Path) -> list[float]:
+def reference(work: Path, steps: int) -> list[float]:
     """The weights of an uninterrupted run of the same shape."""
     directory = work / "reference"
     directory.mkdir()
     out = run_sim(directory, ["-N", str(NODES), "--ntasks-per-node", "1", "--", str(batch_script(
-        directory, Trial(-1, "none", 0, 0.0, 0)))], 600)
+        directory, Trial(-1, "none", 0, 0.0, 0), steps))], 600)
     weights = final_weights(directory)
     if out.returncode != 0 or weights is None:
         raise SystemExit(f"the uninterrupted reference run failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
     return weights
 
 
-def judge(trial: Trial, work: Path, expected: list[float], timeout_s: float) -> tuple[str, str]:
-    """(verdict, detail) of one trial: survived, lost (weights differ), dead (not finished), leftover, timeout."""
+INJECTED = re.compile(r"^faults \(.*?\): (\d+) injected \((.*?)\)", re.M)
+
+
+def injected(trial: Trial, stdout: str) -> Counter[str]:
+    """The faults the trial injected, by kind: its one fault, or what the simulator's trace line counts."""
+    if trial.mtbf is None:
+        return Counter({trial.kind: 1})
+    found = INJECTED.search(stdout)
+    if found is None or found[2] == "none":
+        return Counter()
+    return Counter({kind: int(n) for n, kind in (part.split(" ", 1) for part in found[2].split(", "))})
+
+
+def judge(trial: Trial, work: Path, expected: list[float], timeout_s: float, steps: int
+          ) -> tuple[str, str, Counter[str]]:
+    """(verdict, detail, faults injected by kind) of one trial: survived, lost (weights differ), dead (not
+    finished), leftover, timeout."""
     directory = work / f"trial-{trial.number:04d}-{trial.kind}"
     directory.mkdir()
-    args = [*trial.sim_args(), "--", str(batch_script(directory, trial))]
+    args = [*trial.sim_args(directory), "--", str(batch_script(directory, trial, steps))]
     try:
         out = run_sim(directory, args, timeout_s)
-    except subprocess.TimeoutExpired:
-        return "timeout", f"no end within {timeout_s:.0f} s"
+    except subprocess.TimeoutExpired as err:
+        return "timeout", f"no end within {timeout_s:.0f} s", injected(trial, str(err.stdout or ""))
+    faults = injected(trial, out.stdout)
     left = leftovers(directory)
     weights = final_weights(directory)
     if out.returncode != 0:
-        return "dead", (out.stdout + out.stderr)[-1500:]
+        return "dead", (out.stdout + out.stderr)[-1500:], faults
     if weights != expected:
-        return "lost", f"final weights {weights} != uninterrupted {expected}"
+        return "lost", f"final weights {weights} != uninterrupted {expected}", faults
     if left:
-        return "leftover", f"processes {left} outlived the job"
-    return "survived", ""
+        return "leftover", f"processes {left} outlived the job", faults
+    return "survived", "", faults
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--trials", type=int, default=len(KINDS) * 4)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--mtbf", help="trials of many faults each: the simulator draws them (slurmrt sim --mtbf) with "
+                                  "this mean time between failures of training time, e.g. 3s")
+    p.add_argument("--steps", type=int, help=f"training steps of each trial (default {STEPS}; with --mtbf, "
+                                             f"{MTBF_STEPS})")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds one trial may take")
     p.add_argument("--keep", action="store_true", help="keep the trials' directories")
     p.add_argument("--only", type=int, action="append", help="run only this trial of the campaign (repeatable)")
     args = p.parse_args(argv)
+    steps = args.steps or (MTBF_STEPS if args.mtbf else STEPS)
     work = Path(tempfile.mkdtemp(prefix="slurmrt-chaos-"))
     started = time.monotonic()
-    verdicts: Counter[tuple[str, str]] = Counter()
+    faults: Counter[tuple[str, str]] = Counter()
     failures: list[str] = []
     try:
-        expected = reference(work)
-        for trial in draw(args.seed, args.trials):
+        expected = reference(work, steps)
+        for trial in draw(args.seed, args.trials, args.mtbf):
             if args.only and trial.number not in args.only:
                 continue
-            verdict, detail = judge(trial, work, expected, args.timeout)
-            verdicts[(trial.kind, verdict)] += 1
-            print(f"trial {trial.number} {trial.kind} (step {trial.step}, at {trial.at_s:.2f} s, target "
-                  f"{trial.target}): {verdict}", flush=True)
+            verdict, detail, hit = judge(trial, work, expected, args.timeout, steps)
+            for kind, n in hit.items():
+                faults[(kind, verdict)] += n
+            said = ", ".join(f"{n} {k}" for k, n in hit.items()) if trial.mtbf else \
+                f"step {trial.step}, at {trial.at_s:.2f} s, target {trial.target}"
+            print(f"trial {trial.number} {trial.kind} ({said}): {verdict}", flush=True)
             if verdict != "survived":
                 failures.append(f"seed {args.seed} trial {trial.number} {trial.kind}: {verdict}: {detail}")
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
-    rows = [[kind, sum(n for (k, _), n in verdicts.items() if k == kind)] +
-            [verdicts[(kind, v)] for v in ("survived", "lost", "dead", "leftover", "timeout")] for kind in KINDS]
+    kinds = sorted({k for k, _ in faults}, key=lambda k: (k not in KINDS, KINDS.index(k) if k in KINDS else 0, k))
+    rows = [[kind, sum(n for (k, _), n in faults.items() if k == kind)] +
+            [faults[(kind, v)] for v in VERDICTS] for kind in kinds]
+    rows.append(["all", sum(faults.values())] + [sum(n for (_, v), n in faults.items() if v == verdict)
+                                                 for verdict in VERDICTS])
+    command = f"python -m benchmarks.chaos --trials {args.trials} --seed {args.seed}" + \
+        (f" --mtbf {args.mtbf}" if args.mtbf else "") + (f" --steps {args.steps}" if args.steps else "")
     print(f"\n{machine()}; seed {args.seed}, {args.trials} trials in {time.monotonic() - started:.0f} s; "
-          f"command: python -m benchmarks.chaos --trials {args.trials} --seed {args.seed}\n")
-    print(table(["fault", "injected", "survived", "lost", "dead", "leftover", "timeout"], rows))
+          f"command: {command}\n")
+    print(table(["fault", "injected", *(f"in {v} trials" if v != "survived" else v for v in VERDICTS)], rows))
     for failure in failures:
         print(f"\n{failure}")
     return 1 if failures else 0

@@ -19,7 +19,8 @@ def main() -> None:
     parser.add_argument("--checkpoint-dir", required=True)
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--step-time", type=float, default=0.05)
-    parser.add_argument("--save-every", type=int, default=50)
+    parser.add_argument("--save-every", default="50",
+                        help="save every N steps, or 'auto': when slurmrt says it pays (rt.should_save)")
     parser.add_argument("--weights-out", help="the main process writes the final weights here (torch.save)")
     args = parser.parse_args()
 
@@ -55,8 +56,9 @@ def main() -> None:
             rt.save(accelerator.save_state, step=step)  # every rank calls save_state into the same directory
             accelerator.print(f"stopping at step {step}: {rt.stop_reason.value if rt.stop_reason else ''}")
             break
-        if step % args.save_every == args.save_every - 1:
-            rt.save(accelerator.save_state, step=step)
+        every = 0 if args.save_every == "auto" else int(args.save_every)
+        if rt.should_save(step) if not every else step % every == every - 1:  # "auto": when the measured save
+            rt.save(accelerator.save_state, step=step)  # time and the job's failure rate say it pays
     else:
         rt.save(accelerator.save_state, step=step)
         weights = accelerator.unwrap_model(model).weight.detach().sum().item()

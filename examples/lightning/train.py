@@ -26,7 +26,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     parser.add_argument("--checkpoint-dir", default=os.environ.get("SLURMRT_CHECKPOINT_DIR"))
     parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--save-every", type=int, default=10)
+    parser.add_argument("--save-every", default="10",
+                        help="save every N steps, or 'auto': when slurmrt says it pays (rt.should_save)")
     parser.add_argument("--batches-per-epoch", type=int, default=25)
     parser.add_argument("--val-every", type=int, default=0, help="validate every N training batches (0: never)")
     parser.add_argument("--step-time", type=float, default=0.0, help="seconds of simulated work per step")
@@ -78,7 +79,7 @@ def main(argv: list[str] | None = None, callbacks: list[Any] | None = None) -> N
         check_val_every_n_epoch=None if args.val_every else 1, num_sanity_val_steps=0,
         enable_progress_bar=False, enable_checkpointing=False, logger=False, deterministic=True,
         plugins=[SlurmrtEnvironment(rt)],  # slurmrt 2/4: the topology
-        callbacks=[*(callbacks or []), SlurmrtCallback(rt, every_n_steps=args.save_every)],  # slurmrt 3/4
+        callbacks=[*(callbacks or []), SlurmrtCallback(rt, save_every=_every(args.save_every))],  # slurmrt 3/4
     )
     train = SyntheticBatches(args.batches_per_epoch, rank=rt.rank, world=rt.world_size, seed=1)
     val = SyntheticBatches(4, rank=rt.rank, world=rt.world_size, seed=2)
@@ -123,6 +124,11 @@ class SyntheticBatches:
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.epoch, self.index = state["epoch"], state["index"]
+
+
+def _every(value: str) -> int | str:
+    """``--save-every``: a number of steps, or "auto" (rt.should_save)."""
+    return value if value == "auto" else int(value)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--output-dir", required=True, help="the Trainer's output_dir (every node must see it)")
     parser.add_argument("--checkpoint-dir", default=os.environ.get("SLURMRT_CHECKPOINT_DIR"))
     parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--save-steps", type=int, default=10)
+    parser.add_argument("--save-steps", default="10",
+                        help="save every N steps, or 'auto': when slurmrt says it pays (rt.should_save)")
     parser.add_argument("--eval-steps", type=int, default=0, help="evaluate every N steps (0: never)")
     parser.add_argument("--step-time", type=float, default=0.0, help="seconds of simulated work per step")
     parser.add_argument("--weights-out", help="rank 0 writes the final weights here (torch.save of the state dict)")
@@ -40,7 +41,8 @@ def build(args: argparse.Namespace, callbacks: list[Any] | None = None) -> tuple
     cpu = not torch.cuda.is_available()
     training = TrainingArguments(
         output_dir=args.output_dir, max_steps=args.steps, per_device_train_batch_size=4, learning_rate=1e-3,
-        save_strategy="steps", save_steps=args.save_steps,
+        save_strategy="no" if args.save_steps == "auto" else "steps",
+        save_steps=None if args.save_steps == "auto" else int(args.save_steps),
         eval_strategy="steps" if args.eval_steps else "no", eval_steps=args.eval_steps or None,
         logging_steps=10, report_to="none", disable_tqdm=True, seed=0, use_cpu=cpu,
         ddp_backend="gloo" if cpu else None, ddp_find_unused_parameters=False, dataloader_num_workers=0,
@@ -48,8 +50,10 @@ def build(args: argparse.Namespace, callbacks: list[Any] | None = None) -> tuple
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(vocab_size=128, n_positions=32, n_embd=32, n_layer=2, n_head=2,
                                                 bos_token_id=0, eos_token_id=0))
+    auto = "auto" if args.save_steps == "auto" else None  # "auto": save when rt.should_save says
     trainer = Trainer(model=model, args=training, train_dataset=Tokens(512, seed=1), eval_dataset=Tokens(64, seed=2),
-                      callbacks=[*(callbacks or []), SimulatedWork(args.step_time), SlurmrtCallback(rt)])  # slurmrt 2/3
+                      callbacks=[*(callbacks or []), SimulatedWork(args.step_time),
+                                 SlurmrtCallback(rt, save_every=auto)])  # slurmrt 2/3
     return rt, trainer
 
 

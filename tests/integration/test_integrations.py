@@ -7,6 +7,7 @@ simulator's --after-checkpoint), and the SIGKILL and the evaluation signal are s
 
 from __future__ import annotations
 
+import json
 import sys
 import textwrap
 from pathlib import Path
@@ -69,6 +70,27 @@ def test_a_preempted_run_saves_at_the_agreed_step_requeues_and_ends_with_the_sam
     stopped = int(first["checkpoint"].split()[1])
     assert second["resumed from"] == f"step {stopped}" and second["exit"] == "0"
     assert 10 <= stopped < STEPS, "the preemption came after the first checkpoint, before the end"
+    assert _equal(_weights(tmp_path / "w.pt"), weights)
+
+
+def test_with_save_every_auto_the_saves_come_when_slurmrt_says_and_a_preempted_run_keeps_the_weights(
+        reference: tuple[str, dict], tmp_path: Path) -> None:
+    framework, weights = reference
+    args = _args(framework, tmp_path)
+    flag = "--save-steps" if framework == "transformers" else "--save-every"
+    args[args.index(flag) + 1] = "auto"
+    # A failure prior of one in 7 node-seconds: Daly's interval is a few seconds, a few saves in the run.
+    out = sim(tmp_path, "-N", "1", "--ntasks-per-node", "2", "--preempt-at", "0", "--after-checkpoint",
+              "--signal", "USR1", "--grace", "60", "--requeue", "--", sys.executable, str(EXAMPLES[framework]),
+              *args, env={"SLURMRT_PROGRESS_S": "1", "SLURMRT_MTBF_NODE_H": "0.002"}, timeout=500)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    first, second = summary_rows(out.stdout)
+    assert first["stop reasons"] == "signal" and second["exit"] == "0"
+    (log,) = (tmp_path / "ckpt").glob("events-*.jsonl")
+    events = [json.loads(line) for line in log.read_text().splitlines()]
+    saves = [(e["restart"], e["step"]) for e in events if e["event"] == "save"]
+    stop = int(first["checkpoint"].split()[1])
+    assert (0, stop) in saves and [s for r, s in saves if r == 0 and s < stop], saves  # saves before the stop's
     assert _equal(_weights(tmp_path / "w.pt"), weights)
 
 

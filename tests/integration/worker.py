@@ -22,7 +22,8 @@ def main() -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--step-time", type=float, default=0.02)
-    p.add_argument("--save-every", type=int, default=0)
+    p.add_argument("--save-every", type=lambda v: v if v == "auto" else int(v), default=0,
+                   help="a background save every N steps, or 'auto': the tier rt.should_save() names")
     p.add_argument("--state-mb", type=float, default=0.0, help="extra tensor bytes per rank in each checkpoint")
     p.add_argument("--slow-save", type=float, default=0.0, help="seconds to sleep inside every save (callable)")
     p.add_argument("--ready", help="touch this file after the first step")
@@ -99,7 +100,11 @@ def main() -> None:
             stopped_at = step
             saved = save(step) if os.environ.get("SLURMRT_CHECKPOINT_DIR") else False
             break
-        if args.save_every and step % args.save_every == args.save_every - 1:
+        tier = rt.should_save(step) if args.save_every == "auto" else None
+        if tier == "local":
+            rt.save({"w": w.clone(), "extra": extra, "step": step}, step=step, tier="local")
+        elif tier == "shared" or (args.save_every != "auto" and args.save_every
+                                  and step % args.save_every == args.save_every - 1):
             save(step, blocking=False)
         elif args.local_every and step % args.local_every == args.local_every - 1:
             rt.save({"w": w.clone(), "extra": extra, "step": step}, step=step, tier="local")

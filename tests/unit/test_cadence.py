@@ -43,6 +43,7 @@ def test_the_history_counts_the_runs_a_fault_cut_and_whether_the_local_tier_serv
         ev(700, 1, "exit", outcome="REQUEUED", code=3, step=400),  # a preemption: stopped and saved, no failure
         ev(800, 2, "init"), ev(810, 2, "resume", step=400),  # the current run
     ]
+    assert History.of(events[-2:], current=(2, 0)) == History()  # a fresh experiment: only the current run
     history = History.of(events, current=(2, 0))
     assert history.failures == 2 and history.shared_failures == 1  # the hang was served locally, the loss was not
     assert history.exposure_s == pytest.approx(100 + 190 + 300)

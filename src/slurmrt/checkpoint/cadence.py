@@ -75,7 +75,8 @@ class History:
         lives = [life for life in build(events).runs if (life.restart, life.attempt) != current]
         exposure = sum(max(0.0, life.end - life.start) for life in lives)
         failures = shared = 0
-        for life, following in zip(lives, [*lives[1:], None], strict=True):
+        for n, life in enumerate(lives):
+            following = lives[n + 1] if n + 1 < len(lives) else None
             if life.cut_short or life.left:
                 failures += 1
                 shared += following is None or following.resumed_tier != "local"

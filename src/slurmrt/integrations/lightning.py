@@ -31,6 +31,7 @@ from typing import Any
 from lightning.fabric.plugins.environments import ClusterEnvironment
 from lightning.pytorch.callbacks import Callback
 
+from .._errors import ConfigError
 from ._latest import latest_directory
 
 __all__ = ["CHECKPOINT_FILE", "SlurmrtCallback", "SlurmrtEnvironment", "resume_from"]
@@ -109,13 +110,18 @@ class SlurmrtEnvironment(ClusterEnvironment):  # type: ignore[misc]
 class SlurmrtCallback(Callback):  # type: ignore[misc]
     """The agreed stop and atomic checkpoints for a Lightning ``Trainer`` (see the module).
 
-    ``every_n_steps``: also save every N optimizer steps (0 or None: only at the stop). ``trainer.global_step``
-    labels the checkpoints."""
+    ``save_every``: also save every N optimizer steps, or ``"auto"``: when ``rt.should_save`` says (the measured save
+    stall against the job's failure rate); 0 or None: only at the stop (``every_n_steps`` is its older name).
+    ``trainer.global_step`` labels the checkpoints, which go to the shared tier."""
 
-    def __init__(self, rt: Any, *, every_n_steps: int | None = None) -> None:
+    def __init__(self, rt: Any, *, save_every: int | str | None = None, every_n_steps: int | None = None) -> None:
         super().__init__()
+        every = save_every if save_every is not None else every_n_steps
+        if not (every is None or every == "auto" or (isinstance(every, int) and every >= 0)):
+            raise ConfigError(f"SlurmrtCallback(save_every={every!r}): a number of steps, 'auto' or None",
+                              save_every=every)
         self.rt = rt
-        self.every_n_steps = every_n_steps or 0
+        self.every_n_steps = every or 0
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         self.rt.reclaim_signals()  # Lightning's signal connector replaced the SIGTERM handler at the start of fit
@@ -125,6 +131,9 @@ class SlurmrtCallback(Callback):  # type: ignore[misc]
         if self.rt.should_stop(step):
             self._save(trainer, step)
             trainer.should_stop = True
+        elif self.every_n_steps == "auto":
+            if self.rt.should_save(step):
+                self._save(trainer, step)
         elif self.every_n_steps and step % self.every_n_steps == 0:
             self._save(trainer, step)
 

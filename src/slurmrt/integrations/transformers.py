@@ -66,8 +66,15 @@ def resume_from(rt: Any) -> str | None:
 class SlurmrtCallback(TrainerCallback):  # type: ignore[misc]
     """Plugs slurmrt's agreed stop and atomic checkpoints into a ``transformers.Trainer`` (see the module)."""
 
-    def __init__(self, rt: Any) -> None:
+    def __init__(self, rt: Any, *, save_every: str | None = None) -> None:
+        """``save_every="auto"``: also save when ``rt.should_save`` says (the measured save stall against the job's
+        failure rate), on top of the Trainer's own ``save_strategy`` (set it to "no" to leave the choice to
+        slurmrt). Checkpoints go to the shared tier."""
+        if save_every not in (None, "auto"):
+            raise ConfigError(f"SlurmrtCallback(save_every={save_every!r}): 'auto' or None (the Trainer's own "
+                              "save_steps say how often in steps)", save_every=save_every)
         self.rt = rt
+        self.save_every = save_every
 
     def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._refuse_jit_checkpoint(args)
@@ -95,6 +102,8 @@ class SlurmrtCallback(TrainerCallback):  # type: ignore[misc]
             control.should_save = True
             control.should_training_stop = True
             control.should_evaluate = False  # no time to evaluate: the job is asked to go
+        elif self.save_every == "auto" and self.rt.should_save(state.global_step):
+            control.should_save = True
         # The Trainer evaluates, then writes its checkpoint, after this callback and before the next step: a phase
         # for the hang watchdog (neither is a hang, nor step time), from here to on_evaluate or on_save.
         self._saving = bool(control.should_save)
