@@ -19,17 +19,20 @@ from ._common import HERE, machine
 
 NAMES = ["stop_check", "stop_latency", "time_limit", "checkpoint", "logging", "startup", "hostlist",
          "integrations", "hang", "recovery", "straggler", "scale"]
+#: Run only when named: each takes tens of minutes (`python -m benchmarks.run goodput`).
+LONG = ["goodput"]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("names", nargs="*", metavar="NAME", help=f"any of {', '.join(NAMES)} (default: all)")
+    parser.add_argument("names", nargs="*", metavar="NAME",
+                        help=f"any of {', '.join(NAMES + LONG)} (default: all but {', '.join(LONG)})")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", type=Path, default=HERE / "RESULTS.md")
     args = parser.parse_args()
-    unknown = sorted(set(args.names) - set(NAMES))
+    unknown = sorted(set(args.names) - set(NAMES + LONG))
     if unknown:
-        parser.error(f"unknown benchmark(s) {', '.join(unknown)}; choose from {', '.join(NAMES)}")
+        parser.error(f"unknown benchmark(s) {', '.join(unknown)}; choose from {', '.join(NAMES + LONG)}")
     names = args.names or NAMES
     sections = []
     for name in names:

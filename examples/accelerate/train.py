@@ -46,7 +46,7 @@ def main() -> None:
     for step in range(start, args.steps):
         with rt.time_compute():  # the forward pass: this rank's own work (DDP's backward holds the all-reduce)
             g = torch.Generator().manual_seed(step * 1000 + accelerator.process_index)
-            x = torch.randn(32, 16, generator=g)
+            x = torch.randn(32, 16, generator=g).to(accelerator.device)  # drawn on the CPU: the same on a GPU
             loss = ((model(x) - x.sum(dim=1, keepdim=True)) ** 2).mean()
         optimizer.zero_grad()
         accelerator.backward(loss)

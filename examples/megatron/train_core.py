@@ -29,7 +29,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     parser.add_argument("--checkpoint-dir", default=os.environ.get("SLURMRT_CHECKPOINT_DIR"))
     parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--save-every", type=int, default=10)
+    parser.add_argument("--save-every", default="10",
+                        help="save every N steps, or 'auto': when slurmrt says it pays (rt.should_save)")
     parser.add_argument("--step-time", type=float, default=0.0, help="seconds of simulated work per step")
     parser.add_argument("--tp", type=int, default=2, help="tensor-parallel size")
     parser.add_argument("--layers", type=int, default=2)
@@ -130,8 +131,9 @@ def main(argv: list[str] | None = None) -> None:
             rt.save(save, step=step)  # skipped when SIGTERM leaves no time for it
             slurmrt.printflock(f"stopping at step {step}: {rt.stop_reason.value if rt.stop_reason else ''}")
             break
-        if args.save_every and step % args.save_every == args.save_every - 1:
-            rt.save(save, step=step)
+        every = 0 if args.save_every == "auto" else int(args.save_every)
+        if rt.should_save(step) if args.save_every == "auto" else every and step % every == every - 1:
+            rt.save(save, step=step)  # "auto": when the measured save time and the failure rate say it pays
     else:
         rt.save(save, step=step)
         if rt.rank == 0:

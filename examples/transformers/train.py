@@ -45,6 +45,7 @@ def build(args: argparse.Namespace, callbacks: list[Any] | None = None) -> tuple
         save_steps=None if args.save_steps == "auto" else int(args.save_steps),
         eval_strategy="steps" if args.eval_steps else "no", eval_steps=args.eval_steps or None,
         logging_steps=10, report_to="none", disable_tqdm=True, seed=0, use_cpu=cpu,
+        full_determinism=not cpu,  # on a GPU, deterministic kernels: a resumed run ends bitwise where one run does
         ddp_backend="gloo" if cpu else None, ddp_find_unused_parameters=False, dataloader_num_workers=0,
     )
     torch.manual_seed(0)

@@ -168,3 +168,20 @@ def test_every_rank_gets_rank_0s_answer_at_the_same_step_with_one_exchange_per_c
                 c.saved("shared", 3.0 if rank == 0 else 50.0)  # rank 1's own figures play no part
     assert answers[0] == answers[1] and sum(a is not None for a in answers[0]) > 5
     assert pair.calls[0] == pair.calls[1] < 3000 / 10  # exchanges at check steps only
+
+
+def test_status_says_what_should_save_would_answer_for_a_jobs_measurements() -> None:
+    from slurmrt.checkpoint.cadence import advice
+
+    events = [ev(0, 0, "init", nnodes=4), ev(1, 0, "fresh_start"), ev(50, 0, "progress", step=100, step_s=0.5),
+              ev(60, 0, "save", step=119, seconds=8.0, blocking=True), ev(100, 0, "exit", outcome="HUNG", code=5),
+              ev(110, 1, "init", nnodes=4), ev(120, 1, "resume", step=119),
+              ev(200, 1, "save", step=300, seconds=12.0, blocking=True),
+              ev(300, 1, "exit", outcome="FINISHED", code=0)]
+    head, said = advice(events, node_h=1.0)
+    mtbf = (3600 / 4 + 100 + 190) / 2  # the prior's 900 s and the runs' 290 s, over the prior and the hang
+    assert head.startswith("saving: saves of 10 s; a failure every 9m55s (1 in 4m50s, and a prior of 1 in 1 "
+                           "node-hours over 4 node(s))"), head
+    expected = daly(10.0, mtbf)
+    assert f"about {round(expected / 0.5)} steps" in said, (said, expected)
+    assert advice([e for e in events if e["event"] != "save"], node_h=1.0) == []  # no save measured: nothing said

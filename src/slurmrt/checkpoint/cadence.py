@@ -179,3 +179,40 @@ class Cadence:
                 logger.warning("cannot read the event log for the failure history (%s): the prior alone is used", err)
                 self._history = History()
         return self._history
+
+
+def advice(events: list[dict[str, Any]], *, node_h: float) -> list[str]:
+    """What ``rt.should_save`` would answer for a job, in words (``slurmrt status``): the intervals for its measured
+    saves and its failure history; none when it measured no save. For a loop that cannot ask (Megatron-LM's
+    ``--save-interval``), the steps to set."""
+    from ..record.events import Event
+
+    def seconds(tier: str) -> float | None:
+        found = [float(e["seconds"]) for e in events if e.get("event") == Event.SAVE.value
+                 and e.get("tier", "shared") == tier and isinstance(e.get("seconds"), (int, float))]
+        return sum(found[-3:]) / len(found[-3:]) if found else None
+
+    shared, local = seconds("shared"), seconds("local")
+    if shared is None:
+        return []
+    nodes = max((int(e["nnodes"]) for e in events if e.get("event") == Event.INIT.value
+                 and isinstance(e.get("nnodes"), int)), default=1)
+    history = History.of(events)
+    plan = intervals(history, shared_cost_s=shared, local_cost_s=local, node_h=node_h, nodes=nodes)
+    steps = [float(e["step_s"]) for e in events if e.get("event") == Event.PROGRESS.value
+             and isinstance(e.get("step_s"), (int, float)) and e["step_s"] > 0]
+
+    def every(t: float) -> str:
+        return f"{_duration(t)}" + (f" (about {max(1, round(t / steps[-1]))} steps)" if steps else "")
+
+    head = (f"saving: saves of {shared:.3g} s; a failure every {_duration(history.mtbf_s(node_h=node_h, nodes=nodes))}"
+            f" ({history.failures} in {_duration(history.exposure_s)}, and a prior of 1 in {node_h:g} node-hours "
+            f"over {nodes} node(s))")
+    said = f"  rt.should_save: a shared save every {every(plan.shared_s)} of training"
+    return [head, said + (f", a local one every {every(plan.local_s)}" if plan.local_s is not None else "")]
+
+
+def _duration(seconds: float) -> str:
+    from ..record.timeline import duration
+
+    return duration(seconds)

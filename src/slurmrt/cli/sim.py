@@ -33,7 +33,8 @@ def run(args: argparse.Namespace) -> int:
     _check_usage(args, command)
     traced = args.mtbf is not None or args.trace is not None
     restarts = args.max_restarts if args.max_restarts is not None else (MAX_RESTARTS_TRACED if traced else 5)
-    spec = _job(JobSpec(kill_wait_s=args.kill_wait, grace_s=args.grace, max_restarts=restarts), command)
+    spec = _job(JobSpec(kill_wait_s=args.kill_wait, grace_s=args.grace, max_restarts=restarts,
+                        requeue_wait_s=args.requeue_wait), command)
     for name, value in (("nodes", args.nodes), ("ntasks-per-node", args.ntasks_per_node), ("time", args.time),
                         ("signal", args.signal), ("job-name", args.job_name)):
         if value is not None:
@@ -128,7 +129,7 @@ def _check_usage(args: argparse.Namespace, command: list[str]) -> None:
                            "script that exists)")
     for flag, value in (("--kill-wait", args.kill_wait), ("--grace", args.grace), ("--preempt-at", args.preempt_at),
                         ("--cancel-at", args.cancel_at), ("--at", args.at), ("--max-restarts", args.max_restarts),
-                        ("--seed", args.seed)):
+                        ("--seed", args.seed), ("--requeue-wait", args.requeue_wait)):
         if value is not None and not value >= 0:
             raise SlurmrtError(f"{flag} {value}: a time or count, 0 or more")
     _check_timed_faults(args)
@@ -182,6 +183,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--max-restarts", type=int,
                    help="requeues the simulator grants, as Slurm's MaxBatchRequeue (then the job ends); default 5, "
                         f"{MAX_RESTARTS_TRACED} with --mtbf or --trace")
+    p.add_argument("--requeue-wait", type=float, default=0.0, metavar="SECS",
+                   help="a requeued job starts its next run after SECS (Slurm holds it at least its credential "
+                        "lifetime, 120 s by default, then it queues; default 0: at once)")
     p.add_argument("--mtbf", metavar="DURATION",
                    help="faults over the job's life, exponential inter-arrival times of this mean (90s, 10m, 1.5h), "
                         "on the job's clock (its runs' time, summed; with --after-checkpoint, each run's from its "

@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import SlurmrtError
+from ..checkpoint.cadence import advice
+from ..options import Options
 from ..record.events import read_events
 from ..record.goodput import Goodput, account, draw_bar
 from ..record.timeline import JobLife, RunLife, build, draw, duration, render, totals
@@ -80,6 +82,7 @@ def status(dirs: Iterable[Path], *, chart: bool = True, plot: Path | None = None
         ledger = account(events, life)
         out += _job(life, f, chart=chart)
         out += [f"  {line}" for line in ledger.lines()]
+        out += [f"  {line}" for line in advice(events, node_h=Options().mtbf_node_h)]
         if plot is not None:
             target = plot if len(files) == 1 else plot.with_name(f"{plot.stem}-{life.job}{plot.suffix}")
             out.append(f"  drawn: {_draw(life, target, ledger)}")

@@ -355,6 +355,11 @@ def _runs(spec: JobSpec, state: SimState, bin_dir: Path, events: Path, out: IO[s
             break
         if restart == spec.max_restarts:
             run.say(f"max restarts ({spec.max_restarts}) reached: not starting again")
+        elif spec.requeue_wait_s:  # BeginTime: Slurm holds a requeued job a while, then it queues
+            run.say(f"the requeued job waits {spec.requeue_wait_s:g} s before its next run")
+            until = time.monotonic() + spec.requeue_wait_s
+            while time.monotonic() < until and not received:
+                time.sleep(0.05)
     return records
 
 

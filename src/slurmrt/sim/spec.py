@@ -60,6 +60,8 @@ class JobSpec:
     #: Faults over the job's life (``--mtbf``, ``--trace``: slurmrt.sim.faults), and where they came from.
     faults: tuple[Fault, ...] = ()
     fault_source: str = ""
+    #: Seconds between a requeued run's end and the next run's start (0: at once).
+    requeue_wait_s: float = 0.0
 
     @property
     def ntasks(self) -> int:
