@@ -195,7 +195,7 @@ class Supervisor:
         held = self._allocated()
         gone = [n for n in placement.nodes if n not in held]
         if not gone:
-            return [], code
+            return [], code if self._terminating else self._unanswered(attempt, code)
         why = f"{', '.join(gone)} left the job (node failure)"
         self._failure = Failure(attempt, code, tuple(gone), why, time.time())
         self._say(why)
@@ -206,6 +206,15 @@ class Supervisor:
         if done.action is Action.IN_JOB_RESTART:
             return gone, code
         return [], done.code  # the executor said why, and what it did instead
+
+    def _unanswered(self, attempt: int, code: int) -> int:
+        """A step whose tasks died with a code slurmrt did not choose, no node gone and nobody asking: killed before
+        slurmrt in the step could answer (during its start-up, say). The requeue answers it (the loop guard has its
+        say), with no node named: nothing points at one."""
+        why = f"the step ended with exit code {code} before slurmrt in it could say why (a task killed early)"
+        self._failure = Failure(attempt, code, (), why, time.time())
+        self._say(why)
+        return self._executor(attempt, ()).recover(Trigger.RANK_LOST, ask=False, detail=why).code
 
     def _asked(self, placement: Placement, attempt: int, code: int) -> list[str] | None:
         """The nodes the step's ranks asked to leave out (the plan chose an in-job restart there); None: no
