@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test test-unit test-repeat bench chaos lint docs dist check-dist clean
+.PHONY: demo test test-unit test-gpu test-repeat bench chaos lint docs dist check-dist clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,12 @@ test: $(VENV)/.installed
 test-unit: $(VENV)/.installed
 	$(PY) -m pytest tests/unit
 
+# What only a GPU shows (tests/gpu, skipped without CUDA): the CUDA connections rule before any context, NCCL, GPU
+# tensors saved and loaded bitwise, the framework examples through a preemption on the GPU. With the machine's own
+# CUDA build of torch: `python -m pytest tests/gpu` with src/ on PYTHONPATH.
+test-gpu: $(VENV)/.installed
+	$(PY) -m pytest tests/gpu -rA
+
 # The suite 5 times on an idle machine, then 3 times while two busy loops spin: how often each test passed.
 test-repeat: $(VENV)/.installed
 	tests/stress/repeat.sh 5 3
@@ -43,7 +49,7 @@ test-repeat: $(VENV)/.installed
 # each trial checked for lost work, a dead job and leftover processes. Not part of `make test` (it takes long).
 chaos: $(VENV)/.installed
 	$(PY) -m pip install -q -e '.[bench]'
-	$(PY) -m benchmarks.chaos --trials $(or $(TRIALS),28) --seed $(or $(SEED),1)
+	$(PY) -m benchmarks.chaos --trials $(or $(TRIALS),28) --seed $(or $(SEED),1) $(if $(MTBF),--mtbf $(MTBF))
 
 bench: $(VENV)/.installed
 	$(PY) -m pip install -q -e '.[bench]'

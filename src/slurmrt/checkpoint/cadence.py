@@ -148,25 +148,32 @@ class Cadence:
         if self._check is None:  # the first call: the clock starts, nothing is due yet
             self._since.setdefault("shared", now)
             return None, step + WARMUP_STEPS
-        shared_cost = self._cost["shared"]
-        if shared_cost is None:  # nothing measured: save once, to measure it
-            return "shared", step + WARMUP_STEPS
-        if self._local and self._cost["local"] is None:  # and the local tier once
-            return "local", step + WARMUP_STEPS
-        plan = self.plan = intervals(self._known_history(), shared_cost_s=shared_cost, nodes=self._nodes,
-                                     local_cost_s=self._cost["local"] if self._local else None, node_h=self._node_h)
+        unmeasured = self._unmeasured()
+        if unmeasured is not None:  # save once to each tier, to measure it
+            return unmeasured, step + WARMUP_STEPS
+        plan = self.plan = intervals(self._known_history(), shared_cost_s=self._cost["shared"] or 0.0,
+                                     local_cost_s=self._cost["local"] if self._local else None, node_h=self._node_h,
+                                     nodes=self._nodes)
+        left = self._left(plan, now)
         step_s = self._step_s() or 0.0
-        newest = max(self._since.values())
+        due = next((tier for tier, s in left.items() if s <= step_s / 2), None)
+        if due is not None:  # it saves now: that tier's interval starts again (a shared save is newest for both)
+            left.update({t: getattr(plan, f"{t}_s") for t in left if t == due or due == "shared"})
+        return due, step + _steps(min(left.values()), step_s)
+
+    def _unmeasured(self) -> str | None:
+        """The tier whose stall is not known yet, shared first."""
+        if self._cost["shared"] is None:
+            return "shared"
+        return "local" if self._local and self._cost["local"] is None else None
+
+    def _left(self, plan: Intervals, now: float) -> dict[str, float]:
+        """Seconds of training until each tier's save is due. Local saves count from the newest save of either
+        tier: a failure the local tier serves loses the work since the newest checkpoint it can read."""
         left = {"shared": plan.shared_s - (now - self._since["shared"])}
         if plan.local_s is not None:
-            left["local"] = plan.local_s - (now - newest)
-        due = next((tier for tier, s in left.items() if s <= step_s / 2), None)
-        if due is not None:
-            left[due] = getattr(plan, f"{due}_s")
-            if due == "shared" and "local" in left:
-                left["local"] = plan.local_s or 0.0
-        ahead = min(left.values())
-        return due, step + max(1, int(ahead / step_s) if step_s > 0 else 1)
+            left["local"] = plan.local_s - (now - max(self._since.values()))
+        return left
 
     def _known_history(self) -> History:
         if self._history is None:
@@ -179,6 +186,11 @@ class Cadence:
                 logger.warning("cannot read the event log for the failure history (%s): the prior alone is used", err)
                 self._history = History()
         return self._history
+
+
+def _steps(seconds: float, step_s: float) -> int:
+    """The steps to the next check: ``seconds`` of training, at least one step."""
+    return max(1, int(seconds / step_s) if step_s > 0 else 1)
 
 
 def advice(events: list[dict[str, Any]], *, node_h: float) -> list[str]:

@@ -25,12 +25,27 @@ DRAWN = 1000
 
 def run(args: argparse.Namespace) -> int:
     from ..sim.runner import SimInterrupted, simulate
-    from ..sim.spec import JobSpec, apply_option
 
     command = list(args.command)
     if command[:1] == ["--"]:
         command = command[1:]
     _check_usage(args, command)
+    spec = _spec(args, command)
+    try:
+        records = simulate(spec)
+    except SimInterrupted as stop:
+        return 128 + stop.signum
+    missed = _not_rehearsed(spec, records)
+    for what in missed:
+        print(f"slurmrt sim: not rehearsed: {what}; exit 1", file=sys.stderr)
+    last = records[-1]
+    return 0 if last.exit_code == 0 and last.ended_by == "finished" and not missed else 1
+
+
+def _spec(args: argparse.Namespace, command: list[str]) -> Any:
+    """The job the command line asks for: its script's #SBATCH lines, then the flags, the faults."""
+    from ..sim.spec import JobSpec, apply_option
+
     traced = args.mtbf is not None or args.trace is not None
     restarts = args.max_restarts if args.max_restarts is not None else (MAX_RESTARTS_TRACED if traced else 5)
     spec = _job(JobSpec(kill_wait_s=args.kill_wait, grace_s=args.grace, max_restarts=restarts,
@@ -41,16 +56,7 @@ def run(args: argparse.Namespace) -> int:
             spec = apply_option(spec, name, str(value))
     if args.requeue or traced:
         spec = replace(spec, requeue=True)
-    spec = _traced(args, _faults(args, spec))
-    try:
-        records = simulate(spec)
-    except SimInterrupted as stop:
-        return 128 + stop.signum
-    missed = _not_rehearsed(spec, records)
-    for what in missed:
-        print(f"slurmrt sim: not rehearsed: {what}; exit 1", file=sys.stderr)
-    last = records[-1]
-    return 0 if last.exit_code == 0 and last.ended_by == "finished" and not missed else 1
+    return _traced(args, _faults(args, spec))
 
 
 def _not_rehearsed(spec: Any, records: list[Any]) -> list[str]:

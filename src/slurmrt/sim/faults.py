@@ -95,7 +95,8 @@ def draw(mtbf_s: float, seed: int, *, horizon_s: float, weights: dict[str, float
     rng = random.Random(seed)
     weights = weights or DEFAULT_WEIGHTS
     kinds = [k for k in KINDS if weights.get(k, 0) > 0]
-    faults, clock = [], 0.0
+    faults: list[Fault] = []
+    clock = 0.0
     while True:
         clock += rng.expovariate(1.0 / mtbf_s)
         if clock > horizon_s:
@@ -113,20 +114,35 @@ def read_trace(path: Path) -> list[Fault]:
         raise ConfigError(f"--trace {path}: cannot be read: {err}", path=str(path)) from None
     faults = []
     for number, row in enumerate(csv.reader(text.splitlines()), 1):
-        cells = [c.strip() for c in row]
-        if not cells or not cells[0] or cells[0].startswith("#") or (number == 1 and cells[0].lower() == "time"):
-            continue
-        where = f"--trace {path}:{number}"
-        if len(cells) not in (2, 3) or cells[1] not in KINDS:
-            raise ConfigError(f"{where}: {','.join(row)!r}: give time,kind[,node] with kind one of "
-                              f"{', '.join(KINDS)}", path=str(path))
-        if len(cells) == 3 and cells[2] and not cells[2].isdigit():
-            raise ConfigError(f"{where}: node {cells[2]!r}: a node or task index, 0 or more", path=str(path))
-        at = 0.0 if cells[0] in ("0", "0s") else parse_duration(cells[0], where)
-        faults.append(Fault(at, cells[1], int(cells[2]) if len(cells) == 3 and cells[2] else 0))
+        fault = _fault(row, f"--trace {path}:{number}", header=number == 1)
+        if fault is not None:
+            faults.append(fault)
         if len(faults) > MAX_FAULTS:
             raise ConfigError(f"--trace {path}: more than {MAX_FAULTS} faults", path=str(path))
     return sorted(faults, key=lambda f: f.at_s)
+
+
+def _fault(row: list[str], where: str, *, header: bool) -> Fault | None:
+    """One line of a trace; None for a blank line, a comment or the header."""
+    cells = [c.strip() for c in row]
+    first = cells[0] if cells else ""
+    if not first or first.startswith("#") or (header and first.lower() == "time"):
+        return None
+    if len(cells) not in (2, 3) or cells[1] not in KINDS:
+        raise ConfigError(f"{where}: {','.join(row)!r}: give time,kind[,node] with kind one of {', '.join(KINDS)}")
+    return Fault(_at(first, where), cells[1], _target(cells[2] if len(cells) == 3 else "", where))
+
+
+def _target(text: str, where: str) -> int:
+    """A trace line's node or task: empty (0), or an index."""
+    if text and not text.isdigit():
+        raise ConfigError(f"{where}: node {text!r}: a node or task index, 0 or more")
+    return int(text) if text else 0
+
+
+def _at(text: str, where: str) -> float:
+    """A trace line's time: 0, or a duration."""
+    return 0.0 if text in ("0", "0s") else parse_duration(text, where)
 
 
 def write_trace(path: Path, faults: list[Fault]) -> None:

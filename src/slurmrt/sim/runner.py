@@ -243,10 +243,15 @@ class _Run:
             self._hang()
         elif what == "fail":
             self._fail(spec.fail_node or 0)
-        elif what.startswith("fault:") and self.trace is not None:
-            later = self.trace.inject(int(what[6:]), self)
-            if later is not None:  # a preemption's SIGTERM, or a fault that found no task alive yet
-                self._timeline = sorted([*self._timeline, (self.elapsed() + later[0], later[1])])
+        elif what.startswith("fault:"):
+            self._traced(int(what[6:]))
+
+    def _traced(self, index: int) -> None:
+        """Fault ``index`` of the trace; what it schedules after it (a preemption's SIGTERM, or itself again when
+        no task was alive yet) goes into the timeline."""
+        later = self.trace.inject(index, self) if self.trace is not None else None
+        if later is not None:
+            self._timeline = sorted([*self._timeline, (self.elapsed() + later[0], later[1])])
 
     def _preempt(self, term: bool) -> None:
         """A preemption: the job's --signal at once (preempt_send_user_signal), SIGTERM after the grace time."""
