@@ -39,7 +39,7 @@ NODES = 2
 STEP_TIME = 0.05
 EVERY, LOCAL_EVERY = 100, 20
 STATE_MB = 32
-REQUEUE_WAIT_S = 10.0
+REQUEUE_WAIT_S = 2.0
 ENV = {"SLURMRT_HANG_FLOOR_S": "5", "SLURMRT_WATCH_INTERVAL_S": "0.5", "SLURMRT_STARTUP_TIMEOUT_S": "30",
        "SLURMRT_PROGRESS_S": "1", "OMP_NUM_THREADS": "1", "SLURMRT_MAX_FUTILE_RUNS": "none"}
 
@@ -65,8 +65,9 @@ def _script(directory: Path, policy: Policy, steps: int) -> Path:
               str(steps), "--step-time", str(STEP_TIME), "--state-mb", str(STATE_MB), *every]
     command = " ".join(f'"{a}"' if "$" in a else a for a in worker)
     env = f"export SLURMRT_CHECKPOINT_DIR={directory}/ckpt\n"
-    if policy.local:
-        env += f"export SLURMRT_LOCAL_CHECKPOINT_DIR=/dev/shm/{directory.name}-local\n"
+    if policy.local:  # the node-local directory exists on every node (here, one machine's /dev/shm)
+        env += f"export SLURMRT_LOCAL_CHECKPOINT_DIR=/dev/shm/{directory.name}-local\n" \
+            f"mkdir -p /dev/shm/{directory.name}-local\n"
     if policy.spare:
         body = f"exec {sys.executable} -m slurmrt run --spare-nodes 1 -- {command}"
     else:  # as users write it: requeue on a failure slurmrt could not answer itself (a killed rank 0)
@@ -230,7 +231,22 @@ def _body(results: dict[str, dict[str, Any]], mtbf_s: float, seed: int, steps: i
             f"{(last - first) * 100:+.1f} ETTR points. Final weights of the four jobs: "
             f"{'bitwise equal' if len(weights) == 1 else 'DIFFERENT'}.\n\n"
             f"**(b) Modelled at scale**, Llama 3's interruption rate (a job of N GPUs fails N / 16,384 times "
-            f"every {LLAMA3_JOB_MTBF_H_16K:.1f} h):\n\n{_model_table()}\n\nInputs: {_inputs_said()}")
+            f"every {LLAMA3_JOB_MTBF_H_16K:.1f} h):\n\n{_model_table()}\n\nInputs: {_inputs_said()}\n\n"
+            f"{_sensitivity()}")
+
+
+#: What the 16,384-GPU figures become when an assumption is off.
+SENSITIVITY = {"a hang found after the default 180 s floor": {"detect_s": 180.0},
+               "the local tier serves half the failures": {"local_share": 0.5},
+               "a slow shared filesystem (0.2 GB/s per node), staging no faster": {"shared_gbps_per_node": 0.2,
+                                                                                  "staging_gbps_per_node": 0.2},
+               "the queue after a requeue takes 30 minutes": {"requeue_wait_s": 1920.0}}
+
+
+def _sensitivity() -> str:
+    rows = [[what, *(f"{model(Scale(16_384), p, {**INPUTS, **change})['ettr']:.1%}" for p in POLICIES)]
+            for what, change in {"as above": {}, **SENSITIVITY}.items()]
+    return table(["at 16,384 GPUs, if", *(p.name.split(" ", 1)[0] for p in POLICIES)], rows)
 
 
 def _inputs_said() -> str:

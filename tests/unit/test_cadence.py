@@ -185,3 +185,17 @@ def test_status_says_what_should_save_would_answer_for_a_jobs_measurements() -> 
     expected = daly(10.0, mtbf)
     assert f"about {round(expected / 0.5)} steps" in said, (said, expected)
     assert advice([e for e in events if e["event"] != "save"], node_h=1.0) == []  # no save measured: nothing said
+
+
+def test_a_local_tier_that_fails_to_save_leaves_the_answers_to_the_shared_tier(monkeypatch: pytest.MonkeyPatch
+                                                                                ) -> None:
+    clock = Clock(monkeypatch)
+    c = cadence(local=True, node_h=20.0, nodes=8)
+    answers = []
+    for step in range(400):
+        clock.now += 1.0
+        tier = c.due(step)
+        if tier is not None:
+            answers.append(tier)
+            c.saved(tier, 2.0, ok=tier == "shared")  # every local save fails (its directory is missing, say)
+    assert answers[:2] == ["shared", "local"] and set(answers[2:]) == {"shared"}, answers  # asked once, no more

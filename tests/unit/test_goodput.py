@@ -92,3 +92,29 @@ def test_the_tracker_metrics_are_the_ledger_flattened(tmp_path: Path) -> None:
     assert "slurmrt/node_goodput" in metrics and len(metrics) == len(CATEGORIES) + 2
     assert trackers.goodput_metrics(SimpleNamespace(event_log=None)) == {}
     assert trackers.goodput_metrics(SimpleNamespace(event_log=tmp_path / "none.jsonl")) == {}
+
+
+def test_a_run_killed_before_its_init_event_counts_the_nodes_of_the_run_before() -> None:
+    # run 1 wrote no init (killed during its start-up); only `slurmrt run`'s exit event for it remains
+    events = [*EVENTS[:6], ev(250, 1, "exit", outcome="HUNG", code=5, lead=True),
+              *[{**e, "restart": 2} for e in EVENTS[6:]]]
+    ledger = account(events)
+    assert [r.nodes for r in ledger.runs] == [2, 2, 2] and [r.job_nodes for r in ledger.runs] == [3, 3, 3]
+    assert ledger.node_goodput is not None
+
+
+def test_a_run_that_ended_in_its_start_up_neither_loses_work_nor_decides_what_was_kept() -> None:
+    # run 0 trains to step 300 and finishes its work; its node fails as it exits, so Slurm requeues the job: run 1
+    # dies in its start-up (no load), run 2 resumes after step 300 and finishes at once. Nothing of run 0 was lost.
+    events = [ev(0, 0, "init", nnodes=2), ev(10, 0, "fresh_start", seconds=0.0), ev(100, 0, "progress", step=200),
+              ev(150, 0, "save", step=300, seconds=1.0, blocking=True), ev(152, 0, "exit", outcome="FINISHED", step=300),
+              ev(160, 1, "init", nnodes=2), ev(170, 1, "hang", step=None, idle_s=5.0),
+              ev(175, 1, "exit", outcome="HUNG", code=5),
+              ev(180, 2, "init", nnodes=2), ev(190, 2, "resume", step=300, seconds=1.0),
+              ev(191, 2, "exit", outcome="FINISHED", step=300)]
+    ledger = account(events)
+    assert ledger.seconds["lost_work"] == 0.0
+    assert ledger.wall_s == pytest.approx(191.0) and sum(ledger.seconds.values()) == pytest.approx(191.0)
+    # run 0's 152 s less its start-up (10), its save (1) and its end (1); run 1, never loaded, trained nothing
+    assert ledger.seconds["productive"] == pytest.approx(140.0)
+    assert [r.seconds["productive"] for r in ledger.runs[1:]] == [0.0, 0.0]

@@ -138,8 +138,15 @@ class Cadence:
         answer, self._check = self._comm().broadcast(decided)
         return answer
 
-    def saved(self, tier: str, stall_s: float) -> None:
-        """A save of ``tier`` returned after blocking training ``stall_s`` seconds (rank 0's count)."""
+    def saved(self, tier: str, stall_s: float, *, ok: bool = True) -> None:
+        """A save of ``tier`` returned after blocking training ``stall_s`` seconds (rank 0's count); ``ok``: it was
+        made. A local save that failed (no local directory, a full tmpfs: said in the log) leaves the local tier
+        out of the answers for the rest of the run: the shared tier alone."""
+        if not ok:
+            if tier == "local" and self._local:
+                self._local = False
+                logger.warning("rt.should_save: the local tier failed to save; answering the shared tier alone")
+            return
         self._cost[tier] = stall_s
         self._since[tier] = _clock.mono()
 

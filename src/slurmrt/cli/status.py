@@ -114,6 +114,8 @@ def _draw(life: JobLife, path: Path, ledger: Goodput) -> Path:
 
 
 def _resumed(run_: RunLife) -> str:
+    if not run_.loaded:
+        return "ended in its start-up, before its load"
     if run_.resumed_from is None:
         return "fresh start"
     tier = ""

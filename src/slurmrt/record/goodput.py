@@ -3,7 +3,8 @@
 Every second from the first run's start to the last run's end falls in one category:
 
 - ``productive``: training whose steps were kept;
-- ``startup``: a run's start (process start, init, rendezvous) to the end of its checkpoint load, the load apart:
+- ``startup``: a run's start (process start, init, rendezvous) to the end of its checkpoint load, the load apart (a
+  run that ended before its load: up to its fault):
 - ``load``: reading the checkpoint it resumed from;
 - ``checkpoint_stall``: saves that blocked training (blocking saves; a background save's write does not block);
 - ``lost_work``: steps trained after the last checkpoint that survived the run, redone by the next one;
@@ -108,7 +109,20 @@ def account(events: Iterable[dict[str, Any]], life: JobLife | None = None) -> Go
     ledger = Goodput(waiting_s=sum(life.gaps))
     for run, one in zip(grouped, life.runs, strict=True):
         ledger.runs.append(_run(run, one))
+    _fill_nodes(ledger.runs)
     return ledger
+
+
+def _fill_nodes(runs: list[RunGoodput]) -> None:
+    """A run that left no init event (killed in its start-up) held the nodes of the run before it (of the first
+    run that says, for the first)."""
+    known = [r for r in runs if r.nodes is not None]
+    last = known[0] if known else None
+    for r in runs:
+        if r.nodes is None and last is not None:
+            r.nodes, r.job_nodes = last.nodes, last.job_nodes
+        elif r.nodes is not None:
+            last = r
 
 
 def _run(run: Run, life: RunLife) -> RunGoodput:
@@ -117,6 +131,8 @@ def _run(run: Run, life: RunLife) -> RunGoodput:
     blocking = [(timestamp(e), _number(e, "seconds")) for e in run.all(Event.SAVE) if e.get("blocking")]
     cut = life.cut_short or bool(life.left)
     last = _fault_at(run, ready) if cut else _last_step_at(life, ready)
+    if not life.loaded:  # it ended in its start-up: nothing trained, all of it up to the fault is start-up
+        ready = last
     tail = _tail(life, last, blocking)
     seconds = {"startup": ready - life.start - load, "load": load, "checkpoint_stall": sum(s for _, s in blocking),
                "lost_work": _lost(life, last), "recovery": tail if cut else 0.0, "stopping": 0.0 if cut else tail}

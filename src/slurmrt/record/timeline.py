@@ -43,6 +43,8 @@ class RunLife:
     #: (commit time, step, seconds the save took)
     checkpoints: list[tuple[float, int, float]] = field(default_factory=list)
     resumed_from: int | None = None
+    #: The run reached its load (a resume or a fresh start); False: it ended in its start-up.
+    loaded: bool = True
     stop_step: int | None = None
     reasons: tuple[str, ...] = ()
     outcome: str | None = None  # None: no clean exit was recorded
@@ -127,8 +129,8 @@ def build(events: Iterable[dict[str, Any]], job: str = "?") -> JobLife:
             job = str(init.get("job") or job)
             experiment = init.get("experiment") or experiment
         lives.append(_run_life(run))
-    for life, following in _with_next(lives):
-        _account_lost(life, following)
+    for n, life in enumerate(lives):  # what survived a run is what the next run that loaded resumed from
+        _account_lost(life, next((later for later in lives[n + 1:] if later.loaded), None))
     return JobLife(job=job, experiment=experiment, runs=lives)
 
 
@@ -153,6 +155,7 @@ def _run_life(run: Run) -> RunLife:
                    left_why=str(moved.get("why") or "") if moved else "")
     life.stragglers = tuple(_straggler(e) for e in run.all(Event.STRAGGLER))
     life.resumed_tier, life.from_peers = _resumed_where(run)
+    life.loaded = run.first(Event.RESUME) is not None or run.first(Event.FRESH_START) is not None
     top = -1
     for t, step in sorted(_steps(run, life)):
         if step > top:  # a background save commits after later steps ran: it adds no progress
@@ -200,7 +203,7 @@ def _account_lost(life: RunLife, following: RunLife | None) -> None:
     if life.last_step is not None and life.last_step > kept:
         first_trained = life.resumed_from + 1 if life.resumed_from is not None else 0
         life.lost_steps = life.last_step - max(kept, first_trained - 1)
-    if life.lost_steps or life.cut_short:
+    if (life.lost_steps or life.cut_short) and life.points:  # a run that never trained lost no work
         life.lost_s = _lost_time(life, kept)
 
 

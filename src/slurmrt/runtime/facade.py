@@ -163,8 +163,7 @@ class Runtime(TopologyView):
         with self.stop.doing("save"):
             saved = self.checkpoints.save(state, step=step, blocking=blocking, local=local,
                                           decision=self.stop.decision, tier=tier)
-        if saved:
-            self._cadence.saved(tier, _clock.mono() - started)
+        self._cadence.saved(tier, _clock.mono() - started, ok=saved)
         self.stop.restart_step_clock()  # a save between two steps is not step time
         return saved
 
