@@ -118,3 +118,21 @@ def test_a_run_that_ended_in_its_start_up_neither_loses_work_nor_decides_what_wa
     # run 0's 152 s less its start-up (10), its save (1) and its end (1); run 1, never loaded, trained nothing
     assert ledger.seconds["productive"] == pytest.approx(140.0)
     assert [r.seconds["productive"] for r in ledger.runs[1:]] == [0.0, 0.0]
+
+
+def test_the_metrics_file_parses_with_prometheus_own_parsers(tmp_path: Path) -> None:
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
+    from prometheus_client.parser import text_string_to_metric_families as text_families
+
+    from slurmrt.record.goodput import write_metrics
+
+    log = tmp_path / "events-12.jsonl"
+    log.write_text("".join(json.dumps(e) + "\n" for e in EVENTS))
+    target = tmp_path / "run.prom"
+    write_metrics(target, log, job="12", experiment="e-1")
+    text = target.read_text()
+    for parse in (openmetrics_families, text_families):  # the OpenMetrics parser is strict: # EOF, units, names
+        samples = {(s.name, s.labels.get("category")): s.value for f in parse(text) for s in f.samples}
+        assert samples[("slurmrt_goodput_ratio", None)] == pytest.approx(368.0 / 620.0, abs=1e-6)
+        assert samples[("slurmrt_time_seconds", "lost_work")] == pytest.approx(60.0)
+        assert sum(v for (name, c), v in samples.items() if name == "slurmrt_time_seconds") == pytest.approx(620.0)
