@@ -201,7 +201,7 @@ def run(quick: bool = False) -> Section:
     from slurmrt.sim.faults import draw, write_trace
 
     mtbf_s, seed = (6.0, 1) if quick else (8.0, 41)
-    steps = 400 if quick else 1600
+    steps = 400 if quick else 2800
     work = Path(tempfile.mkdtemp(prefix="slurmrt-goodput-"))
     try:
         trace = work / "trace.csv"
