@@ -81,6 +81,20 @@ def test_the_supervisor_replaces_a_failed_step_without_the_named_node(tmp_path: 
     assert not (tmp_path / "d").exists(), "the supervisor's directory is removed at its end"
 
 
+@pytest.mark.parametrize(("code", "expected"), [(2, 2), (127, 127), (137, 5), (139, 5)])
+def test_a_step_killed_unanswered_is_requeued_and_one_ending_on_a_code_of_its_own_ends_the_job(
+        tmp_path: Path, code: int, expected: int) -> None:
+    """No node gone, nobody asked: tasks killed by a signal (srun's 128 + N) are answered with the requeue (HUNG);
+    a code the program chose (a usage error, a missing command) ends the job with it: another run would fail the
+    same way."""
+    env = {**os.environ, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-3]", "FAKE_LOG": str(tmp_path / "log"),
+           "FAKE_WAIT_FIRST": "1", "FAKE_CODE": str(code)}
+    sup = Supervisor(["x"], spare_nodes=1, max_restarts=3, env=env, directory=tmp_path / "d",
+                     srun=str(fake_srun(tmp_path)))
+    assert sup.run() == expected
+    assert len((tmp_path / "log").read_text().splitlines()) == 1  # no new step in the job either way
+
+
 def test_a_stale_request_from_a_killed_supervisor_is_not_read_as_this_runs(tmp_path: Path) -> None:
     d = tmp_path / "d"
     d.mkdir(mode=0o700)

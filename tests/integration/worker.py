@@ -35,6 +35,7 @@ def main() -> None:
     p.add_argument("--fault-rank", type=int, default=1)
     p.add_argument("--local-every", type=int, default=0, help="save to the node-local tier every N steps")
     p.add_argument("--die-at", type=int, help="in the first run, every rank dies (os._exit 9) at this step")
+    p.add_argument("--die-by-kill", action="store_true", help="--die-at dies of SIGKILL, not os._exit(9)")
     p.add_argument("--compute", type=int, default=0,
                    help="Python loop iterations of work per step, in the timed section (a slowed node shows there)")
     args = p.parse_args()
@@ -82,6 +83,8 @@ def main() -> None:
                 os.kill(os.getpid(), signal.SIGKILL)
             threading.Event().wait()  # hangs: the other ranks block in the all_reduce below
         if args.die_at is not None and step == args.die_at and rt.restart_count == 0 and not got:
+            if args.die_by_kill:  # the OOM killer, say: srun reports 128 + 9
+                os.kill(os.getpid(), signal.SIGKILL)
             os._exit(9)  # the allocation is gone: nothing more is written
         with rt.time_compute():  # every test's run looks for stragglers; the conftest fails one that names any
             g = torch.Generator().manual_seed(step * 1000 + rt.rank)

@@ -194,8 +194,9 @@ class Supervisor:
             return [], code  # slurmrt in the step decided (finished, stopped, requeued or refused): no node was lost
         held = self._allocated()
         gone = [n for n in placement.nodes if n not in held]
-        if not gone:
-            return [], code if self._terminating else self._unanswered(attempt, code)
+        if not gone:  # srun says 128 + N for tasks a signal killed; another code is the program's own (2, 127...)
+            killed = code >= 128 or code < 0
+            return [], self._unanswered(attempt, code) if killed and not self._terminating else code
         why = f"{', '.join(gone)} left the job (node failure)"
         self._failure = Failure(attempt, code, tuple(gone), why, time.time())
         self._say(why)
@@ -208,9 +209,10 @@ class Supervisor:
         return [], done.code  # the executor said why, and what it did instead
 
     def _unanswered(self, attempt: int, code: int) -> int:
-        """A step whose tasks died with a code slurmrt did not choose, no node gone and nobody asking: killed before
-        slurmrt in the step could answer (during its start-up, say). The requeue answers it (the loop guard has its
-        say), with no node named: nothing points at one."""
+        """A step whose tasks a signal killed, no node gone and nobody asking: killed before slurmrt in the step
+        could answer (during its start-up, by the OOM killer, all at once). The requeue answers it (the loop guard
+        has its say), with no node named: nothing points at one. A code the program chose itself (2 for a usage
+        error, 127 for a missing command) still ends the job: another run would fail the same way."""
         why = f"the step ended with exit code {code} before slurmrt in it could say why (a task killed early)"
         self._failure = Failure(attempt, code, (), why, time.time())
         self._say(why)
