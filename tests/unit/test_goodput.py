@@ -107,7 +107,8 @@ def test_a_run_that_ended_in_its_start_up_neither_loses_work_nor_decides_what_wa
     # run 0 trains to step 300 and finishes its work; its node fails as it exits, so Slurm requeues the job: run 1
     # dies in its start-up (no load), run 2 resumes after step 300 and finishes at once. Nothing of run 0 was lost.
     events = [ev(0, 0, "init", nnodes=2), ev(10, 0, "fresh_start", seconds=0.0), ev(100, 0, "progress", step=200),
-              ev(150, 0, "save", step=300, seconds=1.0, blocking=True), ev(152, 0, "exit", outcome="FINISHED", step=300),
+              ev(150, 0, "save", step=300, seconds=1.0, blocking=True),
+              ev(152, 0, "exit", outcome="FINISHED", step=300),
               ev(160, 1, "init", nnodes=2), ev(170, 1, "hang", step=None, idle_s=5.0),
               ev(175, 1, "exit", outcome="HUNG", code=5),
               ev(180, 2, "init", nnodes=2), ev(190, 2, "resume", step=300, seconds=1.0),
