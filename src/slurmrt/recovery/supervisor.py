@@ -194,9 +194,8 @@ class Supervisor:
             return [], code  # slurmrt in the step decided (finished, stopped, requeued or refused): no node was lost
         held = self._allocated()
         gone = [n for n in placement.nodes if n not in held]
-        if not gone:  # srun says 128 + N for tasks a signal killed; another code is the program's own (2, 127...)
-            killed = code >= 128 or code < 0
-            return [], self._unanswered(attempt, code) if killed and not self._terminating else code
+        if not gone:
+            return [], self._unanswered(attempt, code) if _killed(code) and not self._terminating else code
         why = f"{', '.join(gone)} left the job (node failure)"
         self._failure = Failure(attempt, code, tuple(gone), why, time.time())
         self._say(why)
@@ -344,3 +343,9 @@ def default_directory(env: Mapping[str, str], job: str) -> Path:
     output there)."""
     base = env.get("SLURM_SUBMIT_DIR") or os.getcwd()
     return Path(base).resolve() / f".slurmrt-run-{job}"
+
+
+def _killed(code: int) -> bool:
+    """The step's tasks were killed by a signal: srun says 128 + N (a negative code: a signal by number). Another
+    code is the program's own (2 for a usage error, 127 for a missing command)."""
+    return code >= 128 or code < 0
