@@ -95,6 +95,24 @@ def test_a_step_killed_unanswered_is_requeued_and_one_ending_on_a_code_of_its_ow
     assert len((tmp_path / "log").read_text().splitlines()) == 1  # no new step in the job either way
 
 
+def test_a_step_killed_after_one_of_its_ranks_answered_is_left_to_that_answer(tmp_path: Path) -> None:
+    """A rank recorded how the run ends (it requeued the job without the node, say) before srun ended the step with
+    137: the supervisor requeues nothing more."""
+    from slurmrt.record.events import Event, EventLog
+
+    log = tmp_path / "events-7.jsonl"
+    EventLog(log, job="7", restart=0, rank=1).emit(Event.EXIT, code=5, outcome="HUNG", why="requeue without n2",
+                                                    lead=True)
+    env = {**os.environ, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-3]", "FAKE_LOG": str(tmp_path / "log"),
+           "FAKE_WAIT_FIRST": "1", "FAKE_CODE": "137"}
+    sup = Supervisor(["x"], spare_nodes=1, max_restarts=3, env=env, directory=tmp_path / "d",
+                     srun=str(fake_srun(tmp_path)),
+                     event_log=lambda attempt: EventLog(log, job="7", restart=0, rank=-1, attempt=attempt))
+    assert sup.run() == 137
+    assert [line for line in log.read_text().splitlines() if '"exit"' in line] and \
+        len([line for line in log.read_text().splitlines() if '"exit"' in line]) == 1  # no second answer
+
+
 def test_a_stale_request_from_a_killed_supervisor_is_not_read_as_this_runs(tmp_path: Path) -> None:
     d = tmp_path / "d"
     d.mkdir(mode=0o700)

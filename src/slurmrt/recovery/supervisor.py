@@ -37,7 +37,7 @@ from types import FrameType
 from .._errors import ConfigError
 from .._safefs import private_dir
 from ..launch import hostlist
-from ..record.events import EventLog
+from ..record.events import Event, EventLog, read_events
 from ..record.ledger import Ledger
 from . import exclusion, injob
 from .executor import Executor
@@ -212,10 +212,23 @@ class Supervisor:
         could answer (during its start-up, by the OOM killer, all at once). The requeue answers it (the loop guard
         has its say), with no node named: nothing points at one. A code the program chose itself (2 for a usage
         error, 127 for a missing command) still ends the job: another run would fail the same way."""
+        if self._answered(attempt):  # a rank answered (it requeued the job, or said why not): that stands
+            return code
         why = f"the step ended with exit code {code} before slurmrt in it could say why (a task killed early)"
         self._failure = Failure(attempt, code, (), why, time.time())
         self._say(why)
         return self._executor(attempt, ()).recover(Trigger.RANK_LOST, ask=False, detail=why).code
+
+    def _answered(self, attempt: int) -> bool:
+        """A rank of step ``attempt`` recorded how its run ends (an exit event of this restart and attempt)."""
+        path = self.event_log(attempt).path
+        if path is None or not path.exists():
+            return False
+        try:
+            return any(e.get("event") == Event.EXIT.value and e.get("restart", 0) == self.restart_count
+                       and e.get("attempt", 0) == attempt for e in read_events(path))
+        except OSError:
+            return False
 
     def _asked(self, placement: Placement, attempt: int, code: int) -> list[str] | None:
         """The nodes the step's ranks asked to leave out (the plan chose an in-job restart there); None: no
