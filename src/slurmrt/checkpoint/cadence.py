@@ -205,6 +205,7 @@ def advice(events: list[dict[str, Any]], *, node_h: float) -> list[str]:
     saves and its failure history; none when it measured no save. For a loop that cannot ask (Megatron-LM's
     ``--save-interval``), the steps to set."""
     from ..record.events import Event
+    from ..record.timeline import duration as _duration
 
     def seconds(tier: str) -> float | None:
         found = [float(e["seconds"]) for e in events if e.get("event") == Event.SAVE.value
@@ -229,9 +230,3 @@ def advice(events: list[dict[str, Any]], *, node_h: float) -> list[str]:
             f"over {nodes} node(s))")
     said = f"  rt.should_save: a shared save every {every(plan.shared_s)} of training"
     return [head, said + (f", a local one every {every(plan.local_s)}" if plan.local_s is not None else "")]
-
-
-def _duration(seconds: float) -> str:
-    from ..record.timeline import duration
-
-    return duration(seconds)
