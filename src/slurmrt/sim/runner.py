@@ -235,14 +235,14 @@ class _Run:
             self.say(f"*** JOB {spec.job_id} CANCELLED DUE TO TIME LIMIT ***")
             self.terminate("time limit")
         elif what in ("preempt", "preempt_term"):
-            self._preempt(what == "preempt_term")
+            self.preempt(what == "preempt_term")
         elif what == "cancel":
             self.say(f"scancel {spec.job_id}")
             self.terminate("scancel")
         elif what == "hang":
-            self._hang()
+            self.freeze()
         elif what == "fail":
-            self._fail(spec.fail_node or 0)
+            self.fail_node(spec.fail_node or 0)
         elif what.startswith("fault:"):
             self._traced(int(what[6:]))
 
@@ -253,7 +253,7 @@ class _Run:
         if later is not None:
             self._timeline = sorted([*self._timeline, (self.elapsed() + later[0], later[1])])
 
-    def _preempt(self, term: bool) -> None:
+    def preempt(self, term: bool) -> None:
         """A preemption: the job's --signal at once (preempt_send_user_signal), SIGTERM after the grace time."""
         spec = self.spec
         if term:
@@ -265,7 +265,7 @@ class _Run:
         if spec.signal is not None:
             (self.signal_batch if spec.signal_batch else self.signal_tasks)(spec.signal)
 
-    def _hang(self, task: int | None = None) -> None:
+    def freeze(self, task: int | None = None) -> None:
         spec = self.spec
         task = spec.hang_task if task is None else task
         for pid, node, rank in self.state.tasks():
@@ -275,7 +275,7 @@ class _Run:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(pid, signal.SIGSTOP)
 
-    def _fail(self, node: int) -> None:
+    def fail_node(self, node: int) -> None:
         spec = self.spec
         name = spec.node_names[node]
         if spec.no_kill and node > 0:  # the job keeps the nodes it still holds; the node leaves its NodeList

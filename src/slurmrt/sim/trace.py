@@ -36,7 +36,7 @@ class Trace:
         self.clock += max(0.0, seconds)
 
     def inject(self, index: int, run: Any) -> tuple[float, str] | None:
-        """Fault ``index`` into ``run`` (a :class:`slurmrt.sim.runner._Run`); returns an action to schedule after
+        """Fault ``index`` into ``run`` (a :class:`slurmrt.sim.runner._Run`: its preempt, fail_node and freeze); returns an action to schedule after
         it (seconds from now, action), or None. A run that is ending already leaves the fault to the next run."""
         fault = self.faults[index]
         if run.record.ended_by:
@@ -46,18 +46,18 @@ class Trace:
             return RETRY_S, f"fault:{index}"
         if fault.kind == "preemption":
             self.injected[index] = "the job"
-            run._preempt(False)
+            run.preempt(False)
             return run.spec.grace_s, "preempt_term"
         if fault.kind == "node-loss":
             nodes = sorted({node for _, node, _ in live})
             node = nodes[fault.target % len(nodes)]
             self.injected[index] = run.spec.node_names[node]
-            run._fail(node)
+            run.fail_node(node)
         else:
             pid, node, rank = live[fault.target % len(live)]
             self.injected[index] = f"task {rank}"
             if fault.kind == "hang":
-                run._hang(rank)
+                run.freeze(rank)
             else:
                 run.say(f"task {rank} on {run.spec.node_names[node]} crashes: SIGKILL")
                 with contextlib.suppress(ProcessLookupError, PermissionError):
