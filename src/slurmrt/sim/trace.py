@@ -36,8 +36,9 @@ class Trace:
         self.clock += max(0.0, seconds)
 
     def inject(self, index: int, run: Any) -> tuple[float, str] | None:
-        """Fault ``index`` into ``run`` (a :class:`slurmrt.sim.runner._Run`: its preempt, fail_node and freeze); returns an action to schedule after
-        it (seconds from now, action), or None. A run that is ending already leaves the fault to the next run."""
+        """Fault ``index`` into ``run`` (a :class:`slurmrt.sim.runner._Run`: its preempt, fail_node and freeze);
+        returns an action to schedule after it (seconds from now, action), or None. A run that is ending already
+        leaves the fault to the next run."""
         fault = self.faults[index]
         if run.record.ended_by:
             return None
