@@ -1,8 +1,8 @@
-"""A seeded fault campaign: real multi-rank training under ``slurmrt sim``, one fault per trial, drawn from a seed.
+"""A seeded fault campaign: real multi-rank training under ``slurmrt sim``, faults drawn from a seed.
 
 Each trial runs ``tests/integration/worker.py`` (deterministic gloo training, a checkpoint every few steps) as a
-requeueable job of the simulator, injects one fault of a kind and at a moment drawn from the seed, lets the job
-requeue and resume, and checks the invariants:
+requeueable job of the simulator, injects one fault of a kind and at a moment drawn from the seed (or, with
+``--mtbf``, many: the simulator's injector draws them), lets the job requeue and resume, and checks the invariants:
 
 - **kept**: the final weights are bitwise those of an uninterrupted run of the same shape (every step applied once,
   no damaged checkpoint loaded);
@@ -11,9 +11,13 @@ requeue and resume, and checks the invariants:
 
 The faults (``KINDS``): a rank SIGKILLed or hung at a step, every rank dying at once, a node SIGKILLed (with and
 without a spare under ``slurmrt run``), a task frozen by SIGSTOP, a preemption with a grace time. A trial that
-breaks an invariant is reported with its seed and command, to become a regression test.
+breaks an invariant is reported with its seed and command, to become a regression test. With ``--mtbf``, every
+other trial is `slurmrt run --spare-nodes 1` with a node-local tier saved every 5 steps and slow shared saves, so
+that faults also land inside saves, the helper, the replication to the partner node and the loads; the kinds are
+the simulator's (:mod:`slurmrt.sim.faults`), signal storms included.
 
     python -m benchmarks.chaos --trials 24 --seed 1          # make chaos
+    python -m benchmarks.chaos --mtbf 1.5s --trials 400 --faults 1000 --jobs 12   # many faults, 12 trials at once
     python -m benchmarks.chaos --trials 24 --seed 1 --only 5 --keep   # replay trial 5 alone, keep its files
 """
 
@@ -31,9 +35,12 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
+from slurmrt.sim.faults import KINDS as SIM_KINDS
 from slurmrt.sim.faults import Fault, write_trace
 
 from ._common import ROOT, machine, table
@@ -47,6 +54,10 @@ NODES = 2
 #: Fast detection, as the cluster tests use: a hung rank is named within seconds, not the default minutes.
 ENV = {"SLURMRT_HANG_FLOOR_S": "5", "SLURMRT_WATCH_INTERVAL_S": "0.5", "OMP_NUM_THREADS": "1"}
 KINDS = ("rank-killed", "rank-hung", "all-ranks-die", "node-killed", "node-killed-spare", "task-frozen", "preempted")
+#: The simulator's draw in trials of many faults: its default weights, and signal storms as often as preemptions.
+#: Trials whose job is `slurmrt run --spare-nodes 1` on one node more, in a --no-kill allocation.
+IN_JOB = ("node-killed-spare", "mixed-in-job")
+MTBF_WEIGHTS = "node-loss=4,rank-crash=3,hang=2,preemption=1,signal-storm=1"
 
 
 @dataclass(frozen=True)
@@ -63,10 +74,11 @@ class Trial:
     def sim_args(self, directory: Path) -> list[str]:
         """The simulator's options; a fault from outside the job is a one-line trace for the simulator's injector
         (slurmrt.sim.faults), counted from the first checkpoint."""
-        nodes = NODES + (1 if self.kind == "node-killed-spare" else 0)
+        nodes = NODES + (1 if self.kind in IN_JOB else 0)
         if self.mtbf is not None:  # the simulator's own draw, on training time; every run resumes and goes on
             return ["-N", str(nodes), "--ntasks-per-node", "1", "--mtbf", self.mtbf, "--seed", str(self.seed),
-                    "--after-checkpoint"]
+                    "--fault-weights", MTBF_WEIGHTS, "--after-checkpoint",
+                    *(["--no-kill"] if self.kind in IN_JOB else [])]
         args = ["-N", str(nodes), "--ntasks-per-node", "1", "--requeue", "--max-restarts", "4"]
         injected = {"node-killed": "node-loss", "node-killed-spare": "node-loss", "task-frozen": "hang",
                     "preempted": "preemption"}.get(self.kind)
@@ -86,6 +98,9 @@ class Trial:
             "rank-killed": ["--fault", "kill", "--fault-at", str(self.step), "--fault-rank", str(self.target)],
             "rank-hung": ["--fault", "hang", "--fault-at", str(self.step), "--fault-rank", str(self.target)],
             "all-ranks-die": ["--die-at", str(self.step)],
+            # Local saves every 5 steps (replicated to the partner node) and slow shared ones: faults land inside
+            # saves, the save helper, the replication and the loads.
+            "mixed-in-job": ["--local-every", "5", "--slow-save", "0.05"],
         }.get(self.kind, [])
 
 
@@ -94,7 +109,8 @@ def draw(seed: int, trials: int, mtbf: str | None = None) -> list[Trial]:
     ``mtbf``, trials of many faults each, drawn by the simulator from a seed of each trial's."""
     rng = random.Random(seed)
     if mtbf is not None:
-        return [Trial(n, "mixed", 0, 0.0, 0, mtbf=mtbf, seed=seed * 100_003 + n) for n in range(trials)]
+        return [Trial(n, ("mixed", "mixed-in-job")[n % 2], 0, 0.0, 0, mtbf=mtbf, seed=seed * 100_003 + n)
+                for n in range(trials)]
     return [Trial(n, KINDS[n % len(KINDS)], rng.randint(SAVE_EVERY + 1, STEPS - 5), rng.uniform(0.0, 1.5),
                   rng.randrange(NODES)) for n in range(trials)]
 
@@ -105,8 +121,10 @@ def batch_script(directory: Path, trial: Trial, steps: int = STEPS) -> Path:
               str(steps), "--step-time", str(STEP_TIME), "--save-every", str(SAVE_EVERY), *trial.worker_args()]
     command = " ".join(shlex.quote(a) if "$" not in a else f'"{a}"' for a in worker)
     script = directory / "job.sbatch"
-    if trial.kind == "node-killed-spare":
+    if trial.kind in IN_JOB:
         body = f"exec {shlex.quote(sys.executable)} -m slurmrt run --spare-nodes 1 -- {command}"
+        if trial.kind == "mixed-in-job":  # a node-local tier: each node's own directory under it
+            body = f"mkdir -p {directory}/local\nexport SLURMRT_LOCAL_CHECKPOINT_DIR={directory}/local\n{body}"
     else:
         body = "\n".join([f"srun --kill-on-bad-exit=1 {command}", "rc=$?",
                           'case $rc in 0|1|2|3|4) ;; *) scontrol requeue "$SLURM_JOB_ID" ;; esac', "exit $rc"])
@@ -177,6 +195,7 @@ def judge(trial: Trial, work: Path, expected: list[float], timeout_s: float, ste
         out = run_sim(directory, args, timeout_s)
     except subprocess.TimeoutExpired as err:
         return "timeout", f"no end within {timeout_s:.0f} s", injected(trial, str(err.stdout or ""))
+    (directory / "sim.out").write_text(out.stdout + out.stderr)  # kept with --keep
     faults = injected(trial, out.stdout)
     left = leftovers(directory)
     weights = final_weights(directory)
@@ -189,6 +208,32 @@ def judge(trial: Trial, work: Path, expected: list[float], timeout_s: float, ste
     return "survived", "", faults
 
 
+def campaign(trials: list[Trial], run: Callable[[Trial], tuple[str, str, Counter[str]]], *, jobs: int,
+             faults_wanted: int | None, budget_s: float | None) -> Iterator[tuple[Trial, str, str, Counter[str]]]:
+    """Run ``trials`` in order, ``jobs`` at a time, and yield each as it ends. No trial starts once ``faults_wanted``
+    faults were injected by the trials that ended, or ``budget_s`` seconds have passed; the ones running finish."""
+    started, total = time.monotonic(), 0
+    pending = iter(trials)
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        running: dict[Future[tuple[str, str, Counter[str]]], Trial] = {}
+        while True:
+            enough = (faults_wanted is not None and total >= faults_wanted) or \
+                (budget_s is not None and time.monotonic() - started >= budget_s)
+            while not enough and len(running) < jobs:
+                trial = next(pending, None)
+                if trial is None:
+                    break
+                running[pool.submit(run, trial)] = trial
+            if not running:
+                return
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in sorted(done, key=lambda f: running[f].number):
+                trial = running.pop(future)
+                verdict, detail, hit = future.result()
+                total += sum(hit.values())
+                yield trial, verdict, detail, hit
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--trials", type=int, default=len(KINDS) * 4)
@@ -197,21 +242,30 @@ def main(argv: list[str] | None = None) -> int:
                                   "this mean time between failures of training time, e.g. 3s")
     p.add_argument("--steps", type=int, help=f"training steps of each trial (default {STEPS}; with --mtbf, "
                                              f"{MTBF_STEPS})")
+    p.add_argument("--jobs", type=int, default=1, help="trials at once (default 1)")
+    p.add_argument("--faults", type=int, help="start no trial once this many faults were injected (with --mtbf, "
+                                              "--trials is then a ceiling)")
+    p.add_argument("--budget", type=float, help="start no trial after this many seconds")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds one trial may take")
     p.add_argument("--keep", action="store_true", help="keep the trials' directories")
     p.add_argument("--only", type=int, action="append", help="run only this trial of the campaign (repeatable)")
     args = p.parse_args(argv)
+    for name in ("trials", "jobs", "faults", "budget", "timeout"):
+        if getattr(args, name) is not None and getattr(args, name) <= 0:
+            p.error(f"--{name} must be positive, not {getattr(args, name)}")
     steps = args.steps or (MTBF_STEPS if args.mtbf else STEPS)
     work = Path(tempfile.mkdtemp(prefix="slurmrt-chaos-"))
     started = time.monotonic()
     faults: Counter[tuple[str, str]] = Counter()
     failures: list[str] = []
+    ran = 0
     try:
         expected = reference(work, steps)
-        for trial in draw(args.seed, args.trials, args.mtbf):
-            if args.only and trial.number not in args.only:
-                continue
-            verdict, detail, hit = judge(trial, work, expected, args.timeout, steps)
+        trials = [t for t in draw(args.seed, args.trials, args.mtbf) if not args.only or t.number in args.only]
+        for trial, verdict, detail, hit in campaign(
+                trials, lambda t: judge(t, work, expected, args.timeout, steps), jobs=args.jobs,
+                faults_wanted=args.faults, budget_s=args.budget):
+            ran += 1
             for kind, n in hit.items():
                 faults[(kind, verdict)] += n
             said = ", ".join(f"{n} {k}" for k, n in hit.items()) if trial.mtbf else \
@@ -222,19 +276,25 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
-    kinds = sorted({k for k, _ in faults}, key=lambda k: (k not in KINDS, KINDS.index(k) if k in KINDS else 0, k))
-    rows = [[kind, sum(n for (k, _), n in faults.items() if k == kind)] +
-            [faults[(kind, v)] for v in VERDICTS] for kind in kinds]
-    rows.append(["all", sum(faults.values())] + [sum(n for (_, v), n in faults.items() if v == verdict)
-                                                 for verdict in VERDICTS])
-    command = f"python -m benchmarks.chaos --trials {args.trials} --seed {args.seed}" + \
-        (f" --mtbf {args.mtbf}" if args.mtbf else "") + (f" --steps {args.steps}" if args.steps else "")
-    print(f"\n{machine()}; seed {args.seed}, {args.trials} trials in {time.monotonic() - started:.0f} s; "
+    command = "python -m benchmarks.chaos " + " ".join(
+        f"--{name} {getattr(args, name)}" for name in ("trials", "seed", "mtbf", "steps", "jobs", "faults", "budget")
+        if getattr(args, name) is not None)
+    print(f"\n{machine()}; seed {args.seed}, {ran} trials in {time.monotonic() - started:.0f} s; "
           f"command: {command}\n")
-    print(table(["fault", "injected", *(f"in {v} trials" if v != "survived" else v for v in VERDICTS)], rows))
+    print(report(faults))
     for failure in failures:
         print(f"\n{failure}")
     return 1 if failures else 0
+
+
+def report(faults: Counter[tuple[str, str]], kinds: tuple[str, ...] = KINDS + SIM_KINDS) -> str:
+    """The campaign's table: faults by kind, and in which trials they ended."""
+    found = sorted({k for k, _ in faults}, key=lambda k: (k not in kinds, kinds.index(k) if k in kinds else 0, k))
+    rows = [[kind, sum(n for (k, _), n in faults.items() if k == kind)] +
+            [faults[(kind, v)] for v in VERDICTS] for kind in found]
+    rows.append(["all", sum(faults.values())] + [sum(n for (_, v), n in faults.items() if v == verdict)
+                                                 for verdict in VERDICTS])
+    return table(["fault", "injected", *(f"in {v} trials" if v != "survived" else v for v in VERDICTS)], rows)
 
 
 if __name__ == "__main__":

@@ -80,3 +80,25 @@ def test_an_unreadable_kill_switch_is_a_clear_error_not_a_traceback(tmp_path: Pa
     finally:
         private.rmdir()
     assert "cannot be looked at" in out.stdout and "Traceback" not in out.stderr, out.stderr
+
+
+LATE_WARNING = """
+import os, signal, slurmrt
+rt = slurmrt.init(deadline=False)
+code = rt.finish()
+for _ in range(20):  # a storm of the job's warning, as the finished task tears down
+    os.kill(os.getpid(), signal.SIGUSR1)
+    os.kill(os.getpid(), signal.SIGUSR2)
+print("still here after the storm, code", int(code))
+"""
+
+
+def test_a_warning_storm_after_finish_leaves_a_finished_task_finished(tmp_path: Path) -> None:
+    """The chaos campaign's signal storm hit a task that had finished its training: it died of SIGUSR1 (srun's
+    "User defined signal 1", exit 138) and the job ended failed. Once slurmrt is done, a warning is ignored."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "LOCAL_RANK"))}
+    env.update(PYTHONPATH=str(ROOT / "src"), SLURMRT_EVENT_LOG=str(tmp_path / "events.jsonl"))
+    out = subprocess.run([sys.executable, "-c", LATE_WARNING], capture_output=True, text=True, env=env, timeout=120,
+                         cwd=tmp_path)
+    assert out.returncode == 0, (out.returncode, out.stderr[-2000:])
+    assert "still here after the storm, code 0" in out.stdout

@@ -97,7 +97,7 @@ def test_a_step_killed_unanswered_is_requeued_and_one_ending_on_a_code_of_its_ow
 
 def test_a_step_killed_after_one_of_its_ranks_answered_is_left_to_that_answer(tmp_path: Path) -> None:
     """A rank recorded how the run ends (it requeued the job without the node, say) before srun ended the step with
-    137: the supervisor requeues nothing more."""
+    137: the supervisor requeues nothing more, and ends with the rank's code."""
     from slurmrt.record.events import Event, EventLog
 
     log = tmp_path / "events-7.jsonl"
@@ -108,9 +108,26 @@ def test_a_step_killed_after_one_of_its_ranks_answered_is_left_to_that_answer(tm
     sup = Supervisor(["x"], spare_nodes=1, max_restarts=3, env=env, directory=tmp_path / "d",
                      srun=str(fake_srun(tmp_path)),
                      event_log=lambda attempt: EventLog(log, job="7", restart=0, rank=-1, attempt=attempt))
-    assert sup.run() == 137
+    assert sup.run() == 5
     assert [line for line in log.read_text().splitlines() if '"exit"' in line] and \
         len([line for line in log.read_text().splitlines() if '"exit"' in line]) == 1  # no second answer
+
+
+def test_a_step_killed_by_a_late_signal_after_its_ranks_finished_ends_finished(tmp_path: Path) -> None:
+    """The chaos campaign's signal storm: the ranks had finished (rank 0 recorded it) when a SIGTERM killed a task
+    as it tore down, and srun ended the step with 143. The job ended failed; the training was done. Now the
+    supervisor ends with the rank's answer, 0, and starts nothing more."""
+    from slurmrt.record.events import Event, EventLog
+
+    log = tmp_path / "events-7.jsonl"
+    EventLog(log, job="7", restart=0, rank=0).emit(Event.EXIT, code=0, outcome="FINISHED", why="all steps done")
+    env = {**os.environ, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-3]", "FAKE_LOG": str(tmp_path / "log"),
+           "FAKE_WAIT_FIRST": "1", "FAKE_CODE": "143"}
+    sup = Supervisor(["x"], spare_nodes=1, max_restarts=3, env=env, directory=tmp_path / "d",
+                     srun=str(fake_srun(tmp_path)),
+                     event_log=lambda attempt: EventLog(log, job="7", restart=0, rank=-1, attempt=attempt))
+    assert sup.run() == 0
+    assert len((tmp_path / "log").read_text().splitlines()) == 1  # one step, no replacement, no requeue
 
 
 def test_a_stale_request_from_a_killed_supervisor_is_not_read_as_this_runs(tmp_path: Path) -> None:

@@ -59,6 +59,8 @@ def main() -> None:
     start = 0
     if got is not None:
         step, state = got
+        if isinstance(state, Path):  # a save of --slow-save's own (slurmrt.Staged): its directory, read here
+            state = torch.load(state / f"rank_{rt.rank:05d}.pt")
         w = state["w"]
         start = step + 1
         if args.resume_steps:

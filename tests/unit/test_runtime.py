@@ -189,11 +189,25 @@ def test_kill_switch_present_at_init_exits_zero(job: Path, tmp_path: Path) -> No
 
 
 def test_signal_handlers_are_restored_after_finish(job: Path) -> None:
-    before = signal.getsignal(signal.SIGUSR1)
+    def mine(signum: int, frame: object) -> None:
+        pass
+
+    signal.signal(signal.SIGUSR1, mine)
     rt = slurmrt.init(deadline=False)
-    assert signal.getsignal(signal.SIGUSR1) is not before
+    assert signal.getsignal(signal.SIGUSR1) is not mine
     rt.finish()
-    assert signal.getsignal(signal.SIGUSR1) is before
+    assert signal.getsignal(signal.SIGUSR1) is mine
+
+
+def test_after_finish_a_late_warning_signal_is_ignored_not_deadly(job: Path) -> None:
+    """A USR1 whose default (to die) slurmrt found is ignored once it is done: a warning that comes while a finished
+    task tears down must not fail it. SIGTERM keeps its default: the job's end still ends the process."""
+    signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    rt = slurmrt.init(deadline=False)
+    rt.finish()
+    assert signal.getsignal(signal.SIGUSR1) == signal.SIG_IGN
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
 
 
 def test_save_without_a_checkpoint_dir_says_how_to_fix_it(job: Path) -> None:

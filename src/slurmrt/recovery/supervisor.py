@@ -208,27 +208,38 @@ class Supervisor:
         return [], done.code  # the executor said why, and what it did instead
 
     def _unanswered(self, attempt: int, code: int) -> int:
-        """A step whose tasks a signal killed, no node gone and nobody asking: killed before slurmrt in the step
-        could answer (during its start-up, by the OOM killer, all at once). The requeue answers it (the loop guard
-        has its say), with no node named: nothing points at one. A code the program chose itself (2 for a usage
-        error, 127 for a missing command) still ends the job: another run would fail the same way."""
-        if self._answered(attempt):  # a rank answered (it requeued the job, or said why not): that stands
-            return code
+        """A step whose tasks a signal killed, no node gone and nobody asking. When a rank of it had recorded how
+        its run ends (it requeued the job without a node, or finished, before a late signal killed a task as it
+        tore down), that answer and its code stand: a finished training stays finished. Otherwise it was killed
+        before slurmrt in it could answer (during its start-up, by the OOM killer, all at once): the requeue answers
+        it (the loop guard has its say), with no node named, since nothing points at one. A code the program chose
+        itself (2 for a usage error, 127 for a missing command) still ends the job: another run would fail the
+        same way."""
+        answer = self._answer(attempt)
+        if answer is not None:
+            if answer != code:
+                self._say(f"the step ended with exit code {code} after slurmrt in it had answered {answer}: "
+                          "that answer stands")
+            return answer
         why = f"the step ended with exit code {code} before slurmrt in it could say why (a task killed early)"
         self._failure = Failure(attempt, code, (), why, time.time())
         self._say(why)
         return self._executor(attempt, ()).recover(Trigger.RANK_LOST, ask=False, detail=why).code
 
-    def _answered(self, attempt: int) -> bool:
-        """A rank of step ``attempt`` recorded how its run ends (an exit event of this restart and attempt)."""
+    def _answer(self, attempt: int) -> int | None:
+        """The exit code a rank of step ``attempt`` recorded for its run (an exit event of this restart and
+        attempt; the lead rank's first), or None."""
         path = self.event_log(attempt).path
         if path is None or not path.exists():
-            return False
+            return None
         try:
-            return any(e.get("event") == Event.EXIT.value and e.get("restart", 0) == self.restart_count
-                       and e.get("attempt", 0) == attempt for e in read_events(path))
+            exits = [e for e in read_events(path) if e.get("event") == Event.EXIT.value
+                     and e.get("restart", 0) == self.restart_count and e.get("attempt", 0) == attempt]
         except OSError:
-            return False
+            return None
+        exits.sort(key=lambda e: not e.get("lead"))
+        codes = [e["code"] for e in exits if isinstance(e.get("code"), int) and not isinstance(e["code"], bool)]
+        return codes[0] if codes else None
 
     def _asked(self, placement: Placement, attempt: int, code: int) -> list[str] | None:
         """The nodes the step's ranks asked to leave out (the plan chose an in-job restart there); None: no

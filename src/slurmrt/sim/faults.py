@@ -12,7 +12,9 @@ already ending comes at the next run's start (its clock's start). The kinds:
   the job, as a node Slurm marks down);
 - ``rank-crash``: one task is SIGKILLed (a segfault, an OOM kill);
 - ``hang``: one task is frozen (SIGSTOP), as a hung collective looks from outside;
-- ``preemption``: the job's ``--signal`` at once, SIGTERM after the grace time, and a requeue.
+- ``preemption``: the job's ``--signal`` at once, SIGTERM after the grace time, and a requeue;
+- ``signal-storm``: a burst of SIGUSR1, SIGUSR2 and SIGTERM to every task at once (a launcher that forwards in a
+  loop, an impatient ``scancel``): the job must stop once, save once and requeue. Not in the default weights.
 
 The node or task a fault hits is drawn with it (an index, taken modulo what is alive when it fires), so a seed
 replays the same campaign whatever the machine's speed.
@@ -31,7 +33,7 @@ from .._errors import ConfigError
 
 __all__ = ["KINDS", "Fault", "draw", "parse_duration", "parse_weights", "read_trace", "write_trace"]
 
-KINDS = ("node-loss", "rank-crash", "hang", "preemption")
+KINDS = ("node-loss", "rank-crash", "hang", "preemption", "signal-storm")
 #: The default weights: Llama 3's 466 interruptions were mostly hardware (GPUs, memory, network: a lost node or a
 #: crashed rank); hangs and preemptions are rarer on a dedicated allocation.
 DEFAULT_WEIGHTS = {"node-loss": 4.0, "rank-crash": 3.0, "hang": 2.0, "preemption": 1.0}

@@ -39,6 +39,9 @@ from .trace import Trace
 
 __all__ = ["RunRecord", "SimInterrupted", "simulate"]
 
+#: A signal storm sends each of its three signals this many times to every task.
+STORM_ROUNDS = 10
+
 class _Run:
     def __init__(self, spec: JobSpec, restart: int, state: SimState, bin_dir: Path, events: Path,
                  out: IO[str], stop_signal: Callable[[], int | None], trace: Trace | None = None) -> None:
@@ -264,6 +267,13 @@ class _Run:
         self.record.ended_by = "preemption"
         if spec.signal is not None:
             (self.signal_batch if spec.signal_batch else self.signal_tasks)(spec.signal)
+
+    def storm(self) -> None:
+        """A signal storm: SIGUSR1, SIGUSR2 and SIGTERM to every task, STORM_ROUNDS times, as fast as they go."""
+        self.say(f"a signal storm: {3 * STORM_ROUNDS} signals (USR1, USR2, TERM) to every task")
+        for _ in range(STORM_ROUNDS):
+            for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM):
+                self.signal_tasks(sig)
 
     def freeze(self, task: int | None = None) -> None:
         spec = self.spec

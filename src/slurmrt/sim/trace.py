@@ -36,7 +36,7 @@ class Trace:
         self.clock += max(0.0, seconds)
 
     def inject(self, index: int, run: Any) -> tuple[float, str] | None:
-        """Fault ``index`` into ``run`` (a :class:`slurmrt.sim.runner._Run`: its preempt, fail_node and freeze);
+        """Fault ``index`` into ``run`` (a :class:`slurmrt.sim.runner._Run`: its preempt, storm, fail_node and freeze);
         returns an action to schedule after it (seconds from now, action), or None. A run that is ending already
         leaves the fault to the next run."""
         fault = self.faults[index]
@@ -49,6 +49,10 @@ class Trace:
             self.injected[index] = "the job"
             run.preempt(False)
             return run.spec.grace_s, "preempt_term"
+        if fault.kind == "signal-storm":
+            self.injected[index] = "every task"
+            run.storm()
+            return None
         if fault.kind == "node-loss":
             nodes = sorted({node for _, node, _ in live})
             node = nodes[fault.target % len(nodes)]

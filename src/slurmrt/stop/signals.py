@@ -41,7 +41,8 @@ def parse_signal(value: str | int | signal.Signals) -> signal.Signals:
 
 
 class SignalRecorder:
-    """Installs recording handlers; :meth:`close` puts the previous ones back."""
+    """Installs recording handlers; :meth:`close` puts the previous ones back (a warning signal's default, to die,
+    becomes ignored: see :func:`_after`)."""
 
     def __init__(self, signals: Iterable[signal.Signals] = DEFAULT_SIGNALS) -> None:
         self.signals = tuple(signals)
@@ -89,13 +90,23 @@ class SignalRecorder:
         if not self.installed:
             return
         for sig, previous in self._previous.items():
-            signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
+            signal.signal(sig, _after(sig, previous))
         self._previous.clear()
         self.installed = False
 
 
 #: Signals slurmrt records that end a run rather than warn of its end: the processes it starts may see these.
 _ENDING = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
+
+
+def _after(sig: signal.Signals, previous: _Handler) -> _Handler:
+    """The handler to leave once slurmrt is done: the one it found, except that a warning signal (USR1, USR2) whose
+    default action is to die is ignored from then on. The warning of a job's end (``--signal``, a preemption) often
+    comes while a finished process tears down (process groups, a tracker's flush): dying of it would turn a
+    finished task into a failed one (srun: "User defined signal 1", exit 138), and there is nothing left to save."""
+    if previous is None or previous == signal.SIG_DFL:
+        return signal.SIG_DFL if sig in _ENDING else signal.SIG_IGN
+    return previous
 
 
 class ChildShield:
