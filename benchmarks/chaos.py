@@ -49,7 +49,13 @@ WORKER = ROOT / "tests" / "integration" / "worker.py"
 STEPS, SAVE_EVERY, STEP_TIME = 60, 10, 0.05
 #: The training of a trial of many faults (--mtbf): long enough for several.
 MTBF_STEPS = 240
-VERDICTS = ("survived", "lost", "dead", "leftover", "timeout")
+#: "slurm-ended": the job's first node was lost in a --no-kill job, which Slurm ends without a requeue (docs/slurm.md):
+#: nothing in the job is left to answer; counted apart from "dead", which slurmrt should have prevented.
+VERDICTS = ("survived", "lost", "dead", "slurm-ended", "leftover", "timeout")
+#: The simulator's lines for the faults it injects, for a trial cut short before its summary.
+SAID = {"rank-crash": " crashes: SIGKILL", "hang": " hangs: SIGSTOP", "node-loss": "slurmrt sim: node ",
+        "preemption": " preempted: grace time", "signal-storm": "slurmrt sim: a signal storm"}
+BATCH_NODE_LOST = "the batch script's node; --no-kill: Slurm kills the batch step"
 NODES = 2
 #: Fast detection, as the cluster tests use: a hung rank is named within seconds, not the default minutes.
 ENV = {"SLURMRT_HANG_FLOOR_S": "5", "SLURMRT_WATCH_INTERVAL_S": "0.5", "OMP_NUM_THREADS": "1"}
@@ -179,9 +185,18 @@ def injected(trial: Trial, stdout: str) -> Counter[str]:
     if trial.mtbf is None:
         return Counter({trial.kind: 1})
     found = INJECTED.search(stdout)
-    if found is None or found[2] == "none":
+    if found is None:  # cut short: count what the simulator said it did
+        return Counter({kind: n for kind, said in SAID.items()
+                        if (n := sum(said in line for line in stdout.splitlines() if "slurmrt sim:" in line))})
+    if found[2] == "none":
         return Counter()
     return Counter({kind: int(n) for n, kind in (part.split(" ", 1) for part in found[2].split(", "))})
+
+
+def ended_by_slurm(stdout: str) -> bool:
+    """The job's last run ended because its first node was lost in a --no-kill job (Slurm ends it, no requeue)."""
+    runs = re.split(r"^slurmrt sim: run \d+ ended after.*$", stdout.split("slurmrt sim summary")[0], flags=re.M)
+    return len(runs) > 1 and BATCH_NODE_LOST in runs[-2]
 
 
 def judge(trial: Trial, work: Path, expected: list[float], timeout_s: float, steps: int
@@ -194,13 +209,15 @@ def judge(trial: Trial, work: Path, expected: list[float], timeout_s: float, ste
     try:
         out = run_sim(directory, args, timeout_s)
     except subprocess.TimeoutExpired as err:
-        return "timeout", f"no end within {timeout_s:.0f} s", injected(trial, str(err.stdout or ""))
+        partial = err.stdout.decode(errors="replace") if isinstance(err.stdout, bytes) else err.stdout or ""
+        (directory / "sim.out").write_text(partial)
+        return "timeout", f"no end within {timeout_s:.0f} s", injected(trial, partial)
     (directory / "sim.out").write_text(out.stdout + out.stderr)  # kept with --keep
     faults = injected(trial, out.stdout)
     left = leftovers(directory)
     weights = final_weights(directory)
     if out.returncode != 0:
-        return "dead", (out.stdout + out.stderr)[-1500:], faults
+        return "slurm-ended" if ended_by_slurm(out.stdout) else "dead", (out.stdout + out.stderr)[-1500:], faults
     if weights != expected:
         return "lost", f"final weights {weights} != uninterrupted {expected}", faults
     if left:

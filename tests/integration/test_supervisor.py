@@ -208,6 +208,30 @@ def test_a_node_that_left_the_allocation_is_replaced_though_nobody_could_ask(
         assert "--nodelist=n1,n3" in calls[1]["argv"]
 
 
+def test_a_node_lost_after_the_ranks_finished_leaves_the_job_finished(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The chaos campaign (device, seed 301): the ranks had finished (rank 0 recorded it) when n2 failed and Slurm
+    killed the step. The supervisor treated it as a failure: a new step, or the requeue, until the loop guard ended
+    a finished training with exit 5. The ranks' answer stands: 0, no second step."""
+    from slurmrt.record.events import Event, EventLog
+
+    scontrol = tmp_path / "scontrol"
+    scontrol.write_text(f"#!/bin/sh\nif [ -e {tmp_path}/asked ]; then held='n[1,3]'; else held='n[1-3]'; fi\n"
+                        f"touch {tmp_path}/asked\n"
+                        'echo "JobId=7 JobState=RUNNING NodeList=$held ExcNodeList=(null) NumNodes=3"\n')
+    scontrol.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    log = tmp_path / "events-7.jsonl"
+    EventLog(log, job="7", restart=0, rank=0).emit(Event.EXIT, code=0, outcome="FINISHED", why="all steps done")
+    env = {**os.environ, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-3]", "FAKE_LOG": str(tmp_path / "log"),
+           "FAKE_NODE_FAILURE": "1", "PATH": os.environ["PATH"]}
+    sup = Supervisor(["x"], spare_nodes=1, max_restarts=3, env=env, directory=tmp_path / "d",
+                     srun=str(fake_srun(tmp_path)),
+                     event_log=lambda attempt: EventLog(log, job="7", restart=0, rank=-1, attempt=attempt))
+    assert sup.run() == 0
+    assert len((tmp_path / "log").read_text().splitlines()) == 1  # step 0 only: no replacement, no requeue
+
+
 def test_a_spare_that_left_the_job_is_not_given_a_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """n3, the spare, failed while step 0 ran, whose ranks asked for an in-job restart: no node to go to, so the
     supervisor requeues the job without n2 itself (the ranks left that to it), instead of an srun on a lost node."""

@@ -184,14 +184,17 @@ class Supervisor:
 
     def _bad_nodes(self, placement: Placement, attempt: int, code: int) -> tuple[list[str], int]:
         """The nodes the next step must leave out (none: no next step), and the exit code so far. Those the step's
-        ranks asked for; else those that left the allocation (a node failure: with --no-kill, Slurm kills the
+        ranks asked for; else, when a rank recorded how its run ends (it finished, or requeued the job, before a
+        late signal or a lost node killed the step), that answer and its code: a finished training stays finished;
+        else those that left the allocation (a node failure: with --no-kill, Slurm kills the
         step's tasks at once, so nobody could ask), for which the supervisor asks the recovery plan itself: a new
         step on a spare, or the requeue without them."""
         asked = self._asked(placement, attempt, code)
         if asked is not None:
             return asked, code
-        if code in {int(c) for c in ExitCode}:
-            return [], code  # slurmrt in the step decided (finished, stopped, requeued or refused): no node was lost
+        stands = self._standing(attempt, code)
+        if stands is not None:
+            return [], stands
         held = self._allocated()
         gone = [n for n in placement.nodes if n not in held]
         if not gone:
@@ -208,23 +211,27 @@ class Supervisor:
         return [], done.code  # the executor said why, and what it did instead
 
     def _unanswered(self, attempt: int, code: int) -> int:
-        """A step whose tasks a signal killed, no node gone and nobody asking. When a rank of it had recorded how
-        its run ends (it requeued the job without a node, or finished, before a late signal killed a task as it
-        tore down), that answer and its code stand: a finished training stays finished. Otherwise it was killed
-        before slurmrt in it could answer (during its start-up, by the OOM killer, all at once): the requeue answers
+        """A step whose tasks a signal killed, no node gone, nobody asking and no rank's answer recorded: killed
+        before slurmrt in it could answer (during its start-up, by the OOM killer, all at once). The requeue answers
         it (the loop guard has its say), with no node named, since nothing points at one. A code the program chose
         itself (2 for a usage error, 127 for a missing command) still ends the job: another run would fail the
         same way."""
-        answer = self._answer(attempt)
-        if answer is not None:
-            if answer != code:
-                self._say(f"the step ended with exit code {code} after slurmrt in it had answered {answer}: "
-                          "that answer stands")
-            return answer
         why = f"the step ended with exit code {code} before slurmrt in it could say why (a task killed early)"
         self._failure = Failure(attempt, code, (), why, time.time())
         self._say(why)
         return self._executor(attempt, ()).recover(Trigger.RANK_LOST, ask=False, detail=why).code
+
+    def _standing(self, attempt: int, code: int) -> int | None:
+        """The exit code that stands without a recovery: ``code`` when slurmrt in the step chose it (finished,
+        stopped, requeued or refused), or the code a rank recorded before a late signal or a lost node killed the
+        step; None when nobody in the step answered."""
+        if code in {int(c) for c in ExitCode}:
+            return code
+        answer = self._answer(attempt)
+        if answer is not None and answer != code:
+            self._say(f"the step ended with exit code {code} after slurmrt in it had answered {answer}: "
+                      "that answer stands")
+        return answer
 
     def _answer(self, attempt: int) -> int | None:
         """The exit code a rank of step ``attempt`` recorded for its run (an exit event of this restart and

@@ -293,10 +293,15 @@ class _Run:
             self.state.mark_down(name)
             self.signal_tasks(signal.SIGKILL, node)
             return
-        self.say(f"node {name} fails: SIGKILL to its tasks" +
-                 (" (the batch script's node: --no-kill does not keep the job)" if spec.no_kill else ""))
         self.signal_tasks(signal.SIGKILL, node)
         self.record.ended_by = self.record.ended_by or f"node {name} failed"
+        if spec.no_kill:
+            # Measured (docs/slurm.md): Slurm kills the batch step with its node and ends the job, --requeue or not.
+            self.say(f"node {name} fails: the batch script's node; --no-kill: Slurm kills the batch step and ends "
+                     "the job, without a requeue")
+            self.signal_batch(signal.SIGKILL, group=True)
+            return
+        self.say(f"node {name} fails: SIGKILL to its tasks")
         self.record.requeued = self.record.requeued or spec.requeue  # Slurm requeues a NODE_FAIL'd job itself
 
 
