@@ -45,11 +45,20 @@ test-gpu: $(VENV)/.installed
 test-repeat: $(VENV)/.installed
 	tests/stress/repeat.sh 5 3
 
-# The seeded fault campaign (benchmarks/chaos.py): real multi-rank training under slurmrt sim, one fault per trial,
-# each trial checked for lost work, a dead job and leftover processes. Not part of `make test` (it takes long).
+# The seeded fault campaign (benchmarks/chaos.py): real multi-rank training under slurmrt sim, one fault per trial
+# (or many: MTBF=1s), each trial checked for lost work, a dead job and leftover processes; JOBS trials at once, until
+# FAULTS faults. CLUSTER=1: its series on the test cluster instead (benchmarks/chaos_cluster.py; root, or a cluster
+# already started by tests/slurm/cluster.sh). Not part of `make test` (it takes long).
 chaos: $(VENV)/.installed
 	$(PY) -m pip install -q -e '.[bench]'
-	$(PY) -m benchmarks.chaos --trials $(or $(TRIALS),28) --seed $(or $(SEED),1) $(if $(MTBF),--mtbf $(MTBF))
+ifeq ($(CLUSTER),1)
+	bash tests/slurm/cluster.sh start
+	SLURM_CONF=$${SLURMRT_CLUSTER_DIR:-/tmp/slurmrt-cluster}/slurm.conf $(PY) -m benchmarks.chaos_cluster \
+		--faults $(or $(FAULTS),50) --seed $(or $(SEED),1) --mtbf $(or $(MTBF),6)
+else
+	$(PY) -m benchmarks.chaos --trials $(or $(TRIALS),28) --seed $(or $(SEED),1) $(if $(MTBF),--mtbf $(MTBF)) \
+		--jobs $(or $(JOBS),1) $(if $(FAULTS),--faults $(FAULTS))
+endif
 
 bench: $(VENV)/.installed
 	$(PY) -m pip install -q -e '.[bench]'

@@ -461,3 +461,34 @@ def test_a_step_whose_tasks_all_die_unanswered_under_slurmrt_run_is_requeued_not
     assert "requeued" in first["ended by"] and second["ended by"] == "finished", (first, second)
     finals = _finals(tmp_path / "out", 2)
     assert finals[0]["start"] == 20 and finals[0]["w"] == pytest.approx(expected_weights(60, 2), abs=1e-5)
+
+
+def test_a_signal_storm_stops_the_job_once_saves_once_and_the_requeued_run_finishes(tmp_path: Path) -> None:
+    # 30 signals (USR1, USR2, TERM, ten rounds) to every task at once, on training time: one agreed stop, one save,
+    # one requeue, and every step applied once.
+    (tmp_path / "trace.csv").write_text("0.5,signal-storm,0\n")
+    out = sim(tmp_path, "-N", "2", "--ntasks-per-node", "1", "--requeue", "--trace", "trace.csv",
+              "--after-checkpoint", "--", sys.executable, str(WORKER), "--out", str(tmp_path / "out"), "--steps",
+              "60", "--step-time", "0.05", "--save-every", "10", env={"SLURMRT_CHECKPOINT_DIR": str(tmp_path / "ckpt")})
+    output = out.stdout + out.stderr
+    assert out.returncode == 0, output[-4000:]
+    assert "1 injected (1 signal-storm)" in out.stdout and "a signal storm: 30 signals" in out.stdout
+    assert len(re.findall(r"all ranks stop at step", output)) == 1, output[-4000:]
+    first, second = summary_rows(out.stdout)
+    assert "requeued" in first["ended by"] and second["ended by"] == "finished", (first, second)
+    finals = _finals(tmp_path / "out", 2)
+    assert finals[0]["w"] == pytest.approx(expected_weights(60, 2), abs=1e-5)
+    assert finals[0]["start"] == int(first["checkpoint"].split()[-1]) + 1
+
+
+def test_the_first_node_failing_in_a_no_kill_job_ends_it_without_a_requeue_as_slurm_does(tmp_path: Path) -> None:
+    # Measured on the test cluster (docs/slurm.md): Slurm kills the batch step with its node and ends the job, not
+    # requeued, --requeue or not. The simulator did requeue it; the campaign's cluster series showed the difference.
+    out = sim(tmp_path, "-N", "3", "--ntasks-per-node", "1", "--spare-nodes", "1", "--no-kill", "--requeue",
+              "--fail-node", "0", "--at", "0", "--after-checkpoint", "--", sys.executable, str(WORKER),
+              "--out", str(tmp_path / "out"), "--steps", "100000", "--step-time", "0.05", "--save-every", "10",
+              env={"SLURMRT_CHECKPOINT_DIR": str(tmp_path / "ckpt")})
+    assert out.returncode != 0, out.stdout[-3000:]
+    assert "Slurm kills the batch step and ends the job, without a requeue" in out.stdout, out.stdout[-3000:]
+    (row,) = summary_rows(out.stdout)
+    assert "requeued" not in row["ended by"] and (tmp_path / "ckpt" / "latest").exists(), row
