@@ -187,6 +187,32 @@ def test_status_says_what_should_save_would_answer_for_a_jobs_measurements() -> 
     assert advice([e for e in events if e["event"] != "save"], node_h=1.0) == []  # no save measured: nothing said
 
 
+def test_status_json_carries_the_figures_the_words_are_made_of(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from slurmrt.cli import main
+
+    events = [ev(0, 0, "init", nnodes=4), ev(1, 0, "fresh_start"), ev(50, 0, "progress", step=100, step_s=0.5),
+              ev(60, 0, "save", step=119, seconds=8.0, blocking=True), ev(100, 0, "exit", outcome="HUNG", code=5),
+              ev(110, 1, "init", nnodes=4), ev(120, 1, "resume", step=119),
+              ev(200, 1, "save", step=300, seconds=12.0, blocking=True),
+              ev(300, 1, "exit", outcome="FINISHED", code=0)]
+    (tmp_path / "events-12.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    monkeypatch = pytest.MonkeyPatch()
+    monkeypatch.setenv("SLURMRT_MTBF_NODE_H", "1")
+    try:
+        assert main(["status", str(tmp_path), "--json"]) == 0
+    finally:
+        monkeypatch.undo()
+    saving = json.loads(capsys.readouterr().out)["jobs"][0]["saving"]
+    mtbf = (3600 / 4 + 100 + 190) / 2
+    assert saving["shared_save_s"] == pytest.approx(10.0) and saving["local_save_s"] is None
+    assert saving["failures"] == 1 and saving["nodes"] == 4 and saving["mtbf_s"] == pytest.approx(mtbf)
+    assert saving["shared_every_s"] == pytest.approx(daly(10.0, mtbf))
+    assert saving["shared_every_steps"] == round(daly(10.0, mtbf) / 0.5) and saving["local_every_s"] is None
+
+
 def test_a_local_tier_that_fails_to_save_leaves_the_answers_to_the_shared_tier(monkeypatch: pytest.MonkeyPatch
                                                                                 ) -> None:
     clock = Clock(monkeypatch)

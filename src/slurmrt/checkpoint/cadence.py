@@ -200,12 +200,11 @@ def _steps(seconds: float, step_s: float) -> int:
     return max(1, int(seconds / step_s) if step_s > 0 else 1)
 
 
-def advice(events: list[dict[str, Any]], *, node_h: float) -> list[str]:
-    """What ``rt.should_save`` would answer for a job, in words (``slurmrt status``): the intervals for its measured
-    saves and its failure history; none when it measured no save. For a loop that cannot ask (Megatron-LM's
-    ``--save-interval``), the steps to set."""
+def saving(events: list[dict[str, Any]], *, node_h: float) -> dict[str, Any] | None:
+    """The figures behind :func:`advice` (``slurmrt status --json``): the measured save stalls (the mean of the last
+    three per tier), the failure history, and the intervals ``rt.should_save`` would choose, in seconds and, when
+    the job measured its step, in steps; None when it measured no save."""
     from ..record.events import Event
-    from ..record.timeline import duration as _duration
 
     def seconds(tier: str) -> float | None:
         found = [float(e["seconds"]) for e in events if e.get("event") == Event.SAVE.value
@@ -214,19 +213,41 @@ def advice(events: list[dict[str, Any]], *, node_h: float) -> list[str]:
 
     shared, local = seconds("shared"), seconds("local")
     if shared is None:
-        return []
+        return None
     nodes = max((int(e["nnodes"]) for e in events if e.get("event") == Event.INIT.value
                  and isinstance(e.get("nnodes"), int)), default=1)
     history = History.of(events)
     plan = intervals(history, shared_cost_s=shared, local_cost_s=local, node_h=node_h, nodes=nodes)
     steps = [float(e["step_s"]) for e in events if e.get("event") == Event.PROGRESS.value
              and isinstance(e.get("step_s"), (int, float)) and e["step_s"] > 0]
+    step_s = steps[-1] if steps else None
 
-    def every(t: float) -> str:
-        return f"{_duration(t)}" + (f" (about {max(1, round(t / steps[-1]))} steps)" if steps else "")
+    def in_steps(t: float | None) -> int | None:
+        return None if t is None or step_s is None else max(1, round(t / step_s))
 
-    head = (f"saving: saves of {shared:.3g} s; a failure every {_duration(history.mtbf_s(node_h=node_h, nodes=nodes))}"
-            f" ({history.failures} in {_duration(history.exposure_s)}, and a prior of 1 in {node_h:g} node-hours "
-            f"over {nodes} node(s))")
-    said = f"  rt.should_save: a shared save every {every(plan.shared_s)} of training"
-    return [head, said + (f", a local one every {every(plan.local_s)}" if plan.local_s is not None else "")]
+    return {"shared_save_s": shared, "local_save_s": local, "failures": history.failures,
+            "exposure_s": history.exposure_s, "mtbf_s": history.mtbf_s(node_h=node_h, nodes=nodes),
+            "prior_node_h": node_h, "nodes": nodes, "step_s": step_s,
+            "shared_every_s": plan.shared_s, "shared_every_steps": in_steps(plan.shared_s),
+            "local_every_s": plan.local_s, "local_every_steps": in_steps(plan.local_s)}
+
+
+def advice(events: list[dict[str, Any]], *, node_h: float) -> list[str]:
+    """What ``rt.should_save`` would answer for a job, in words (``slurmrt status``): the intervals for its measured
+    saves and its failure history; none when it measured no save. For a loop that cannot ask (Megatron-LM's
+    ``--save-interval``), the steps to set."""
+    from ..record.timeline import duration as _duration
+
+    s = saving(events, node_h=node_h)
+    if s is None:
+        return []
+
+    def every(tier: str) -> str:
+        steps = s[f"{tier}_every_steps"]
+        return _duration(s[f"{tier}_every_s"]) + (f" (about {steps} steps)" if steps is not None else "")
+
+    head = (f"saving: saves of {s['shared_save_s']:.3g} s; a failure every {_duration(s['mtbf_s'])}"
+            f" ({s['failures']} in {_duration(s['exposure_s'])}, and a prior of 1 in {node_h:g} node-hours "
+            f"over {s['nodes']} node(s))")
+    said = f"  rt.should_save: a shared save every {every('shared')} of training"
+    return [head, said + (f", a local one every {every('local')}" if s["local_every_s"] is not None else "")]

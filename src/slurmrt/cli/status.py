@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import SlurmrtError
-from ..checkpoint.cadence import advice
+from ..checkpoint.cadence import advice, saving
 from ..options import Options
 from ..record.events import read_events
 from ..record.goodput import Goodput, account, draw_bar
@@ -40,6 +40,12 @@ def run(args: argparse.Namespace) -> int:
 _NOTHING = "no slurmrt event in"
 
 
+def _node_h() -> float:
+    """The prior failure rate the jobs' saves are judged with: SLURMRT_MTBF_NODE_H as the jobs had it, checked."""
+    name = "SLURMRT_MTBF_NODE_H"
+    return Options.resolve({}, {name: os.environ[name]} if name in os.environ else {}).mtbf_node_h
+
+
 def status_data(dirs: Iterable[Path]) -> list[dict[str, Any]]:
     """``--json``: per event log, the job, its runs (as ``slurmrt.record.timeline.RunLife`` holds them, without the
     step samples) and its totals. Times are epoch seconds, durations seconds."""
@@ -59,7 +65,8 @@ def status_data(dirs: Iterable[Path]) -> list[dict[str, Any]]:
                      "totals": {"wall_s": life.wall_s, "last_step": life.last_step, "lost_steps": life.lost_steps,
                                 "lost_s": life.lost_s, "save_s": life.save_s, "checkpoints": life.checkpoints,
                                 "waiting_s": sum(life.gaps)},
-                     "goodput": account(events, life).as_dict()})
+                     "goodput": account(events, life).as_dict(),
+                     "saving": saving(events, node_h=_node_h())})
     return jobs
 
 
@@ -82,7 +89,7 @@ def status(dirs: Iterable[Path], *, chart: bool = True, plot: Path | None = None
         ledger = account(events, life)
         out += _job(life, f, chart=chart)
         out += [f"  {line}" for line in ledger.lines()]
-        out += [f"  {line}" for line in advice(events, node_h=Options().mtbf_node_h)]
+        out += [f"  {line}" for line in advice(events, node_h=_node_h())]
         if plot is not None:
             target = plot if len(files) == 1 else plot.with_name(f"{plot.stem}-{life.job}{plot.suffix}")
             out.append(f"  drawn: {_draw(life, target, ledger)}")
