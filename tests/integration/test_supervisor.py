@@ -95,37 +95,36 @@ def test_a_step_killed_unanswered_is_requeued_and_one_ending_on_a_code_of_its_ow
     assert len((tmp_path / "log").read_text().splitlines()) == 1  # no new step in the job either way
 
 
-def test_a_step_killed_after_one_of_its_ranks_answered_is_left_to_that_answer(tmp_path: Path) -> None:
-    """A rank recorded how the run ends (it requeued the job without the node, say) before srun ended the step with
-    137: the supervisor requeues nothing more, and ends with the rank's code."""
+def _answered(tmp_path: Path, *, code: int, outcome: str, rank: int, step_code: str,
+              extra_env: dict[str, str] | None = None) -> Supervisor:
+    """A supervisor whose step ends with ``step_code`` after rank ``rank`` recorded ``outcome`` (``code``) for its
+    run in the event log (the one the supervisor reads)."""
     from slurmrt.record.events import Event, EventLog
 
     log = tmp_path / "events-7.jsonl"
-    EventLog(log, job="7", restart=0, rank=1).emit(Event.EXIT, code=5, outcome="HUNG", why="requeue without n2",
-                                                    lead=True)
+    EventLog(log, job="7", restart=0, rank=rank).emit(Event.EXIT, code=code, outcome=outcome, why="the rank's",
+                                                       lead=True)
     env = {**os.environ, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-3]", "FAKE_LOG": str(tmp_path / "log"),
-           "FAKE_WAIT_FIRST": "1", "FAKE_CODE": "137"}
-    sup = Supervisor(["x"], spare_nodes=1, max_restarts=3, env=env, directory=tmp_path / "d",
-                     srun=str(fake_srun(tmp_path)),
-                     event_log=lambda attempt: EventLog(log, job="7", restart=0, rank=-1, attempt=attempt))
+           "FAKE_WAIT_FIRST": "1", "FAKE_CODE": step_code, **(extra_env or {})}
+    return Supervisor(["x"], spare_nodes=1, max_restarts=3, env=env, directory=tmp_path / "d",
+                      srun=str(fake_srun(tmp_path)),
+                      event_log=lambda attempt: EventLog(log, job="7", restart=0, rank=-1, attempt=attempt))
+
+
+def test_a_step_killed_after_one_of_its_ranks_answered_is_left_to_that_answer(tmp_path: Path) -> None:
+    """A rank recorded how the run ends (it requeued the job without the node, say) before srun ended the step with
+    137: the supervisor requeues nothing more, and ends with the rank's code."""
+    sup = _answered(tmp_path, code=5, outcome="HUNG", rank=1, step_code="137")
     assert sup.run() == 5
-    assert [line for line in log.read_text().splitlines() if '"exit"' in line] and \
-        len([line for line in log.read_text().splitlines() if '"exit"' in line]) == 1  # no second answer
+    exits = [line for line in (tmp_path / "events-7.jsonl").read_text().splitlines() if '"exit"' in line]
+    assert len(exits) == 1  # no second answer
 
 
 def test_a_step_killed_by_a_late_signal_after_its_ranks_finished_ends_finished(tmp_path: Path) -> None:
     """The chaos campaign's signal storm: the ranks had finished (rank 0 recorded it) when a SIGTERM killed a task
     as it tore down, and srun ended the step with 143. The job ended failed; the training was done. Now the
     supervisor ends with the rank's answer, 0, and starts nothing more."""
-    from slurmrt.record.events import Event, EventLog
-
-    log = tmp_path / "events-7.jsonl"
-    EventLog(log, job="7", restart=0, rank=0).emit(Event.EXIT, code=0, outcome="FINISHED", why="all steps done")
-    env = {**os.environ, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-3]", "FAKE_LOG": str(tmp_path / "log"),
-           "FAKE_WAIT_FIRST": "1", "FAKE_CODE": "143"}
-    sup = Supervisor(["x"], spare_nodes=1, max_restarts=3, env=env, directory=tmp_path / "d",
-                     srun=str(fake_srun(tmp_path)),
-                     event_log=lambda attempt: EventLog(log, job="7", restart=0, rank=-1, attempt=attempt))
+    sup = _answered(tmp_path, code=0, outcome="FINISHED", rank=0, step_code="143")
     assert sup.run() == 0
     assert len((tmp_path / "log").read_text().splitlines()) == 1  # one step, no replacement, no requeue
 
@@ -213,21 +212,14 @@ def test_a_node_lost_after_the_ranks_finished_leaves_the_job_finished(tmp_path: 
     """The chaos campaign (device, seed 301): the ranks had finished (rank 0 recorded it) when n2 failed and Slurm
     killed the step. The supervisor treated it as a failure: a new step, or the requeue, until the loop guard ended
     a finished training with exit 5. The ranks' answer stands: 0, no second step."""
-    from slurmrt.record.events import Event, EventLog
-
     scontrol = tmp_path / "scontrol"
     scontrol.write_text(f"#!/bin/sh\nif [ -e {tmp_path}/asked ]; then held='n[1,3]'; else held='n[1-3]'; fi\n"
                         f"touch {tmp_path}/asked\n"
                         'echo "JobId=7 JobState=RUNNING NodeList=$held ExcNodeList=(null) NumNodes=3"\n')
     scontrol.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
-    log = tmp_path / "events-7.jsonl"
-    EventLog(log, job="7", restart=0, rank=0).emit(Event.EXIT, code=0, outcome="FINISHED", why="all steps done")
-    env = {**os.environ, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-3]", "FAKE_LOG": str(tmp_path / "log"),
-           "FAKE_NODE_FAILURE": "1", "PATH": os.environ["PATH"]}
-    sup = Supervisor(["x"], spare_nodes=1, max_restarts=3, env=env, directory=tmp_path / "d",
-                     srun=str(fake_srun(tmp_path)),
-                     event_log=lambda attempt: EventLog(log, job="7", restart=0, rank=-1, attempt=attempt))
+    sup = _answered(tmp_path, code=0, outcome="FINISHED", rank=0, step_code="137",
+                    extra_env={"FAKE_NODE_FAILURE": "1", "FAKE_WAIT_FIRST": ""})
     assert sup.run() == 0
     assert len((tmp_path / "log").read_text().splitlines()) == 1  # step 0 only: no replacement, no requeue
 
