@@ -61,9 +61,9 @@ NODES = 2
 #: Fast detection, as the cluster tests use: a hung rank is named within seconds, not the default minutes.
 ENV = {"SLURMRT_HANG_FLOOR_S": "5", "SLURMRT_WATCH_INTERVAL_S": "0.5", "OMP_NUM_THREADS": "1"}
 KINDS = ("rank-killed", "rank-hung", "all-ranks-die", "node-killed", "node-killed-spare", "task-frozen", "preempted")
-#: The simulator's draw in trials of many faults: its default weights, and signal storms as often as preemptions.
 #: Trials whose job is `slurmrt run --spare-nodes 1` on one node more, in a --no-kill allocation.
 IN_JOB = ("node-killed-spare", "mixed-in-job")
+#: The simulator's draw in trials of many faults: its default weights, and signal storms as often as preemptions.
 MTBF_WEIGHTS = "node-loss=4,rank-crash=3,hang=2,preemption=1,signal-storm=1"
 
 
@@ -95,7 +95,8 @@ class Trial:
         if injected is None:
             return args
         trace = directory / "trace.csv"
-        write_trace(trace, [Fault(round(self.at_s, 2), injected, self.target)])
+        fault = Fault(round(self.at_s, 2), injected, self.target)
+        write_trace(trace, [off_the_first_node(fault) if self.kind in IN_JOB else fault])
         args += ["--trace", str(trace), "--after-checkpoint"]
         if self.kind == "node-killed-spare":
             args.append("--no-kill")  # its script: slurmrt run --spare-nodes 1
