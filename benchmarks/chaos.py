@@ -130,12 +130,12 @@ IN_JOB_GAP_S = 5.0
 
 
 def spaced(faults: list[Fault], gap_s: float = IN_JOB_GAP_S) -> list[Fault]:
-    """``faults`` without those that come less than ``gap_s`` after the one kept before them."""
-    kept: list[Fault] = []
+    """``faults``, each postponed to at least ``gap_s`` after the one before it (none dropped)."""
+    out: list[Fault] = []
     for fault in faults:
-        if not kept or fault.at_s - kept[-1].at_s >= gap_s:
-            kept.append(fault)
-    return kept
+        out.append(fault if not out or fault.at_s - out[-1].at_s >= gap_s else
+                   replace(fault, at_s=round(out[-1].at_s + gap_s, 3)))
+    return out
 
 
 def draw(seed: int, trials: int, mtbf: str | None = None) -> list[Trial]:
@@ -173,6 +173,22 @@ def final_weights(directory: Path) -> list[float] | None:
         return None
     last = max(outs, key=lambda p: p.stat().st_mtime_ns)
     return list(json.loads(last.read_text())["w"])
+
+
+def from_scratch(directory: Path) -> str | None:
+    """A run that started fresh after a checkpoint was committed (its event logs say so): work thrown away that a
+    deterministic training's final weights cannot show. None when every run resumed as it should."""
+    for log in sorted((directory / "ckpt").glob("events-*.jsonl")):
+        saved = False
+        for line in log.read_text(errors="replace").splitlines():
+            try:
+                event = json.loads(line).get("event")
+            except (ValueError, AttributeError):
+                continue
+            saved = saved or (event == "save" and '"tier": "local"' not in line)
+            if event == "fresh_start" and saved:
+                return f"{log.name}: a fresh start after a committed checkpoint: {line[:300]}"
+    return None
 
 
 def leftovers(directory: Path) -> list[int]:
@@ -248,6 +264,8 @@ def judge(trial: Trial, work: Path, expected: list[float], timeout_s: float, ste
         return "slurm-ended" if ended_by_slurm(out.stdout) else "dead", (out.stdout + out.stderr)[-1500:], faults
     if weights != expected:
         return "lost", f"final weights {weights} != uninterrupted {expected}", faults
+    if (scratch := from_scratch(directory)) is not None:
+        return "lost", scratch, faults
     if left:
         return "leftover", f"processes {left} outlived the job", faults
     return "survived", "", faults

@@ -41,7 +41,7 @@ from pathlib import Path
 from tests.slurm.conftest import TERMINAL, Job, slurm, submit
 
 from ._common import machine
-from .chaos import final_weights, report
+from .chaos import final_weights, from_scratch, report
 
 KINDS = ("node-loss", "rank-crash", "hang", "preemption", "signal-storm", "second-job")
 WEIGHTS = (3.0, 3.0, 2.0, 1.0, 1.0, 1.0)
@@ -212,6 +212,9 @@ def judge(trial: Trial, expected: list[float], mtbf_s: float, steps: int, timeou
     if info.get("JobState") != "COMPLETED":
         return "slurm-ended" if trial.first_node_lost else "dead"
     if final_weights(trial.directory) != expected:
+        return "lost"
+    if (scratch := from_scratch(trial.directory)) is not None:
+        trial.problems.append(scratch)
         return "lost"
     time.sleep(1)
     return "leftover" if processes(trial.job.id) else "survived"

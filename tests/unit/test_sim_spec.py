@@ -97,3 +97,26 @@ def test_no_kill_is_read_from_the_batch_script(tmp_path: Path) -> None:
     script.write_text("#!/bin/bash\n#SBATCH --nodes=3 --no-kill\n#SBATCH -k\nexec slurmrt run --spare-nodes 1 -- x\n")
     spec, ignored = parse_sbatch_script(script, JobSpec())
     assert spec.no_kill and spec.nodes == 3 and not ignored
+
+
+def test_the_summary_says_where_a_run_began_from_its_first_step_that_loaded() -> None:
+    """A run whose first step was killed in its start-up (before it loaded anything) and whose in-job restart resumed
+    from step 299 read "fresh start" in the summary (the goodput benchmark's policy 2): it began at step 299."""
+    from datetime import datetime, timedelta, timezone
+
+    from slurmrt.sim.summary import RunRecord, _annotate
+
+    t0 = datetime(2026, 11, 26, 6, 0, tzinfo=timezone.utc)
+
+    def ev(t: float, restart: int, event: str, attempt: int = 0, **kw: object) -> dict[str, object]:
+        return {"time": (t0 + timedelta(seconds=t)).isoformat(), "event": event, "job": "9", "restart": restart,
+                "attempt": attempt, "rank": 0, **kw}
+
+    events = [ev(0, 0, "init"), ev(1, 0, "fresh_start"), ev(5, 0, "save", step=299, seconds=0.1),
+              ev(6, 0, "exit", code=5, outcome="HUNG"),
+              ev(10, 1, "init"), ev(11, 1, "in_job_restart", nodes=["n2"], next_attempt=1),
+              ev(15, 1, "init", attempt=1), ev(16, 1, "resume", attempt=1, step=299),
+              ev(20, 1, "exit", attempt=1, code=0, outcome="FINISHED")]
+    records = [RunRecord(restart=0), RunRecord(restart=1)]
+    _annotate(records, events)
+    assert [r.resumed_from for r in records] == [None, 299]

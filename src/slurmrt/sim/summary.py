@@ -79,9 +79,16 @@ def _is_terminal(out: IO[str]) -> bool:
         return False
 
 
+def _began(steps: list[Run]) -> int | None:
+    """The step a run of the job resumed from: its first step that loaded says (a step killed in its start-up
+    loaded nothing); None for a fresh start."""
+    loaded = [s for s in steps if s.first(Event.RESUME) is not None or s.first(Event.FRESH_START) is not None]
+    return (loaded or steps)[0].resumed_from
+
+
 def _annotate(records: list[RunRecord], events: list[dict[str, Any]]) -> None:
-    """Each run's story from the event log; a run of the job made of several steps (in-job restarts) reads as its
-    first step's resume and its last step's end."""
+    """Each run's story from the event log; a run of the job made of several steps (in-job restarts) reads as the
+    resume of its first step that loaded, and its last step's end."""
     by_restart: dict[int, list[Run]] = {}
     for run in runs(events):
         by_restart.setdefault(run.restart, []).append(run)
@@ -89,11 +96,11 @@ def _annotate(records: list[RunRecord], events: list[dict[str, Any]]) -> None:
         steps = by_restart.get(rec.restart)
         if not steps:
             continue
-        first, last = steps[0], steps[-1]
+        last = steps[-1]
         exit_event = last.first(Event.EXIT)
         rec.reasons = last.reasons
         rec.checkpoint = next((s.last_checkpoint for s in reversed(steps) if s.last_checkpoint is not None), None)
-        rec.resumed_from = first.resumed_from
+        rec.resumed_from = _began(steps)
         rec.chosen_code = exit_event.get("code") if exit_event else None
         for step in steps:
             rec.in_job += [tuple(str(n) for n in e.get("nodes") or ()) for e in step.all(Event.IN_JOB_RESTART)]
