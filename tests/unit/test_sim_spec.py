@@ -104,7 +104,7 @@ def test_the_summary_says_where_a_run_began_from_its_first_step_that_loaded() ->
     from step 299 read "fresh start" in the summary (the goodput benchmark's policy 2): it began at step 299."""
     from datetime import datetime, timedelta, timezone
 
-    from slurmrt.sim.summary import RunRecord, _annotate
+    from slurmrt.sim.summary import RunRecord, _annotate, _row
 
     t0 = datetime(2026, 11, 26, 6, 0, tzinfo=timezone.utc)
 
@@ -117,6 +117,8 @@ def test_the_summary_says_where_a_run_began_from_its_first_step_that_loaded() ->
               ev(10, 1, "init"), ev(11, 1, "in_job_restart", nodes=["n2"], next_attempt=1),
               ev(15, 1, "init", attempt=1), ev(16, 1, "resume", attempt=1, step=299),
               ev(20, 1, "exit", attempt=1, code=0, outcome="FINISHED")]
-    records = [RunRecord(restart=0), RunRecord(restart=1)]
+    events += [ev(30, 2, "init"), ev(31, 2, "exit", code=5, outcome="HUNG")]  # killed before it loaded
+    records = [RunRecord(restart=0), RunRecord(restart=1), RunRecord(restart=2)]
     _annotate(records, events)
-    assert [r.resumed_from for r in records] == [None, 299]
+    assert [(r.loaded, r.resumed_from) for r in records] == [(True, None), (True, 299), (False, None)]
+    assert [_row(r)[-1] for r in records] == ["fresh start", "step 299", "-"]

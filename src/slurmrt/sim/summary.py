@@ -27,6 +27,8 @@ class RunRecord:
     reasons: tuple[str, ...] = ()
     checkpoint: int | None = None
     resumed_from: int | None = None
+    #: Whether a step of the run loaded (resumed, or started fresh); one killed in its start-up did not.
+    loaded: bool = True
     #: The exit code slurmrt chose for the run (its event log's ``exit``): 3 for a stop and requeue, even when the
     #: requeue then ended the tasks before they could exit with it, as Slurm's requeue does.
     chosen_code: int | None = None
@@ -79,11 +81,11 @@ def _is_terminal(out: IO[str]) -> bool:
         return False
 
 
-def _began(steps: list[Run]) -> int | None:
-    """The step a run of the job resumed from: its first step that loaded says (a step killed in its start-up
-    loaded nothing); None for a fresh start."""
+def _began(steps: list[Run]) -> tuple[bool, int | None]:
+    """Whether a run of the job loaded, and the step it resumed from (None: a fresh start): its first step that
+    loaded says (a step killed in its start-up loaded nothing)."""
     loaded = [s for s in steps if s.first(Event.RESUME) is not None or s.first(Event.FRESH_START) is not None]
-    return (loaded or steps)[0].resumed_from
+    return bool(loaded), (loaded or steps)[0].resumed_from
 
 
 def _annotate(records: list[RunRecord], events: list[dict[str, Any]]) -> None:
@@ -100,7 +102,7 @@ def _annotate(records: list[RunRecord], events: list[dict[str, Any]]) -> None:
         exit_event = last.first(Event.EXIT)
         rec.reasons = last.reasons
         rec.checkpoint = next((s.last_checkpoint for s in reversed(steps) if s.last_checkpoint is not None), None)
-        rec.resumed_from = _began(steps)
+        rec.loaded, rec.resumed_from = _began(steps)
         rec.chosen_code = exit_event.get("code") if exit_event else None
         for step in steps:
             rec.in_job += [tuple(str(n) for n in e.get("nodes") or ()) for e in step.all(Event.IN_JOB_RESTART)]
@@ -146,7 +148,7 @@ def _row(r: RunRecord) -> tuple[str, ...]:
         "-" if r.exit_code is None else _status(r.exit_code),
         ", ".join(r.reasons) or "-",
         "-" if r.checkpoint is None else f"step {r.checkpoint}",
-        "fresh start" if r.resumed_from is None else f"step {r.resumed_from}",
+        ("fresh start" if r.resumed_from is None else f"step {r.resumed_from}") if r.loaded else "-",
     )
 
 
