@@ -38,6 +38,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from slurmrt.record.events import read_events, timestamp
 from tests.slurm.conftest import TERMINAL, Job, slurm, submit
 
 from ._common import machine
@@ -86,26 +87,10 @@ def processes(job_id: str) -> list[tuple[int, str]]:
 
 def newest_save(directory: Path, job: Job) -> tuple[float, int, int] | None:
     """(time, restart, attempt) of the job's newest committed save, from its event log."""
-    import json
-
     path = directory / "ckpt" / f"events-{job.id}.jsonl"
-    best = None
-    with contextlib.suppress(OSError):
-        for line in path.read_text().splitlines():
-            with contextlib.suppress(ValueError):
-                e = json.loads(line)
-                if e.get("event") == "save" and isinstance(e.get("time"), str | float | int):
-                    key = (_seconds(e["time"]), int(e.get("restart", 0)), int(e.get("attempt", 0)))
-                    best = key if best is None or key > best else best
-    return best
-
-
-def _seconds(stamp: str | float) -> float:
-    if isinstance(stamp, int | float):
-        return float(stamp)
-    from datetime import datetime
-
-    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    saves = [(timestamp(e), int(e.get("restart", 0)), int(e.get("attempt", 0)))
+             for e in (read_events(path) if path.exists() else []) if e.get("event") == "save"]
+    return max(saves, default=None)
 
 
 @dataclass

@@ -37,7 +37,7 @@ from types import FrameType
 from .._errors import ConfigError
 from .._safefs import private_dir
 from ..launch import hostlist
-from ..record.events import Event, EventLog, read_events
+from ..record.events import Event, EventLog, read_events, runs
 from ..record.ledger import Ledger
 from . import exclusion, injob
 from .executor import Executor
@@ -234,19 +234,18 @@ class Supervisor:
         return answer
 
     def _answer(self, attempt: int) -> int | None:
-        """The exit code a rank of step ``attempt`` recorded for its run (an exit event of this restart and
-        attempt; the lead rank's first), or None."""
+        """The exit code slurmrt in step ``attempt`` recorded for its run (the run's exit event, as
+        :func:`~slurmrt.record.events.runs` reads it: rank 0's or the leading rank's), or None."""
         path = self.event_log(attempt).path
         if path is None or not path.exists():
             return None
         try:
-            exits = [e for e in read_events(path) if e.get("event") == Event.EXIT.value
-                     and e.get("restart", 0) == self.restart_count and e.get("attempt", 0) == attempt]
+            step = [r for r in runs(read_events(path)) if r.restart == self.restart_count and r.attempt == attempt]
         except OSError:
             return None
-        exits.sort(key=lambda e: not e.get("lead"))
-        codes = [e["code"] for e in exits if isinstance(e.get("code"), int) and not isinstance(e["code"], bool)]
-        return codes[0] if codes else None
+        exit_event = step[0].first(Event.EXIT) if step else None
+        code = exit_event.get("code") if exit_event else None
+        return code if isinstance(code, int) and not isinstance(code, bool) else None
 
     def _asked(self, placement: Placement, attempt: int, code: int) -> list[str] | None:
         """The nodes the step's ranks asked to leave out (the plan chose an in-job restart there); None: no

@@ -42,6 +42,7 @@ __all__ = ["RunRecord", "SimInterrupted", "simulate"]
 #: A signal storm sends each of its three signals this many times to every task.
 STORM_ROUNDS = 10
 
+
 class _Run:
     def __init__(self, spec: JobSpec, restart: int, state: SimState, bin_dir: Path, events: Path,
                  out: IO[str], stop_signal: Callable[[], int | None], trace: Trace | None = None) -> None:
