@@ -40,6 +40,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from slurmrt.record.events import read_events
 from slurmrt.sim.faults import KINDS as SIM_KINDS
 from slurmrt.sim.faults import Fault, parse_duration, parse_weights, write_trace
 from slurmrt.sim.faults import draw as draw_faults
@@ -176,18 +177,14 @@ def final_weights(directory: Path) -> list[float] | None:
 
 
 def from_scratch(directory: Path) -> str | None:
-    """A run that started fresh after a checkpoint was committed (its event logs say so): work thrown away that a
-    deterministic training's final weights cannot show. None when every run resumed as it should."""
+    """A run that started fresh after a shared checkpoint was committed (its event logs say so): work thrown away
+    that a deterministic training's final weights cannot show. None when every run resumed as it should."""
     for log in sorted((directory / "ckpt").glob("events-*.jsonl")):
         saved = False
-        for line in log.read_text(errors="replace").splitlines():
-            try:
-                event = json.loads(line).get("event")
-            except (ValueError, AttributeError):
-                continue
-            saved = saved or (event == "save" and '"tier": "local"' not in line)
-            if event == "fresh_start" and saved:
-                return f"{log.name}: a fresh start after a committed checkpoint: {line[:300]}"
+        for e in read_events(log):
+            saved = saved or (e.get("event") == "save" and e.get("tier", "shared") != "local")
+            if e.get("event") == "fresh_start" and saved:
+                return f"{log.name}: a fresh start after a committed checkpoint: {e}"
     return None
 
 
