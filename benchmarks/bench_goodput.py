@@ -3,9 +3,9 @@
 The training: ``tests/integration/worker.py``, two training nodes of one rank each (gloo), 0.05 s steps, a
 background save of 32 MiB per rank. The faults: ``slurmrt.sim.faults.draw`` from a seed, a compressed mean time
 between failures on the job's clock (its runs' time, summed), kinds weighted as the simulator's default (node loss
-4, rank crash 3, hang 2, preemption 1), node losses aimed off the job's first node and every fault at least 5 s
-after the one before (:func:`benchmarks.chaos.off_the_first_node`, :func:`benchmarks.chaos.spaced`: a --no-kill
-job that loses its first node is ended by Slurm), replayed by ``slurmrt sim --trace`` into each policy's job. The
+4, rank crash 3, hang 2, preemption 1), on any node (a --no-kill job that loses its first node, the batch
+script's, is requeued by the guard job of ``slurmrt run``), replayed by ``slurmrt sim --trace`` into each policy's
+job. The
 same trace for every policy: a policy that takes longer meets more of it, as a job under a constant failure rate does. A
 requeued job waits ``REQUEUE_WAIT_S`` before its next run (Slurm holds it for its credential lifetime, 120 s by
 default, then it queues; here compressed with the rest).
@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any
 
 from ._common import ROOT, Section, table
-from .chaos import off_the_first_node, spaced
 
 WORKER = ROOT / "tests" / "integration" / "worker.py"
 NODES = 2
@@ -224,7 +223,7 @@ def run(quick: bool = False) -> Section:
     work = Path(tempfile.mkdtemp(prefix="slurmrt-goodput-"))
     try:
         trace = work / "trace.csv"
-        faults = spaced([off_the_first_node(f) for f in draw(mtbf_s, seed, horizon_s=mtbf_s * 400)])
+        faults = draw(mtbf_s, seed, horizon_s=mtbf_s * 400)
         write_trace(trace, faults)
         results = {p.name: _run(work, p, trace, steps, mtbf_s) for p in POLICIES}
     finally:

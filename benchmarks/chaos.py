@@ -37,7 +37,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from slurmrt.record.events import read_events
@@ -51,13 +51,10 @@ WORKER = ROOT / "tests" / "integration" / "worker.py"
 STEPS, SAVE_EVERY, STEP_TIME = 60, 10, 0.05
 #: The training of a trial of many faults (--mtbf): long enough for several.
 MTBF_STEPS = 240
-#: "slurm-ended": the job's first node was lost in a --no-kill job, which Slurm ends without a requeue (docs/slurm.md):
-#: nothing in the job is left to answer; counted apart from "dead", which slurmrt should have prevented.
-VERDICTS = ("survived", "lost", "dead", "slurm-ended", "leftover", "timeout")
+VERDICTS = ("survived", "lost", "dead", "leftover", "timeout")
 #: The simulator's lines for the faults it injects, for a trial cut short before its summary.
 SAID = {"rank-crash": " crashes: SIGKILL", "hang": " hangs: SIGSTOP", "node-loss": "slurmrt sim: node ",
         "preemption": " preempted: grace time", "signal-storm": "slurmrt sim: a signal storm"}
-BATCH_NODE_LOST = "the batch script's node; --no-kill: Slurm kills the batch step"
 NODES = 2
 #: Fast detection, as the cluster tests use: a hung rank is named within seconds, not the default minutes.
 ENV = {"SLURMRT_HANG_FLOOR_S": "5", "SLURMRT_WATCH_INTERVAL_S": "0.5", "OMP_NUM_THREADS": "1"}
@@ -87,7 +84,7 @@ class Trial:
             mtbf_s = parse_duration(self.mtbf)
             faults = draw_faults(mtbf_s, self.seed, horizon_s=mtbf_s * 1000, weights=parse_weights(MTBF_WEIGHTS))
             trace = directory / "trace.csv"
-            write_trace(trace, spaced([off_the_first_node(f) for f in faults]) if self.kind in IN_JOB else faults)
+            write_trace(trace, faults)  # node losses on any node: the first one's is the guard job's to requeue
             return ["-N", str(nodes), "--ntasks-per-node", "1", "--trace", str(trace),
                     "--after-checkpoint", *(["--no-kill"] if self.kind in IN_JOB else [])]
         args = ["-N", str(nodes), "--ntasks-per-node", "1", "--requeue", "--max-restarts", "4"]
@@ -97,7 +94,7 @@ class Trial:
             return args
         trace = directory / "trace.csv"
         fault = Fault(round(self.at_s, 2), injected, self.target)
-        write_trace(trace, [off_the_first_node(fault) if self.kind in IN_JOB else fault])
+        write_trace(trace, [fault])
         args += ["--trace", str(trace), "--after-checkpoint"]
         if self.kind == "node-killed-spare":
             args.append("--no-kill")  # its script: slurmrt run --spare-nodes 1
@@ -114,29 +111,6 @@ class Trial:
             # saves, the save helper, the replication and the loads.
             "mixed-in-job": ["--local-every", "5", "--slow-save", "0.05"],
         }.get(self.kind, [])
-
-
-def off_the_first_node(fault: Fault) -> Fault:
-    """A node loss aimed at the job's second training node, never its first: a --no-kill job that loses its first
-    node (its batch script's) is ended by Slurm, not requeued (docs/slurm.md), and nothing of slurmrt's is left to
-    test. In a 2-node job that node would take half the losses; at scale, one in N. A fault's target is an index
-    among the nodes alive when it fires, in order, and the first node sorts first while it is alive: an odd index
-    over two training nodes is the other one."""
-    return replace(fault, target=fault.target | 1) if fault.kind == "node-loss" else fault
-
-
-#: In the in-job trials, a fault comes at least this long (job clock) after the one before: a node loss that comes
-#: while the step is down to its first node (its peers just lost) would hit that node, and end the job (above).
-IN_JOB_GAP_S = 5.0
-
-
-def spaced(faults: list[Fault], gap_s: float = IN_JOB_GAP_S) -> list[Fault]:
-    """``faults``, each postponed to at least ``gap_s`` after the one before it (none dropped)."""
-    out: list[Fault] = []
-    for fault in faults:
-        out.append(fault if not out or fault.at_s - out[-1].at_s >= gap_s else
-                   replace(fault, at_s=round(out[-1].at_s + gap_s, 3)))
-    return out
 
 
 def draw(seed: int, trials: int, mtbf: str | None = None) -> list[Trial]:
@@ -234,12 +208,6 @@ def injected(trial: Trial, stdout: str) -> Counter[str]:
     return Counter({kind: int(n) for n, kind in (part.split(" ", 1) for part in found[2].split(", "))})
 
 
-def ended_by_slurm(stdout: str) -> bool:
-    """The job's last run ended because its first node was lost in a --no-kill job (Slurm ends it, no requeue)."""
-    runs = re.split(r"^slurmrt sim: run \d+ ended after.*$", stdout.split("slurmrt sim summary")[0], flags=re.M)
-    return len(runs) > 1 and BATCH_NODE_LOST in runs[-2]
-
-
 def judge(trial: Trial, work: Path, expected: list[float], timeout_s: float, steps: int
           ) -> tuple[str, str, Counter[str]]:
     """(verdict, detail, faults injected by kind) of one trial: survived, lost (weights differ), dead (not
@@ -258,7 +226,7 @@ def judge(trial: Trial, work: Path, expected: list[float], timeout_s: float, ste
     left = leftovers(directory)
     weights = final_weights(directory)
     if out.returncode != 0:
-        return "slurm-ended" if ended_by_slurm(out.stdout) else "dead", (out.stdout + out.stderr)[-1500:], faults
+        return "dead", (out.stdout + out.stderr)[-1500:], faults
     if weights != expected:
         return "lost", f"final weights {weights} != uninterrupted {expected}", faults
     if (scratch := from_scratch(directory)) is not None:

@@ -17,7 +17,7 @@ so every fault meets a job that made progress, whatever the machine's speed. The
 
 A trial survives when its job ends COMPLETED with the weights of an uninterrupted run, bit for bit, no process of
 it is left, and every second job was refused. A ``--no-kill`` job that loses its first node (its batch script's) is
-ended by Slurm without a requeue (docs/slurm.md): such a trial is counted as ``slurm-ended``, apart from ``dead``.
+ended by Slurm without a requeue (docs/slurm.md): the guard job that ``slurmrt run`` armed requeues it.
 
     tests/slurm/cluster.sh start
     python -m benchmarks.chaos_cluster --faults 50 --seed 1 --mtbf 6s
@@ -103,8 +103,6 @@ class Trial:
     problems: list[str] = field(default_factory=list)
     drained: list[str] = field(default_factory=list)
     others: list[Job] = field(default_factory=list)  #: preemptors and second jobs, cancelled at the end
-    #: The job's first node (its batch script's) was lost in a --no-kill job: Slurm ends it without a requeue.
-    first_node_lost: bool = False
 
     def inject(self, kind: str, target: int, steps: int) -> bool:
         """Fault ``kind`` into the job's current run; False when no training process was there to hit."""
@@ -123,7 +121,6 @@ class Trial:
                         with contextlib.suppress(ProcessLookupError):
                             os.kill(p, sig)
         elif kind == "node-loss":
-            self.first_node_lost |= self.number % 2 == 1 and self.job.info()[0].get("BatchHost") == node
             slurm("scontrol", "update", f"nodename={node}", "state=down", "reason=slurmrt-chaos")
             slurm("scontrol", "update", f"nodename={node}", "state=drain", "reason=slurmrt-chaos")
             self.drained.append(node)
@@ -195,7 +192,7 @@ def judge(trial: Trial, expected: list[float], mtbf_s: float, steps: int, timeou
     if trial.problems:
         return "lost"
     if info.get("JobState") != "COMPLETED":
-        return "slurm-ended" if trial.first_node_lost else "dead"
+        return "dead"
     if final_weights(trial.directory) != expected:
         return "lost"
     if (scratch := from_scratch(trial.directory)) is not None:

@@ -481,14 +481,17 @@ def test_a_signal_storm_stops_the_job_once_saves_once_and_the_requeued_run_finis
     assert finals[0]["start"] == int(first["checkpoint"].split()[-1]) + 1
 
 
-def test_the_first_node_failing_in_a_no_kill_job_ends_it_without_a_requeue_as_slurm_does(tmp_path: Path) -> None:
-    # Measured on the test cluster (docs/slurm.md): Slurm kills the batch step with its node and ends the job, not
-    # requeued, --requeue or not. The simulator did requeue it; the campaign's cluster series showed the difference.
+def test_the_first_node_failing_in_a_no_kill_job_is_requeued_by_the_guard_job_and_finishes(tmp_path: Path) -> None:
+    # Measured on the test cluster (docs/slurm.md): Slurm kills the batch step with its node and ends the job FAILED,
+    # not requeued, --requeue or not. The guard job `slurmrt run` armed runs then, and requeues it without the node.
     out = sim(tmp_path, "-N", "3", "--ntasks-per-node", "1", "--spare-nodes", "1", "--no-kill", "--requeue",
               "--fail-node", "0", "--at", "0", "--after-checkpoint", "--", sys.executable, str(WORKER),
-              "--out", str(tmp_path / "out"), "--steps", "100000", "--step-time", "0.05", "--save-every", "10",
+              "--out", str(tmp_path / "out"), "--steps", "40", "--step-time", "0.05", "--save-every", "10",
               env={"SLURMRT_CHECKPOINT_DIR": str(tmp_path / "ckpt")})
-    assert out.returncode != 0, out.stdout[-3000:]
+    assert out.returncode == 0, out.stdout[-3000:]
     assert "Slurm kills the batch step and ends the job, without a requeue" in out.stdout, out.stdout[-3000:]
-    (row,) = summary_rows(out.stdout)
-    assert "requeued" not in row["ended by"] and (tmp_path / "ckpt" / "latest").exists(), row
+    assert "slurmrt guard: job" in out.stdout and "requeue without n1" in out.stdout, out.stdout[-3000:]
+    first, second = summary_rows(out.stdout)
+    assert "requeued by its guard job" in first["ended by"] and second["ended by"] == "finished", (first, second)
+    assert second["resumed from"] == first["checkpoint"] != "-", (first, second)
+    assert "n1 excluded: run 1 gets n[2-4]" in out.stdout

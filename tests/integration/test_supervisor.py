@@ -24,7 +24,7 @@ def _no_slurm_of_this_machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     test puts its own first on PATH, so that no test asks the machine's own Slurm."""
     stubs = tmp_path / "no-slurm"
     stubs.mkdir()
-    for name in ("scontrol", "squeue", "sinfo"):
+    for name in ("scontrol", "squeue", "sinfo", "sbatch"):
         (stubs / name).write_text("#!/bin/sh\necho 'slurm_load_jobs error: Invalid job id specified' >&2\nexit 1\n")
         (stubs / name).chmod(0o755)
     monkeypatch.setenv("PATH", f"{stubs}{os.pathsep}{os.environ['PATH']}")

@@ -812,6 +812,50 @@ def test_14_a_node_that_fails_with_no_spare_left_is_requeued_without_it(cluster:
     assert later[0]["w"] == uninterrupted, "the weights differ from an uninterrupted run's"
 
 
+def test_14_the_batch_node_failing_is_requeued_by_the_guard_job_and_resumes(cluster: Path, tmp_path: Path,
+                                                                           uninterrupted: list[float]) -> None:
+    """The one node --no-kill cannot cover: the batch script's. Slurm kills `slurmrt run` with it and ends the job
+    FAILED, not requeued (docs/slurm.md; the job once ended there). The guard job that `slurmrt run` armed
+    (`sbatch --dependency=afternotok:JOB`) runs, finds the batch node gone from the job and no exit recorded,
+    requeues the job without it, and writes it into the ledger; the next run resumes and ends with the weights of
+    an uninterrupted run."""
+    job = _injob_job(tmp_path, "injob-batch-node", 3,
+                     f"--spare-nodes 1 -- $PY $WORKER --out $OUT --steps {INJOB_STEPS} --step-time 0.2 "
+                     "--save-every 10")
+    wait_for_file(tmp_path / "ckpt" / "latest", 600, job)  # training, a checkpoint committed
+    host = job.info()[0]["BatchHost"]
+    try:
+        slurm("scontrol", "update", f"nodename={host}", "state=down", "reason=slurmrt-test-node-failure")
+        slurm("scontrol", "update", f"nodename={host}", "state=drain", "reason=slurmrt-test-node-failure")
+        deadline = time.monotonic() + 600
+        while "restart=1 at" not in job.output():  # the requeued run's batch script started
+            assert time.monotonic() < deadline, job.output()[-3000:]
+            time.sleep(0.5)
+    finally:
+        for state in ("resume", "idle"):
+            slurm("scontrol", "update", f"nodename={host}", f"state={state}", check=False)
+    info = job.wait(600)
+    out = job.output()
+    assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) == 1, out[-4000:]
+    assert f"node {host}, the batch script's, failed" in out, out[-4000:]  # the guard's lines, in the job's output
+    ev = events(tmp_path, job)
+    guards = [e for e in ev if e["event"] == "guard"]
+    assert [(e["restart"], e["batch_host"]) for e in guards][:1] == [(0, host)] and guards[0]["guard"], guards
+    (ended,) = [e for e in ev if e["event"] == "exit" and e["restart"] == 0]
+    assert ended.get("by") == "guard" and ended["code"] == 5, ended
+    assert [e["done"] for e in ev if e["event"] == "requeue"] == [True]
+    (excluded,) = [e for e in ev if e["event"] == "exclude"]
+    assert excluded["added"] == [host] and host in info.get("ExcNodeList", ""), excluded
+    listed = subprocess.run([sys.executable, "-m", "slurmrt", "nodes", "--cluster", "slurmrt"], capture_output=True,
+                            text=True, env={**os.environ, "PYTHONPATH": str(ROOT / "src")}, timeout=60)
+    assert f"{host}: " in listed.stdout and f"job {job.id}" in listed.stdout, listed.stdout + listed.stderr
+    (resumed,) = [e["step"] for e in ev if e["event"] == "resume" and e["restart"] == 1]
+    later = [json.loads((tmp_path / "run1" / f"rank{r}.json").read_text()) for r in range(2)]
+    assert all(r["hostname"] != host and r["exit_code"] == 0 for r in later)
+    assert all(r["start"] == resumed + 1 and r["trained"] == list(range(resumed + 1, INJOB_STEPS)) for r in later)
+    assert later[0]["w"] == uninterrupted, "the weights differ from an uninterrupted run's"
+
+
 def test_14_with_no_spare_left_the_requeue_excludes_the_node_as_before(cluster: Path, tmp_path: Path,
                                                                         uninterrupted: list[float]) -> None:
     job = _injob_job(tmp_path, "injob-nospare", 2,

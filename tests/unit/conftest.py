@@ -27,14 +27,16 @@ def fake_slurm(monkeypatch: pytest.MonkeyPatch, where: Path) -> Path:
     """Slurm's commands stood in at the process boundary (``slurmrt._slurm.run``), in this process: what
     ``tests/integration/launch.py:fake_bin`` does with scripts. ``scontrol``, ``squeue`` and ``scancel`` append their
     calls to ``$FAKE_SLURM_LOG``; ``squeue`` answers ``$FAKE_END_TIME`` (squeue's local-time format) or N/A;
-    ``scontrol requeue`` fails with ``$FAKE_REQUEUE_FAIL``. They exist while ``where`` is on PATH, as the scripts
-    would; returns ``where``, to put on PATH."""
+    ``scontrol requeue`` fails with ``$FAKE_REQUEUE_FAIL``; ``scontrol show job`` prints ``$FAKE_JOB_INFO`` (or
+    nothing); ``sbatch`` prints ``$FAKE_SBATCH_ID``, or fails without it. They exist while ``where`` is on
+    PATH, as the scripts would; returns ``where``, to put on PATH."""
     from slurmrt import _slurm
 
     real = _slurm.run
 
     def run(command: str, *args: str, timeout_s: float = 30.0) -> subprocess.CompletedProcess[str] | str:
-        if command not in ("scontrol", "squeue", "scancel") or str(where) not in os.environ["PATH"].split(os.pathsep):
+        if command not in ("scontrol", "squeue", "scancel", "sbatch", "sinfo") or \
+                str(where) not in os.environ["PATH"].split(os.pathsep):
             return real(command, *args, timeout_s=timeout_s)
         with open(os.environ["FAKE_SLURM_LOG"], "a") as log:
             log.write(" ".join(args if command == "scontrol" else (command, *args)) + "\n")
@@ -44,6 +46,11 @@ def fake_slurm(monkeypatch: pytest.MonkeyPatch, where: Path) -> Path:
             out = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(int(end))) + "\n" if end else "N/A\n"
         if command == "scontrol" and args[:1] == ("requeue",) and os.environ.get("FAKE_REQUEUE_FAIL"):
             err, code = "Job is not requeueable\n", 1
+        if command == "scontrol" and args[:2] == ("show", "job") and "FAKE_JOB_INFO" in os.environ:
+            out = os.environ["FAKE_JOB_INFO"] + "\n"
+        if command == "sbatch":
+            out, err, code = (os.environ["FAKE_SBATCH_ID"] + "\n", "", 0) if os.environ.get("FAKE_SBATCH_ID") else \
+                ("", "sbatch: error: QOSMaxSubmitJobPerUserLimit\n", 1)
         return subprocess.CompletedProcess([command, *args], code, out, err)
 
     monkeypatch.setattr(_slurm, "run", run)

@@ -16,12 +16,12 @@ __all__ = ["build_parser", "main"]
 
 def build_parser() -> argparse.ArgumentParser:
     from .. import __version__
-    from . import completion, doctor, env, hostnames, kill, nodes, run, signal, sim, status, verify
+    from . import completion, doctor, env, guard, hostnames, kill, nodes, run, signal, sim, status, verify
 
     parser = argparse.ArgumentParser(prog="slurmrt", description="PyTorch training jobs that survive SLURM.")
     parser.add_argument("--version", action="version", version=f"slurmrt {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for command in (sim, run, status, verify, doctor, env, kill, signal, nodes, hostnames, completion):
+    for command in (sim, run, status, verify, doctor, env, kill, signal, nodes, hostnames, guard, completion):
         command.add_parser(sub)
     return parser
 

@@ -22,6 +22,8 @@ from .._errors import ConfigError
 from ..options import Options
 from ..record.events import EventLog
 from ..record.ledger import Ledger
+from ..recovery import guard
+from ..recovery.exclusion import read_job
 from ..recovery.facts import Facts
 from ..recovery.supervisor import Supervisor, default_directory
 from ..stop.signals import parse_signal
@@ -57,15 +59,29 @@ def run(args: argparse.Namespace) -> int:
     supervisor.event_log = lambda attempt: EventLog.for_job(
         options.event_log, options.checkpoint_dir, job=supervisor.requeue_id, restart=supervisor.restart_count,
         rank=-1, env=env, attempt=attempt)
+    if (args.spare_nodes > 0 if args.guard is None else args.guard) and options.requeue:
+        _with_log_lines(lambda: _arm(supervisor, env))
     return _with_log_lines(supervisor.run)
 
 
-def _with_log_lines(run: Callable[[], int]) -> int:
+def _arm(supervisor: Supervisor, env: dict[str, str]) -> int:
+    """The guard job for the batch node (:mod:`slurmrt.recovery.guard`); its output goes to the job's."""
+    info = read_job(supervisor.requeue_id)
+    output = None if isinstance(info, str) else info.std_out
+    armed = guard.arm(supervisor.requeue_id, supervisor.restart_count, guard.batch_host(env), env=env,
+                      events=supervisor.event_log(0), output=output)
+    if armed is not None:
+        print(f"slurmrt run: guard job {armed} requeues the job if this node ({guard.batch_host(env)}) fails",
+              file=sys.stderr, flush=True)
+    return 0
+
+
+def _with_log_lines(run: Callable[[], int], prefix: str = "slurmrt run") -> int:
     """slurmrt's own warnings while ``run`` runs (the recovery plan's, the exclusion's) written as the supervisor's
     lines are, on stderr with its prefix, not bare through Python's fallback handler. The library configures no
     logging; this command is a program of its own, and undoes it after."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("slurmrt run: %(message)s"))
+    handler.setFormatter(logging.Formatter(f"{prefix}: %(message)s"))
     handler.setLevel(logging.WARNING)
     logger = logging.getLogger("slurmrt")
     logger.addHandler(handler)
@@ -109,4 +125,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--dir", metavar="PATH",
                    help="where the step leaves its restart request; every node must see it (default: the submit "
                         "directory)")
+    p.add_argument("--guard", action=argparse.BooleanOptionalAction, default=None,
+                   help="arm a guard job that requeues the job if its batch node fails, which --no-kill does not "
+                        "cover (default: with --spare-nodes 1 or more, and requeue on)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the training command")

@@ -38,6 +38,10 @@ class JobNodes:
     #: The nodes the job holds now (a node that failed in a --no-kill job leaves it); None when not said.
     nodes: tuple[str, ...] | None = None
     state: str | None = None
+    #: The node the batch script runs on, the job's requeues so far, and its output file (for the guard).
+    batch_host: str | None = None
+    restarts: int | None = None
+    std_out: str | None = None
 
 
 @dataclass(frozen=True)
@@ -85,8 +89,15 @@ def parse_job(text: str) -> JobNodes:
         nodes = tuple(hostlist.expand(held)) if held and held != "(null)" else None
     except HostlistError:
         nodes = None
+    restarts = fields.get("Restarts", "")
     return JobNodes(excluded, int(num.split("-")[0]) if num.split("-")[0].isdigit() else None,
-                    fields.get("Partition") or None, nodes, fields.get("JobState") or None)
+                    fields.get("Partition") or None, nodes, fields.get("JobState") or None,
+                    _given(fields.get("BatchHost")), int(restarts) if restarts.isdigit() else None,
+                    _given(fields.get("StdOut")))
+
+
+def _given(value: str | None) -> str | None:
+    return value if value and value not in ("(null)", "None") else None
 
 
 def read_job(job_id: str) -> JobNodes | str:

@@ -28,7 +28,7 @@ import psutil
 from ..launch import hostlist
 from ..record.events import COPY_ENV, read_events
 from ..record.ledger import LEDGER_ENV
-from . import jobids, processes
+from . import guards, jobids, processes
 from .environ import batch_env, default_node_names
 from .shims import install
 from .spec import JobSpec
@@ -75,6 +75,7 @@ class _Run:
                 line = (f"exec {shlex.quote(sys.executable)} -m slurmrt run --spare-nodes {spec.spare_nodes} -- "
                         f"{shlex.join(spec.command)}")
             script.write_text(f"#!/bin/bash\n{line}\n")
+        self.env = env
         self.batch = psutil.Popen(["bash", str(script)], env=env, start_new_session=True)
         processes.keep(self.batch.pid)
         self._throttle = Throttle(spec, state) if spec.slow_name is not None else None
@@ -226,6 +227,8 @@ class _Run:
                 "finished" if self.record.exit_code == 0 else f"exit {self.record.exit_code}"
         self.record.requeued = self.record.requeued or requeue_asked
         self.record.seconds = self.elapsed()
+        if self.stop_signal() is None:  # the job ended: its guard jobs run, unless it was requeued
+            guards.after(self.record, self.state, self.env, self.out)
         return self.record
 
     def act(self, what: str) -> None:
@@ -296,10 +299,10 @@ class _Run:
             return
         self.signal_tasks(signal.SIGKILL, node)
         self.record.ended_by = self.record.ended_by or f"node {name} failed"
-        if spec.no_kill:
-            # Measured (docs/slurm.md): Slurm kills the batch step with its node and ends the job, --requeue or not.
+        if spec.no_kill:  # measured (docs/slurm.md): the job ends FAILED, not requeued, the node out of its NodeList
             self.say(f"node {name} fails: the batch script's node; --no-kill: Slurm kills the batch step and ends "
                      "the job, without a requeue")
+            self.state.mark_down(name)
             self.signal_batch(signal.SIGKILL, group=True)
             return
         self.say(f"node {name} fails: SIGKILL to its tasks")

@@ -1,7 +1,8 @@
-"""``scontrol``, ``squeue``, ``scancel`` and ``srun`` for ``slurmrt sim``: small scripts on the job's PATH.
+"""``scontrol``, ``squeue``, ``scancel``, ``sbatch`` and ``srun`` for ``slurmrt sim``: small scripts on the job's PATH.
 
 They understand what a training job asks of Slurm: requeue itself, its end time, cancel itself, expand a hostlist,
-start a step. Anything else fails loudly rather than pretending.
+start a step, arm a guard job on itself (``sbatch --dependency=afternotok:JOB --wrap ...``: the simulator runs it
+when the job ends not COMPLETED, :mod:`.guards`). Anything else fails loudly rather than pretending.
 """
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from ..launch import hostlist
+from . import guards
 from .spec import JobSpec
 from .state import SimState
 
-_SHIMS = ("srun", "scontrol", "squeue", "scancel")
+_SHIMS = ("srun", "scontrol", "squeue", "scancel", "sbatch")
 
 
 def install(bin_dir: Path) -> Path:
@@ -71,10 +73,10 @@ def _show_job(state: SimState, spec: JobSpec, job: dict[str, Any]) -> int:
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(end)) if end else "Unknown"
     excluded = hostlist.compress(sorted(state.excluded())) or "(null)"
     held = [n for n in spec.node_names if n not in state.down()]  # a failed node leaves a --no-kill job
-    running = "PENDING" if state.requested("requeue") else "RUNNING"
+    running = "PENDING" if state.requested("requeue") else guards.ended(state) or "RUNNING"
     print(f"JobId={spec.job_id} JobName={spec.job_name} JobState={running} Requeue={int(spec.requeue)} "
           f"Restarts={job['restart']} EndTime={stamp} Partition=sim NumNodes={len(held)} "
-          f"ExcNodeList={excluded} NodeList={hostlist.compress(held)}")
+          f"ExcNodeList={excluded} NodeList={hostlist.compress(held)} BatchHost={spec.node_names[0]}")
     return 0
 
 
@@ -107,13 +109,34 @@ def squeue(args: Sequence[str]) -> int:
 
 
 def scancel(args: Sequence[str]) -> int:
-    SimState.from_env().request("cancel")
+    state = SimState.from_env()
+    job = str(state.read_job()[0].job_id)
+    others = [a for a in args if not a.startswith("-") and a != job]
+    if others:  # the guard jobs of earlier runs (pending, or gone once they ran)
+        unknown = [a for a in others if not guards.cancel(state, a)]
+        for name in unknown:
+            print(f"scancel: error: Kill job error on job id {name}: Invalid job id specified", file=sys.stderr)
+        return 1 if unknown else 0
+    state.request("cancel")
+    return 0
+
+
+def sbatch(args: Sequence[str]) -> int:
+    """Only a guard job: ``sbatch --dependency=afternotok:JOB ... --wrap COMMAND`` on the simulated job."""
+    state = SimState.from_env()
+    job = str(state.read_job()[0].job_id)
+    wrap = list(args).index("--wrap") + 1 if "--wrap" in args else None
+    if f"--dependency=afternotok:{job}" not in args or wrap is None or wrap >= len(args):
+        print(f"sbatch (slurmrt sim): unsupported: {shlex.join(args)} (only a job on --dependency=afternotok:{job}"
+              " with --wrap)", file=sys.stderr)
+        return 1
+    print(guards.submit(state, args[wrap]))
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    commands = {"scontrol": scontrol, "squeue": squeue, "scancel": scancel}
+    commands = {"scontrol": scontrol, "squeue": squeue, "scancel": scancel, "sbatch": sbatch}
     return commands[args[0]](args[1:])
 
 

@@ -35,7 +35,7 @@ class SimState:
         data.update({"restart": restart, "submit_dir": submit_dir, "started": started})
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "job.json").write_text(json.dumps(data))
-        for name in ("requeue", "cancel", "tasks", "steps", "exits"):  # each run starts at step 0, as in Slurm
+        for name in ("requeue", "cancel", "tasks", "steps", "exits", "ended"):  # each run starts at step 0, as in Slurm
             (self.dir / name).unlink(missing_ok=True)
 
     def read_job(self) -> tuple[JobSpec, dict[str, Any]]:

@@ -1,0 +1,46 @@
+"""``slurmrt guard``: the guard job that ``slurmrt run`` arms; it requeues a job whose batch node failed.
+
+Submitted by ``slurmrt run`` with ``sbatch --dependency=afternotok:JOB``: it runs once JOB ended not COMPLETED, and
+requeues it (without the node, written into your bad-node ledger) only when the job's batch node left it (a node
+failure, which ends a --no-kill job without a requeue) and nothing in the job recorded how its run ends. Not a
+command to run by hand, though it is safe to: it reads the job and its event log before it acts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from .._errors import ConfigError
+from ..options import Options
+from ..record.events import EventLog
+from ..record.ledger import Ledger
+from ..recovery.facts import Facts
+from ..recovery.guard import stand_guard
+from ._common import add_command
+from .run import _with_log_lines
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.restart < 0:
+        raise ConfigError(f"--restart {args.restart}: 0 or more")
+    env = dict(os.environ)
+    options = Options.resolve({}, env)  # the job's: the guard's environment is the one `slurmrt run` had
+    facts = Facts.of(options, job=args.job, restart_count=args.restart)
+    return _with_log_lines(lambda: stand_guard(
+        args.job, args.restart, args.batch_host, facts=facts, ledger=Ledger.of(env, env.get("SLURM_CLUSTER_NAME")),
+        event_log=lambda attempt: EventLog.for_job(options.event_log, options.checkpoint_dir, job=args.job,
+                                                   restart=args.restart, rank=-1, env=env, attempt=attempt)),
+        "slurmrt guard")
+
+
+def add_parser(sub: Any) -> None:
+    p = add_command(sub, "guard", run, doc=__doc__,
+                    help="(armed by slurmrt run) requeue a job whose batch node failed",
+                    epilog="as slurmrt run arms it:\n"
+                           "  sbatch --dependency=afternotok:JOB --kill-on-invalid-dep=yes -N1 -n1 --wrap \\\n"
+                           "    'python -m slurmrt guard JOB --restart N --batch-host NODE'")
+    p.add_argument("job", help="the job (ARRAY_TASK for a task of an array)")
+    p.add_argument("--restart", type=int, required=True, metavar="N", help="the run that armed the guard")
+    p.add_argument("--batch-host", required=True, metavar="NODE", help="the node its batch script ran on")

@@ -1,0 +1,117 @@
+"""The guard job (slurmrt.recovery.guard): armed by `slurmrt run`, it requeues a --no-kill job whose batch node failed
+and only then. Slurm's commands are stood in at the process boundary (conftest.fake_slurm); the cluster scenario
+(tests/slurm, test_14_the_batch_node_failing_...) runs the real thing."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from slurmrt.record.events import Event, EventLog, read_events
+from slurmrt.record.ledger import Ledger
+from slurmrt.recovery.exclusion import JobNodes, parse_job
+from slurmrt.recovery.facts import Facts
+from slurmrt.recovery.guard import arm, armed, judge, stand_guard
+from tests.unit.conftest import fake_slurm
+
+#: What `scontrol show job -o` said about a --no-kill job whose batch node n1 failed (test cluster, 2026-11-26).
+FAILED = ("JobId=664 JobName=job.sh JobState=FAILED Reason=JobLaunchFailure Requeue=1 Restarts=1 ExitCode=0:9 "
+          "Partition=low ExcNodeList=(null) NodeList=n[2-3] BatchHost=n1 NumNodes=2 StdOut=/tmp/exp/job-664.out")
+
+
+def test_the_batch_host_restarts_and_output_are_read_from_scontrol() -> None:
+    info = parse_job(FAILED)
+    assert (info.batch_host, info.restarts, info.std_out, info.nodes) == ("n1", 1, "/tmp/exp/job-664.out",
+                                                                          ("n2", "n3"))
+
+
+def test_the_guard_requeues_only_a_job_that_lost_its_batch_node_and_answered_nothing() -> None:
+    info = parse_job(FAILED)
+    assert judge(info, restart=1, host="n1", answered=False) is None
+    assert "recorded how it ends" in (judge(info, restart=1, host="n1", answered=True) or "")
+    assert "was requeued after run 0" in (judge(info, restart=0, host="n1", answered=False) or "")
+    kept = JobNodes((), 3, "low", ("n1", "n2", "n3"), "CANCELLED", "n1", 1)  # scancel: the node stayed
+    assert "did not leave the job" in (judge(kept, restart=1, host="n1", answered=False) or "")
+    for live in ("RUNNING", "PENDING", "REQUEUED", "COMPLETING"):
+        alive = JobNodes((), 2, "low", ("n2", "n3"), live, "n1", 1)
+        assert "nothing to do" in (judge(alive, restart=1, host="n1", answered=False) or ""), live
+    unknown = JobNodes((), None, None, None, "FAILED", None, None)
+    assert "did not leave the job" in (judge(unknown, restart=1, host="n1", answered=False) or "")
+
+
+@pytest.fixture
+def slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    log = tmp_path / "slurm.log"
+    monkeypatch.setenv("FAKE_SLURM_LOG", str(log))
+    monkeypatch.setenv("PATH", f"{fake_slurm(monkeypatch, tmp_path / 'bin')}{os.pathsep}{os.environ['PATH']}")
+    return log
+
+
+def test_arming_cancels_the_earlier_runs_guard_and_submits_one_on_afternotok(slurm: Path, tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "events.jsonl"
+    monkeypatch.setenv("FAKE_SBATCH_ID", "901")
+    env = {"SLURM_JOB_PARTITION": "low", "SLURM_JOB_ACCOUNT": "proj"}
+    assert arm("664", 0, "n1", env=env, events=EventLog(path, job="664", restart=0, rank=-1), output=None) == "901"
+    monkeypatch.setenv("FAKE_SBATCH_ID", "905")
+    assert arm("664", 1, "n1", env=env, events=EventLog(path, job="664", restart=1, rank=-1),
+               output="/o/job.out") == "905"
+    calls = slurm.read_text().splitlines()
+    sbatch = [c.split() for c in calls if c.startswith("sbatch")]
+    assert len(sbatch) == 2 and "scancel 901" in calls and calls.index("scancel 901") < calls.index(" ".join(sbatch[1]))
+    first = sbatch[0]
+    for expected in ("--dependency=afternotok:664", "--kill-on-invalid-dep=yes", "--partition=low", "--account=proj",
+                     "--output=/dev/null", "--nodes=1"):
+        assert expected in first, first
+    assert "--output=/o/job.out" in sbatch[1] and first[-6:] == ["guard", "664", "--restart", "0", "--batch-host",
+                                                                 "n1"]
+    assert armed(path, "664") == ["901", "905"] and armed(path, "665") == []
+
+
+def test_a_guard_that_cannot_be_submitted_costs_a_warning_and_nothing_else(slurm: Path, tmp_path: Path,
+                                                                            caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "events.jsonl"
+    assert arm("664", 0, "n1", env={}, events=EventLog(path, job="664", restart=0, rank=-1), output=None) is None
+    assert "QOSMaxSubmitJobPerUserLimit" in caplog.text and "without a requeue" in caplog.text
+    (event,) = [e for e in read_events(path) if e["event"] == "guard"]
+    assert event["guard"] is None and armed(path, "664") == []
+
+
+def _stand(tmp_path: Path, ledger: Ledger, **facts: object) -> int:
+    path = tmp_path / "events.jsonl"
+    return stand_guard("664", 1, "n1", facts=Facts(job="664", restart_count=1, **facts), ledger=ledger,  # type: ignore[arg-type]
+                       event_log=lambda attempt: EventLog(path, job="664", restart=1, rank=-1, attempt=attempt))
+
+
+def test_the_guard_requeues_without_the_batch_node_and_remembers_it(slurm: Path, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_JOB_INFO", FAILED)
+    path = tmp_path / "events.jsonl"
+    step = EventLog(path, job="664", restart=1, rank=0, attempt=1)  # run 1 reached its second step, then n1 died
+    step.emit(Event.INIT)
+    ledger = Ledger(tmp_path / "ledger.json")
+    assert _stand(tmp_path, ledger) == 0
+    assert "requeue 664" in slurm.read_text() and "ExcNodeList=n1" in slurm.read_text()
+    (ended,) = [e for e in read_events(path) if e["event"] == "exit"]
+    assert (ended["by"], ended["attempt"], ended["code"], ended["rank"]) == ("guard", 1, 5, -1)
+    assert ledger.nodes() == ["n1"]
+
+
+def test_the_guard_leaves_a_run_that_recorded_its_end(slurm: Path, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_JOB_INFO", FAILED)
+    EventLog(tmp_path / "events.jsonl", job="664", restart=1, rank=0).emit(Event.EXIT, code=4, outcome="STOPPED")
+    assert _stand(tmp_path, Ledger(tmp_path / "ledger.json")) == 0
+    assert "requeue" not in slurm.read_text()
+
+
+def test_the_guard_obeys_the_loop_guard_and_max_restarts(slurm: Path, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_JOB_INFO", FAILED)
+    assert _stand(tmp_path, Ledger(tmp_path / "ledger.json"), max_restarts=1) == 5  # restart 1 of at most 1
+    assert "requeue" not in slurm.read_text()
+    (ended,) = [e for e in read_events(tmp_path / "events.jsonl") if e["event"] == "exit"]
+    assert "max_restarts=1" in ended["why"] and json.dumps(ended["by"]) == '"guard"'
