@@ -19,8 +19,9 @@ from ._common import HERE, machine
 
 NAMES = ["stop_check", "stop_latency", "time_limit", "checkpoint", "logging", "startup", "hostlist",
          "integrations", "hang", "recovery", "straggler", "scale"]
-#: Run only when named: each takes tens of minutes (`python -m benchmarks.run goodput`).
-LONG = ["goodput"]
+#: Run only when named: each takes tens of minutes (`python -m benchmarks.run goodput`); goodput_cluster needs the
+#: test cluster (tests/slurm/cluster.sh start).
+LONG = ["goodput", "goodput_cluster"]
 
 
 def main() -> int:

@@ -1,0 +1,137 @@
+"""13b. Goodput under failures on the test cluster: :mod:`benchmarks.bench_goodput`'s four policies, a shorter trace.
+
+The same training and the same four policies (their batch scripts, ``bench_goodput._script``), as real sbatch jobs on
+the 4-node test cluster (``tests/slurm/cluster.sh start`` first): policy 1 on two nodes, ``--requeue``; policies 2-4
+on three, ``--no-kill``, under ``slurmrt run --spare-nodes 1``. One seeded trace (``slurmrt.sim.faults.draw``, the
+first ``FAULTS`` faults: node loss, rank crash, hang, preemption) is replayed into each policy's job on its training
+clock, as ``slurmrt sim --after-checkpoint`` counts it: the seconds during which the job has training processes and
+has committed a checkpoint since the fault before. Each fault comes from outside, as the cluster campaign injects
+it (:class:`benchmarks.chaos_cluster.Trial`): SIGKILL or SIGSTOP of a training process, a node set down and drained
+(back in service once the job has saved again), a preemptor job in the ``high`` partition. Each job is read by
+``slurmrt.record.goodput``; the final weights of the four must be those of an uninterrupted run, bit for bit.
+
+    tests/slurm/cluster.sh start
+    python -m benchmarks.run goodput_cluster
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from ._common import Section, table
+from .bench_goodput import ENV, EVERY, LOCAL_EVERY, NODES, POLICIES, STATE_MB, STEP_TIME, Policy, _script, _weights
+
+FAULTS = 8
+
+
+def _submit(directory: Path, policy: Policy, steps: int, mtbf_s: float) -> Any:
+    from tests.slurm.conftest import submit
+
+    body = _script(directory, policy, steps).read_text().split("\n", 1)[1]
+    exports = {**ENV, "SLURMRT_NODE_LEDGER": str(directory / "ledger.json"),
+               "SLURMRT_MTBF_NODE_H": f"{mtbf_s * NODES / 3600:.6f}"}
+    nodes = ("-N3", "--no-kill") if policy.spare else (f"-N{NODES}",)
+    return submit(directory, body, *nodes, "--ntasks-per-node=1", "--requeue", "--signal=USR1@10",
+                  exports=exports, name=f"goodput-{policy.name[0]}")
+
+
+def _replay(directory: Path, job: Any, faults: list[Any], timeout_s: float) -> list[str]:
+    """Inject ``faults`` into ``job`` on its training clock; returns what was injected, in order."""
+    from tests.slurm.conftest import TERMINAL, slurm
+
+    from .chaos_cluster import Trial, newest_save, processes
+
+    trial = Trial(0, directory, job, random.Random(0))
+    clock, since, done = 0.0, 0.0, []
+    pending = list(faults)
+    deadline, last = time.monotonic() + timeout_s, time.monotonic()
+    try:
+        while job.state() not in TERMINAL:
+            assert time.monotonic() < deadline, f"job {job.id} did not end within {timeout_s:.0f} s"
+            time.sleep(0.2)
+            now = time.monotonic()
+            saved = newest_save(directory, job)
+            running = saved is not None and saved[0] > since and bool(processes(job.id))
+            if saved is not None and saved[0] > since:
+                trial.restore()  # the job saved after the last fault: a lost node may serve again
+            clock += (now - last) if running else 0.0
+            last = now
+            if pending and running and clock >= pending[0].at_s and job.state() == "RUNNING":
+                fault = pending.pop(0)
+                if trial.inject(fault.kind, fault.target, 0):
+                    done.append(fault.kind)
+                    since = time.time()
+                else:
+                    pending.insert(0, fault)
+        return done
+    finally:
+        trial.restore()
+        for other in trial.others:
+            slurm("scancel", other.id, check=False)
+
+
+def _policy(work: Path, policy: Policy, faults: list[Any], steps: int, mtbf_s: float) -> dict[str, Any]:
+    from slurmrt.record.events import read_events
+    from slurmrt.record.goodput import account
+
+    directory = work / f"policy{policy.name[0]}"
+    directory.mkdir()
+    job = _submit(directory, policy, steps, mtbf_s)
+    injected = _replay(directory, job, faults, timeout_s=1800)
+    info = job.wait(120)
+    shutil.rmtree(f"/dev/shm/{directory.name}-local", ignore_errors=True)
+    if info.get("JobState") != "COMPLETED":
+        raise RuntimeError(f"policy {policy.name}: job {job.id} ended {info.get('JobState')}:\n{job.output()[-4000:]}")
+    (log,) = (directory / "ckpt").glob("events-*.jsonl")
+    events = list(read_events(log))
+    return {"ledger": account(events), "injected": injected, "weights": _weights(directory),
+            "restarts": int(info.get("Restarts", 0)), "events": events}
+
+
+def _uninterrupted(work: Path, steps: int) -> list[float]:
+    directory = work / "uninterrupted"
+    directory.mkdir()
+    job = _submit(directory, POLICIES[0], steps, 8.0)
+    info = job.wait(1200)
+    if info.get("JobState") != "COMPLETED":
+        raise RuntimeError(f"the uninterrupted job ended {info.get('JobState')}:\n{job.output()[-3000:]}")
+    return _weights(directory)
+
+
+def run(quick: bool = False) -> Section:
+    from slurmrt.record.goodput import CATEGORIES
+    from slurmrt.sim.faults import draw
+    from tests.slurm.conftest import CONF
+
+    os.environ.setdefault("SLURM_CONF", str(CONF))
+    mtbf_s, seed = 8.0, 43
+    steps = 400 if quick else 1200
+    faults = draw(mtbf_s, seed, horizon_s=mtbf_s * 400)[:3 if quick else FAULTS]
+    work = Path(tempfile.mkdtemp(prefix="slurmrt-goodput-cluster-"))  # every node of the test cluster sees /tmp
+    try:
+        expected = _uninterrupted(work, steps)
+        results = {p.name: _policy(work, p, faults, steps, mtbf_s) for p in POLICIES}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    rows = []
+    for name, r in results.items():
+        ledger = r["ledger"]
+        kinds = ", ".join(f"{r['injected'].count(k)} {k}" for k in dict.fromkeys(r["injected"]))
+        rows.append([name, kinds or "none", r["restarts"], f"{ledger.wall_s:.0f}", f"**{ledger.ettr:.1%}**",
+                     f"{ledger.node_goodput:.1%}" if ledger.node_goodput is not None else "-",
+                     *[f"{ledger.seconds[c] / ledger.wall_s:.1%}" for c in CATEGORIES[1:]]])
+    same = all(r["weights"] == expected for r in results.values())
+    trace = ", ".join(f"{f.at_s:.1f} s {f.kind}" for f in faults)
+    body = (f"{steps} steps of {STEP_TIME} s, {NODES} training nodes, {STATE_MB} MiB per rank, shared saves every "
+            f"{EVERY} steps (local every {LOCAL_EVERY} in policy 3; `should_save` in 4), on the 4-node test cluster. "
+            f"The trace (seed {seed}, mean {mtbf_s:g} s between failures, training clock): {trace}.\n\n"
+            + table(["policy", "faults injected", "requeues", "wall s", "ETTR", "node-hours", *CATEGORIES[1:]], rows)
+            + f"\n\nFinal weights of the four jobs against an uninterrupted job: "
+              f"{'bitwise equal' if same else 'DIFFERENT'}.")
+    return Section("Goodput under failures on the test cluster: four policies, one shorter trace", body)
