@@ -58,6 +58,7 @@ ifeq ($(CLUSTER),1)
 else
 	$(PY) -m benchmarks.chaos --trials $(or $(TRIALS),28) --seed $(or $(SEED),1) $(if $(MTBF),--mtbf $(MTBF)) \
 		--jobs $(or $(JOBS),1) $(if $(FAULTS),--faults $(FAULTS))
+	$(PY) -m benchmarks.chaos_neighbours --trials $(or $(NEIGHBOURS),10) --seed $(or $(SEED),1)
 endif
 
 bench: $(VENV)/.installed
