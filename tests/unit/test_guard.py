@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -40,6 +41,11 @@ def test_the_guard_requeues_only_a_job_that_lost_its_batch_node_and_answered_not
         assert "nothing to do" in (judge(alive, restart=1, host="n1", answered=False) or ""), live
     unknown = JobNodes((), None, None, None, "FAILED", None, None)
     assert "did not leave the job" in (judge(unknown, restart=1, host="n1", answered=False) or "")
+    # Other evidence, where a Slurm keeps the node in the list: the job ended NODE_FAIL, or the node is down now.
+    assert judge(kept, restart=1, host="n1", answered=False, host_state="DOWN*+DRAIN") is None
+    assert judge(kept, restart=1, host="n1", answered=False, host_state="IDLE+NOT_RESPONDING") is None
+    assert "not down (State=DRAIN)" in (judge(kept, restart=1, host="n1", answered=False, host_state="DRAIN") or "")
+    assert judge(replace(kept, state="NODE_FAIL"), restart=1, host="n1", answered=False) is None
 
 
 @pytest.fixture

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 import shlex
 import socket
 import sys
@@ -92,15 +93,21 @@ def armed(path: Path | None, job: str) -> list[str]:
     return [g for g in dict.fromkeys(found) if isinstance(g, str) and g.replace("_", "").isdigit()]
 
 
-def judge(info: JobNodes, *, restart: int, host: str, answered: bool) -> str | None:
-    """Why the guard leaves the job alone, or None: requeue it."""
+#: A node in one of these states has failed (``scontrol show node``: ``DOWN*``, ``IDLE+NOT_RESPONDING``, ...).
+_FAILED_NODE = ("DOWN", "FAIL", "NOT_RESPONDING")
+
+
+def judge(info: JobNodes, *, restart: int, host: str, answered: bool, host_state: str | None = None) -> str | None:
+    """Why the guard leaves the job alone, or None: requeue it. The evidence that the batch node failed: it left
+    the job's NodeList (what Slurm 22.05 does), the job ended NODE_FAIL, or the node is down now (``host_state``)."""
     if info.state is None or info.state.split("+")[0] in _LIVE:
         return f"the job is {info.state or 'in no known state'}: nothing to do"
     if info.restarts is not None and info.restarts != restart:
         return f"the job was requeued after run {restart} (Restarts={info.restarts}): that run's guard is not needed"
-    if info.nodes is None or host in info.nodes:
-        return (f"its batch node {host} did not leave the job (NodeList={','.join(info.nodes or ()) or '?'}): not a "
-                "node failure; the job ended as slurmrt in it chose, or was ended")
+    if not _failed(info, host, host_state):
+        return (f"its batch node {host} did not leave the job (NodeList={','.join(info.nodes or ()) or '?'}) and is "
+                f"not down (State={host_state or '?'}): not a node failure; the job ended as slurmrt in it chose, "
+                "or was ended")
     if answered:
         return f"run {restart} recorded how it ends (an exit event) before {host} failed: that answer stands"
     return None
@@ -116,7 +123,8 @@ def stand_guard(job: str, restart: int, host: str, *, facts: Facts, event_log: C
         print(f"slurmrt guard: job {job}: cannot tell ({info}); leaving it", file=sys.stderr)
         return 1
     run_, attempt = _last_step(event_log(0).path, restart)
-    refused = judge(info, restart=restart, host=host, answered=run_ is not None and run_.first(Event.EXIT) is not None)
+    refused = judge(info, restart=restart, host=host, answered=run_ is not None and run_.first(Event.EXIT) is not None,
+                    host_state=node_state(host))
     if refused is not None:
         print(f"slurmrt guard: job {job}: {refused}", file=sys.stderr)
         return 0
@@ -126,6 +134,21 @@ def stand_guard(job: str, restart: int, host: str, *, facts: Facts, event_log: C
         Trigger.NODE_GONE, nodes=[host], ask=False, detail=why, by="guard")
     print(f"slurmrt guard: job {job}: {done.why}", file=sys.stderr)
     return 0 if done.restarts else done.code
+
+
+def _failed(info: JobNodes, host: str, host_state: str | None) -> bool:
+    left = info.nodes is not None and host not in info.nodes
+    down = (info.state or "").startswith("NODE_FAIL") or any(s in (host_state or "").upper() for s in _FAILED_NODE)
+    return left or down
+
+
+def node_state(node: str) -> str | None:
+    """``State=`` of ``scontrol show node -o NODE``; None when not known."""
+    out = _slurm.run("scontrol", "show", "node", "-o", node)
+    if isinstance(out, str) or out.returncode != 0:
+        return None
+    found = re.search(r"\bState=(\S+)", out.stdout)
+    return found.group(1) if found else None
 
 
 def _last_step(path: Path | None, restart: int) -> tuple[Run | None, int]:

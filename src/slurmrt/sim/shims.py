@@ -48,16 +48,34 @@ def scontrol(args: Sequence[str]) -> int:
     spec, job = state.read_job()
     if args[:1] == ["requeue"] and len(args) == 2:
         return _requeue(state, spec, args[1])
-    if args[:2] == ["show", "hostnames"]:
-        for host in hostlist.expand(args[2] if len(args) > 2 else os.environ.get("SLURM_JOB_NODELIST", "")):
-            print(host)
-        return 0
-    if args[:2] == ["show", "job"]:
-        return _show_job(state, spec, job)
+    if args[:1] == ["show"] and len(args) > 1:
+        return _show(state, spec, job, list(args[1:]))
     if args[:1] == ["update"] and any(a.startswith("ExcNodeList=") for a in args):
         return _exclude(state, spec, next(a for a in args if a.startswith("ExcNodeList="))[len("ExcNodeList="):])
+    return _unsupported(args)
+
+
+def _show(state: SimState, spec: JobSpec, job: dict[str, Any], what: list[str]) -> int:
+    """``scontrol show hostnames|job|node ...``."""
+    if what[0] == "hostnames":
+        for host in hostlist.expand(what[1] if len(what) > 1 else os.environ.get("SLURM_JOB_NODELIST", "")):
+            print(host)
+        return 0
+    if what[0] == "job":
+        return _show_job(state, spec, job)
+    if what[0] == "node" and what[-1] in spec.node_names:
+        return _show_node(state, what[-1])
+    return _unsupported(["show", *what])
+
+
+def _unsupported(args: Sequence[str]) -> int:
     print(f"scontrol (slurmrt sim): unsupported: {shlex.join(args)}", file=sys.stderr)
     return 1
+
+
+def _show_node(state: SimState, node: str) -> int:
+    print(f"NodeName={node} State={'DOWN*' if node in state.down() else 'ALLOCATED'}")  # a failed node stays down
+    return 0
 
 
 def _requeue(state: SimState, spec: JobSpec, job_id: str) -> int:
