@@ -154,7 +154,8 @@ INPUTS = {
     # the fixed intervals of policies 1-3: a shared save every 30 minutes, a local one every 5
     "fixed_shared_s": 1800.0, "fixed_local_s": 300.0,
     # assumed: the share of failures that lose a node (Llama 3: most interruptions were hardware); a lost node that
-    # is the job's first ends a --no-kill job (docs/slurm.md): one in N of them go through a requeue anyway
+    # is the job's first ends a --no-kill job (docs/slurm.md), which its guard job requeues: one in N of them go
+    # through a requeue anyway
     "node_loss_share": 0.6,
 }
 
@@ -162,7 +163,7 @@ INPUTS = {
 def requeued_share(scale: Scale, policy: Policy, inputs: dict[str, float]) -> float:
     """The share of failures a policy answers with the requeue: all of them without a spare; with S spares, one
     in S + 1 (the spares are used up, and the requeue's new allocation brings S more), and the losses of the first
-    node (--no-kill cannot keep the job then)."""
+    node (--no-kill cannot keep the job then: the guard job requeues it)."""
     if not policy.spare:
         return 1.0
     nodes = scale.gpus // 8
