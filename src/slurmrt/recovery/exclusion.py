@@ -5,8 +5,10 @@ longer pending execution", exit 1) and accepted once ``scontrol requeue`` has pu
 requeues first, then excludes, from the same process, within a second.
 
 The list only grows (a node excluded by an earlier run stays excluded), and never past a limit: at most
-``max_excluded`` nodes, and never so many that fewer nodes than the job needs remain in its partition, so that a job
-cannot exclude itself out of the partition. A user lists the exclusions with ``scontrol show job JOB | grep
+``max_excluded`` nodes, and never so many that fewer nodes than the job needs remain among its partition's nodes that
+can run jobs (down and drained ones do not count), so that a job cannot exclude itself out of the partition: the
+fault campaign's cluster series left a 2-node job excluding n1 and n2 of 4 nodes with n3 drained, pending for ever
+(ReqNodeNotAvail). A user lists the exclusions with ``scontrol show job JOB | grep
 ExcNodeList`` (and in the event log, ``exclude`` events) and clears them with ``scontrol update JobId=JOB
 ExcNodeList=`` while the job is pending.
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from .. import _clock, _slurm
@@ -55,26 +58,30 @@ class Plan:
 
 
 def plan(current: tuple[str, ...] | list[str], bad: list[str], *, max_excluded: int,
-         room: int | None = None) -> Plan:
-    """Add ``bad`` to ``current`` exclusions, up to ``max_excluded`` in all and ``room`` new ones (the partition's
-    nodes the job can spare; None: unknown)."""
+         room: int | None = None, usable: Collection[str] | None = None) -> Plan:
+    """Add ``bad`` to ``current`` exclusions, up to ``max_excluded`` in all and ``room`` new ones among the nodes
+    that can run jobs (the partition's ``usable`` nodes the job can spare; None: unknown). A node that cannot run
+    a job anyway (down, drained) costs no room: excluding it takes nothing from the job."""
     merged = list(dict.fromkeys(current))
     added: list[str] = []
     refused: list[str] = []
-    limit = max_excluded if room is None else min(max_excluded, len(merged) + max(room, 0))
+    spent = 0
     for node in dict.fromkeys(bad):
         if node in merged:
             continue
-        if len(merged) >= limit:
+        costs = usable is None or node in usable
+        if len(merged) >= max_excluded or (room is not None and costs and spent >= max(room, 0)):
             refused.append(node)
             continue
         merged.append(node)
         added.append(node)
+        spent += costs
     why = ""
     if refused:
         why = (f"not excluded: {', '.join(refused)}: the job already excludes {len(merged)} node(s), the limit is "
-               f"{limit} (max_excluded_nodes={max_excluded}" +
-               (f", {room} node(s) of the partition to spare)" if room is not None else ")"))
+               f"max_excluded_nodes={max_excluded}" +
+               (f", and {max(room, 0)} node(s) of the partition that can run jobs to spare" if room is not None
+                else ""))
     return Plan(tuple(merged), tuple(added), tuple(refused), why)
 
 
@@ -109,12 +116,25 @@ def read_job(job_id: str) -> JobNodes | str:
     return parse_job(out.stdout)
 
 
-def partition_nodes(partition: str) -> int | None:
-    out = _slurm.run("sinfo", "-h", "-p", partition, "-o", "%D")
+#: ``sinfo``'s states (``%T``) of a node that can run a job; any other (down, drained, draining, failing, in
+#: maintenance, not responding: a ``*`` after the state) cannot.
+_USABLE = {"idle", "mixed", "allocated", "completing", "planned"}
+
+
+def usable_nodes(partition: str) -> set[str] | None:
+    """The partition's nodes that can run a job now (``sinfo -o "%N %T"``); None when not known."""
+    out = _slurm.run("sinfo", "-h", "-p", partition, "-o", "%N %T")
     if isinstance(out, str) or out.returncode != 0:
         return None
-    counts = [int(x) for x in out.stdout.split() if x.isdigit()]
-    return sum(counts) if counts else None
+    usable: set[str] = set()
+    try:
+        for line in out.stdout.splitlines():
+            names, _, state = line.strip().partition(" ")
+            if names and state.strip().lower() in _USABLE:
+                usable.update(hostlist.expand(names))
+    except HostlistError:
+        return None
+    return usable or None
 
 
 #: How long :func:`apply` tries again while slurmctld says "try again in a bit". Short: after a node left a
@@ -145,9 +165,10 @@ def prepare(job_id: str, bad: list[str], *, max_excluded: int) -> Plan | str:
     job = read_job(job_id)
     if isinstance(job, str):
         return job
-    total = partition_nodes(job.partition) if job.partition else None
-    room = None if total is None or job.num_nodes is None else total - job.num_nodes - len(job.excluded)
-    return plan(job.excluded, bad, max_excluded=max_excluded, room=room)
+    usable = usable_nodes(job.partition) if job.partition else None
+    room = None if usable is None or job.num_nodes is None else \
+        len(usable - set(job.excluded)) - job.num_nodes
+    return plan(job.excluded, bad, max_excluded=max_excluded, room=room, usable=usable)
 
 
 def apply_and_record(job_id: str, prepared: Plan | str, events: EventLog) -> None:
