@@ -104,7 +104,8 @@ def draw(mtbf_s: float, seed: int, *, horizon_s: float, weights: dict[str, float
         if clock > horizon_s:
             return faults
         kind = rng.choices(kinds, weights=[weights[k] for k in kinds])[0]
-        faults.append(Fault(round(clock, 3), kind, rng.randrange(targets)))
+        # never 0.000: the trace format (and --at) wants a time above 0
+        faults.append(Fault(max(round(clock, 3), 0.001), kind, rng.randrange(targets)))
 
 
 def read_trace(path: Path) -> list[Fault]:
