@@ -495,3 +495,14 @@ def test_the_first_node_failing_in_a_no_kill_job_is_requeued_by_the_guard_job_an
     assert "requeued by its guard job" in first["ended by"] and second["ended by"] == "finished", (first, second)
     assert second["resumed from"] == first["checkpoint"] != "-", (first, second)
     assert "n1 excluded: run 1 gets n[2-4]" in out.stdout
+
+
+def test_srun_wait_ends_a_task_frozen_after_the_others_ended(tmp_path: Path) -> None:
+    # The cluster campaign: rank 0, stopped (SIGSTOP) after it had finished, kept its job for ever; `slurmrt run`
+    # now starts its step with `srun --wait`, which ends the tasks left that long after the first one ended.
+    script = tmp_path / "job.sh"
+    script.write_text('#!/bin/bash\nsrun --wait=1 sh -c \'[ "$SLURM_PROCID" = 0 ] && kill -STOP $$; exit 0\'\n'
+                      'echo "srun exit $?"\n')
+    out = sim(tmp_path, "-N", "2", "--ntasks-per-node", "1", "--", str(script), timeout=120)
+    assert "--wait: 1 s after the first task ended" in out.stderr + out.stdout, out.stdout + out.stderr
+    assert "srun exit 0" not in out.stdout, out.stdout

@@ -134,8 +134,9 @@ def test_placement_and_the_step_command() -> None:
     assert tasks_per_node({"SLURM_TASKS_PER_NODE": "2(x3)"}) == 2
     assert tasks_per_node({"SLURM_TASKS_PER_NODE": "junk"}) == 1
     assert srun_command("srun", Placement(("n1", "n3"), ()), 2, ["--gpus-per-task=1"], ["python", "t.py"]) == [
-        "srun", "--kill-on-bad-exit=1", "--nodes=2", "--nodelist=n1,n3", "--ntasks=4", "--ntasks-per-node=2",
-        "--gpus-per-task=1", "python", "t.py"]
+        "srun", "--kill-on-bad-exit=1", "--wait=120", "--nodes=2", "--nodelist=n1,n3", "--ntasks=4",
+        "--ntasks-per-node=2", "--gpus-per-task=1", "python", "t.py"]
+    assert "--wait=0" not in srun_command("srun", Placement(("n1",), ()), 1, [], ["x"], wait_s=0)
 
 
 def test_too_many_spares_or_no_job_is_a_clear_error(tmp_path: Path) -> None:

@@ -80,6 +80,7 @@ def test_srun_places_a_step_as_slurm_does_in_the_job() -> None:
     assert layout(spec, parse(["-N2", "x"]), down={"n1"}) == StepLayout(("n2", "n3"), 2)  # a down node is skipped
     assert layout(spec, parse(["--exclude", "n2", "x"]), down=set()) == StepLayout(("n1", "n3"), 2)
     assert layout(spec, parse(["--overlap", "--ntasks-per-node=1", "x"]), down=set()).per_node == 1
+    assert parse(["--wait=120", "x"]).wait_s == 120 and parse(["--wait", "5", "x"]).command == ["x"]
     with pytest.raises(SimSrunError, match="DOWN"):
         layout(spec, step, down={"n3"})
     with pytest.raises(SimSrunError, match="not in the job"):

@@ -25,7 +25,7 @@ from ..record.ledger import Ledger
 from ..recovery import guard
 from ..recovery.exclusion import read_job
 from ..recovery.facts import Facts
-from ..recovery.supervisor import Supervisor, default_directory
+from ..recovery.supervisor import STEP_WAIT_S, Supervisor, default_directory
 from ..stop.signals import parse_signal
 from ._common import add_command
 
@@ -41,6 +41,8 @@ def run(args: argparse.Namespace) -> int:
                           "python train.py")
     if args.max_in_job_restarts < 0:
         raise ConfigError(f"--max-in-job-restarts {args.max_in_job_restarts}: 0 or more")
+    if args.step_wait < 0:
+        raise ConfigError(f"--step-wait {args.step_wait}: 0 (no limit) or more seconds")
     forward = _forward(args.forward)
     try:
         srun_args = shlex.split(args.srun_args)
@@ -50,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     job = env.get("SLURM_JOB_ID") or ""
     directory = Path(args.dir).resolve() / f".slurmrt-run-{job}" if args.dir else default_directory(env, job)
     supervisor = Supervisor(command, spare_nodes=args.spare_nodes, max_restarts=args.max_in_job_restarts, env=env,
-                            directory=directory, srun_args=srun_args, forward=forward)
+                            directory=directory, srun_args=srun_args, forward=forward, wait_s=args.step_wait)
     # The job's options, read once here: the training reads the same variables, and a bad one fails it at init()
     # all the same; failing now costs seconds, not a step start.
     options = Options.resolve({}, env)
@@ -125,6 +127,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--dir", metavar="PATH",
                    help="where the step leaves its restart request; every node must see it (default: the submit "
                         "directory)")
+    p.add_argument("--step-wait", type=int, default=STEP_WAIT_S, metavar="S",
+                   help="srun --wait of the step: tasks still running S seconds after one ended are ended (a "
+                        "frozen task after the others finished); 0: no limit")
     p.add_argument("--guard", action=argparse.BooleanOptionalAction, default=None,
                    help="arm a guard job that requeues the job if its batch node fails, which --no-kill does not "
                         "cover (default: with --spare-nodes 1 or more, and requeue on)")

@@ -79,11 +79,18 @@ def tasks_per_node(env: Mapping[str, str]) -> int:
     return 1
 
 
+#: ``srun --wait``: the step's tasks still running this long after one ended are ended. The ranks end together (they
+#: agree on the end first), so a task still there minutes later is frozen: the cluster campaign's rank 0, stopped
+#: after it had finished, kept its job for ever.
+STEP_WAIT_S = 120
+
+
 def srun_command(srun: str, placement: Placement, per_node: int, extra: Sequence[str],
-                 command: Sequence[str]) -> list[str]:
+                 command: Sequence[str], *, wait_s: int = STEP_WAIT_S) -> list[str]:
     n = len(placement.nodes)
-    return [srun, "--kill-on-bad-exit=1", f"--nodes={n}", f"--nodelist={','.join(placement.nodes)}",
-            f"--ntasks={n * per_node}", f"--ntasks-per-node={per_node}", *extra, *command]
+    return [srun, "--kill-on-bad-exit=1", *([f"--wait={wait_s}"] if wait_s > 0 else []), f"--nodes={n}",
+            f"--nodelist={','.join(placement.nodes)}", f"--ntasks={n * per_node}", f"--ntasks-per-node={per_node}",
+            *extra, *command]
 
 
 def _code(returncode: int) -> int:
@@ -101,6 +108,8 @@ class Supervisor:
     srun_args: list[str] = field(default_factory=list)
     forward: tuple[signal.Signals, ...] = (signal.SIGUSR1, signal.SIGUSR2)
     srun: str = "srun"
+    #: ``srun --wait`` of the training step (0: srun's own, no limit).
+    wait_s: int = STEP_WAIT_S
     #: What the recovery plan weighs besides the step's own spares and attempt (``slurmrt run`` resolves them from
     #: the job's options); None: the defaults.
     facts: Facts | None = None
@@ -288,7 +297,7 @@ class Supervisor:
         env = dict(self.env)
         env.update({DIR_ENV: str(self.directory), ATTEMPT_ENV: str(attempt), SPARES_ENV: ",".join(placement.spares),
                     MAX_ENV: str(self.max_restarts)})
-        argv = srun_command(self.srun, placement, self.per_node, self.srun_args, self.command)
+        argv = srun_command(self.srun, placement, self.per_node, self.srun_args, self.command, wait_s=self.wait_s)
         if self._failure is not None and attempt > 0:
             for line in block(self._failure, attempt, self.max_restarts, placement.nodes, placement.spares):
                 self._say(line)

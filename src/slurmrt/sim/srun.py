@@ -5,7 +5,7 @@ Each task gets its own process group, as slurmstepd gives it, so a signal reache
 the ``--signal=B:`` forwarding pattern (``kill -USR1 $SRUN_PID``) work. A step is placed as Slurm places it in the
 job: ``--nodes``, ``--nodelist``, ``--exclude``, ``--ntasks`` and ``--ntasks-per-node`` (default: every node that is
 not down, with the job's tasks per node); a node that is down (``--no-kill`` after a node failure) or not in the job
-is refused. ``--kill-on-bad-exit`` as in Slurm; other options are accepted and ignored.
+is refused. ``--kill-on-bad-exit`` and ``--wait`` as in Slurm; other options are accepted and ignored.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, sign
 _WITH_VALUE = {"-c", "-p", "-o", "-e", "-J", "-t", "--nodes", "--ntasks", "--ntasks-per-node", "--exclude",
                "--cpus-per-task", "--nodelist", "--partition", "--output", "--error", "--job-name", "--time",
                "--gpus-per-node", "--gpus-per-task", "--mem", "--export", "--mpi", "--cpu-bind", "--distribution",
-               "--jobid"}
+               "--jobid", "--wait"}
 
 
 @dataclass
@@ -46,6 +46,8 @@ class StepArgs:
     exclude: list[str] = field(default_factory=list)
     ntasks: int | None = None
     per_node: int | None = None
+    #: ``--wait``: seconds after the first task ended before the others are ended (0: no limit).
+    wait_s: float = 0.0
 
 
 _NAMES = {"-N": "--nodes", "-w": "--nodelist", "-x": "--exclude", "-n": "--ntasks", "-K": "--kill-on-bad-exit"}
@@ -82,6 +84,8 @@ def _apply(out: StepArgs, name: str, value: str, *, given: bool) -> None:
         out.ntasks = int(value)
     elif name == "--ntasks-per-node":
         out.per_node = int(value)
+    elif name == "--wait":
+        out.wait_s = float(value)
 
 
 def layout(spec: JobSpec, step: StepArgs, down: set[str]) -> StepLayout:
@@ -150,7 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for sig in FORWARDED:
         signal.signal(sig, forward)
     kill = spec.kill_on_bad_exit if step_args.kill_on_bad_exit is None else step_args.kill_on_bad_exit
-    codes = _wait(state, spec, step, procs, kill)
+    codes = _wait(state, spec, step, procs, kill, step_args.wait_s)
     for thread in forwarders:
         # A task's own children may keep its pipe open after it ended (a daemon): their output is not the step's.
         thread.join(1.0)
@@ -186,26 +190,47 @@ def _signal(procs: list[_Task], signum: int) -> None:
                 os.killpg(p.pid, signum)
 
 
-def _wait(state: SimState, spec: JobSpec, step: int, procs: list[_Task], kill_on_bad_exit: bool) -> dict[int, int]:
+def _wait(state: SimState, spec: JobSpec, step: int, procs: list[_Task], kill_on_bad_exit: bool,
+          wait_s: float = 0.0) -> dict[int, int]:
     """Every task's exit code, as srun reports them. With --kill-on-bad-exit, the first failure ends the step as
-    Slurm does (docs/slurm.md): SIGCONT and SIGTERM to the other tasks at once, SIGKILL after the kill wait."""
+    Slurm does (docs/slurm.md): SIGCONT and SIGTERM to the other tasks at once, SIGKILL after the kill wait. With
+    --wait, the tasks left ``wait_s`` after the first one ended are ended the same way (a frozen task)."""
     codes: dict[int, int] = {}
     kill_at: float | None = None
+    first_end: float | None = None
     while len(codes) < len(procs):
-        for p, node, rank in procs:
-            if rank in codes or p.poll() is None:
-                continue
-            failed = _ended(state, spec, step, p.returncode, node, rank, codes)
-            if failed and kill_on_bad_exit and kill_at is None:
-                kill_at = time.monotonic() + spec.kill_wait_s
-                print(f"srun: Terminating StepId={spec.job_id}.{step}", file=sys.stderr, flush=True)
-                _signal(procs, signal.SIGCONT)
-                _signal(procs, signal.SIGTERM)
+        failed = _collect(state, spec, step, procs, codes)
+        first_end = time.monotonic() if first_end is None and codes else first_end
+        if failed and kill_on_bad_exit and kill_at is None:
+            kill_at = _terminate(spec, step, procs, "")
+        if kill_at is None and _waited(first_end, wait_s):
+            kill_at = _terminate(spec, step, procs, f" (--wait: {wait_s:g} s after the first task ended)")
         if kill_at is not None and time.monotonic() >= kill_at:
             _signal(procs, signal.SIGKILL)
             kill_at = float("inf")
         time.sleep(0.02)
     return codes
+
+
+def _collect(state: SimState, spec: JobSpec, step: int, procs: list[_Task], codes: dict[int, int]) -> bool:
+    """Record the tasks that ended since the last look; True when one of them failed."""
+    failed = False
+    for p, node, rank in procs:
+        if rank not in codes and p.poll() is not None:
+            failed |= _ended(state, spec, step, p.returncode, node, rank, codes)
+    return failed
+
+
+def _waited(first_end: float | None, wait_s: float) -> bool:
+    return wait_s > 0 and first_end is not None and time.monotonic() >= first_end + wait_s
+
+
+def _terminate(spec: JobSpec, step: int, procs: list[_Task], why: str) -> float:
+    """SIGCONT and SIGTERM to the step's tasks; returns when SIGKILL follows (the kill wait)."""
+    print(f"srun: Terminating StepId={spec.job_id}.{step}{why}", file=sys.stderr, flush=True)
+    _signal(procs, signal.SIGCONT)
+    _signal(procs, signal.SIGTERM)
+    return time.monotonic() + spec.kill_wait_s
 
 
 def _ended(state: SimState, spec: JobSpec, step: int, code: int, node: int, rank: int, codes: dict[int, int]) -> bool:
