@@ -23,7 +23,7 @@ def test_bash_completes_commands_then_each_commands_options(capsys) -> None:
     script = capsys.readouterr().out
     assert _bash_complete(script, ["slurmrt", "st"]) == ["status"]
     assert _bash_complete(script, ["slurmrt", "status", "--j"]) == ["--json"]
-    assert set(_bash_complete(script, ["slurmrt", "run", "--s"])) == {"--spare-nodes", "--srun-args"}
+    assert set(_bash_complete(script, ["slurmrt", "run", "--s"])) == {"--spare-nodes", "--srun-args", "--step-wait"}
     assert _bash_complete(script, ["slurmrt", "sim", "--", "--r"]) == []  # the job's command: file names
 
 
