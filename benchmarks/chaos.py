@@ -162,6 +162,18 @@ def from_scratch(directory: Path) -> str | None:
     return None
 
 
+def finished(directory: Path) -> bool:
+    """The job's last run recorded that its training finished (exit code 0): a job that Slurm then ended otherwise
+    (its batch node lost while it tore down) lost nothing, and nothing had to requeue it."""
+    from slurmrt.record.events import Event, runs
+
+    for log in sorted((directory / "ckpt").glob("events-*.jsonl")):
+        last = runs(read_events(log))[-1:]
+        ended = last[0].first(Event.EXIT) if last else None
+        return ended is not None and ended.get("code") == 0
+    return False
+
+
 def leftovers(directory: Path) -> list[int]:
     """Processes still running whose command line names the trial's directory."""
     import psutil
@@ -225,7 +237,7 @@ def judge(trial: Trial, work: Path, expected: list[float], timeout_s: float, ste
     faults = injected(trial, out.stdout)
     left = leftovers(directory)
     weights = final_weights(directory)
-    if out.returncode != 0:
+    if out.returncode != 0 and not finished(directory):
         return "dead", (out.stdout + out.stderr)[-1500:], faults
     if weights != expected:
         return "lost", f"final weights {weights} != uninterrupted {expected}", faults

@@ -15,8 +15,9 @@ so every fault meets a job that made progress, whatever the machine's speed. The
 - ``signal-storm``: SIGUSR1, SIGUSR2 and SIGTERM ten times each to every training process;
 - ``second-job``: another job on the same checkpoint directory, which must be refused while the first lives.
 
-A trial survives when its job ends COMPLETED with the weights of an uninterrupted run, bit for bit, no process of
-it is left, and every second job was refused. A ``--no-kill`` job that loses its first node (its batch script's) is
+A trial survives when its job ends COMPLETED (or its last run recorded that the training finished, before Slurm
+ended the job otherwise: its batch node lost as it tore down) with the weights of an uninterrupted run, bit for bit,
+no process of it is left, and every second job was refused. A ``--no-kill`` job that loses its first node (its batch script's) is
 ended by Slurm without a requeue (docs/slurm.md): the guard job that ``slurmrt run`` armed requeues it.
 
     tests/slurm/cluster.sh start
@@ -42,7 +43,7 @@ from slurmrt.record.events import read_events, timestamp
 from tests.slurm.conftest import TERMINAL, Job, slurm, submit
 
 from ._common import machine
-from .chaos import final_weights, from_scratch, report
+from .chaos import final_weights, finished, from_scratch, report
 
 KINDS = ("node-loss", "rank-crash", "hang", "preemption", "signal-storm", "second-job")
 WEIGHTS = (3.0, 3.0, 2.0, 1.0, 1.0, 1.0)
@@ -195,7 +196,7 @@ def judge(trial: Trial, expected: list[float], mtbf_s: float, steps: int, timeou
             slurm("scancel", other.id, check=False)
     if trial.problems:
         return "lost"
-    if info.get("JobState") != "COMPLETED":
+    if info.get("JobState") != "COMPLETED" and not finished(trial.directory):
         return "dead"
     if final_weights(trial.directory) != expected:
         return "lost"

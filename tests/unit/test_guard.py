@@ -32,7 +32,7 @@ def test_the_batch_host_restarts_and_output_are_read_from_scontrol() -> None:
 def test_the_guard_requeues_only_a_job_that_lost_its_batch_node_and_answered_nothing() -> None:
     info = parse_job(FAILED)
     assert judge(info, restart=1, host="n1", answered=False) is None
-    assert "recorded how it ends" in (judge(info, restart=1, host="n1", answered=True) or "")
+    assert "had ended for good" in (judge(info, restart=1, host="n1", answered=True) or "")
     assert "was requeued after run 0" in (judge(info, restart=0, host="n1", answered=False) or "")
     kept = JobNodes((), 3, "low", ("n1", "n2", "n3"), "CANCELLED", "n1", 1)  # scancel: the node stayed
     assert "did not leave the job" in (judge(kept, restart=1, host="n1", answered=False) or "")
@@ -121,3 +121,12 @@ def test_the_guard_obeys_the_loop_guard_and_max_restarts(slurm: Path, tmp_path: 
     assert "requeue" not in slurm.read_text()
     (ended,) = [e for e in read_events(tmp_path / "events.jsonl") if e["event"] == "exit"]
     assert "max_restarts=1" in ended["why"] and json.dumps(ended["by"]) == '"guard"'
+
+
+def test_a_step_that_asked_for_an_in_job_restart_is_requeued_when_the_batch_node_dies_before_the_next(
+        slurm: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its exit event (5, an in-job restart asked) wanted the job to go on: not an answer that stands."""
+    monkeypatch.setenv("FAKE_JOB_INFO", FAILED)
+    EventLog(tmp_path / "events.jsonl", job="664", restart=1, rank=0).emit(Event.EXIT, code=5, outcome="HUNG")
+    assert _stand(tmp_path, Ledger(tmp_path / "ledger.json")) == 0
+    assert "requeue 664" in slurm.read_text()

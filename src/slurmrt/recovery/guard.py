@@ -9,11 +9,11 @@ guard before its first step: ``sbatch --dependency=afternotok:JOB --kill-on-inva
 - The job is requeued (by slurmrt, by a preemption): the guard stays pending; the next run cancels it and arms its
   own (the ``guard`` events of the event log name the guards).
 - The job ends otherwise (FAILED, CANCELLED, TIMEOUT): the guard runs, and requeues the job only on evidence that
-  its batch node failed and that nothing in the job answered: the batch node left the job's ``NodeList`` (Slurm takes
-  a failed node out of a ``--no-kill`` job), the job's ``Restarts`` is still the run that armed the guard, and that
-  run's last step recorded no ``exit`` event. The recovery plan then decides as for any lost node (the loop guard and
-  ``max_restarts`` have their say), and the executor requeues the job without the node and writes it into the
-  user's bad-node ledger.
+  its batch node failed and that the job was to go on: the batch node left the job's ``NodeList`` (Slurm takes a
+  failed node out of a ``--no-kill`` job), the job's ``Restarts`` is still the run that armed the guard, and that
+  run's last step did not end for good (no ``exit`` event, or one that asked for an in-job restart or a requeue).
+  The recovery plan then decides as for any lost node (the loop guard and ``max_restarts`` have their say), and the
+  executor requeues the job without the node and writes it into the user's bad-node ledger.
 
 A guard that cannot be submitted (no sbatch, a submission limit) costs a warning, and the job runs as without it.
 """
@@ -36,6 +36,7 @@ from .exclusion import JobNodes, read_job
 from .executor import Executor
 from .facts import Facts
 from .plan import Trigger
+from .policy import ExitCode
 
 __all__ = ["arm", "batch_host", "judge", "stand_guard"]
 
@@ -93,6 +94,9 @@ def armed(path: Path | None, job: str) -> list[str]:
     return [g for g in dict.fromkeys(found) if isinstance(g, str) and g.replace("_", "").isdigit()]
 
 
+#: Exit codes of a run that ended for good (finished, stopped, failed): its answer stands. The others (requeued,
+#: an in-job restart asked, a requeue still needed) wanted the job to go on, which the lost batch node stopped.
+FOR_GOOD = (int(ExitCode.FINISHED), int(ExitCode.FAILED), int(ExitCode.STOPPED))
 #: A node in one of these states has failed (``scontrol show node``: ``DOWN*``, ``IDLE+NOT_RESPONDING``, ...).
 _FAILED_NODE = ("DOWN", "FAIL", "NOT_RESPONDING")
 
@@ -109,7 +113,7 @@ def judge(info: JobNodes, *, restart: int, host: str, answered: bool, host_state
                 f"not down (State={host_state or '?'}): not a node failure; the job ended as slurmrt in it chose, "
                 "or was ended")
     if answered:
-        return f"run {restart} recorded how it ends (an exit event) before {host} failed: that answer stands"
+        return f"run {restart} had ended for good (its exit event) before {host} failed: that answer stands"
     return None
 
 
@@ -123,7 +127,8 @@ def stand_guard(job: str, restart: int, host: str, *, facts: Facts, event_log: C
         print(f"slurmrt guard: job {job}: cannot tell ({info}); leaving it", file=sys.stderr)
         return 1
     run_, attempt = _last_step(event_log(0).path, restart)
-    refused = judge(info, restart=restart, host=host, answered=run_ is not None and run_.first(Event.EXIT) is not None,
+    ended = run_.first(Event.EXIT) if run_ is not None else None
+    refused = judge(info, restart=restart, host=host, answered=ended is not None and ended.get("code") in FOR_GOOD,
                     host_state=node_state(host))
     if refused is not None:
         print(f"slurmrt guard: job {job}: {refused}", file=sys.stderr)
