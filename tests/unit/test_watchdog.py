@@ -169,28 +169,23 @@ def test_exclusions_grow_never_shrink_and_stop_at_the_limit() -> None:
     roomy = exclusion.plan([], ["n2", "n3"], max_excluded=4, room=1)
     assert roomy.nodes == ("n2",) and roomy.refused == ("n3",), "the partition must keep the nodes the job needs"
     assert exclusion.plan(["n1"], ["n1"], max_excluded=4, room=0).added == ()
-    # A node that cannot run jobs (down, drained) costs no room: only the usable ones count.
-    down = exclusion.plan([], ["n3", "n2"], max_excluded=4, room=0, usable={"n1", "n2", "n4"})
-    assert down.added == ("n3",) and down.refused == ("n2",) and "0 node(s) of the partition" in down.why
 
 
-def test_the_room_to_exclude_counts_only_the_partitions_nodes_that_can_run_jobs(
+def test_the_room_to_exclude_counts_every_node_of_the_partition_and_the_nodes_the_job_was_allocated(
     monkeypatch: pytest.MonkeyPatch) -> None:
-    """The cluster campaign's deadlock: a 2-node job of a 4-node partition excluded n1, n3 was drained, and n2 (a
-    hung rank's) went into ExcNodeList too: no 2 nodes were left, and the job pended for ever (ReqNodeNotAvail)."""
+    """The cluster campaign: a 3-node --no-kill job that had lost nodes showed NumNodes=1, and the nodes down at the
+    time were excluded as if they cost nothing; when they came back the job needed 3 of 4 nodes with 3 excluded and
+    pended for ever (BadConstraints). Every node of the partition counts, and the job's allocated count."""
     from slurmrt import _slurm
 
-    answers = {"scontrol": "JobId=675 Partition=low NumNodes=2 ExcNodeList=n1 NodeList=n[1-2]\n",
-               "sinfo": "n3 drained\nn[1-2,4] idle\n"}
+    answers = {"scontrol": "JobId=699 Partition=low NumNodes=1 ExcNodeList=n4 NodeList=n2\n",
+               "sinfo": "1\n3\n"}  # n1 and n3 drained, n2 and n4 idle: 4 nodes all the same
     monkeypatch.setattr(_slurm, "run", lambda command, *args, timeout_s=30.0: subprocess.CompletedProcess(
         [command, *args], 0, answers[command], ""))
-    prepared = exclusion.prepare("675", ["n2"], max_excluded=8)
-    assert isinstance(prepared, exclusion.Plan) and prepared.added == () and prepared.refused == ("n2",)
-    answers["sinfo"] = "n3 idle\nn[1-2,4] idle\n"  # n3 back: n2 may go
-    prepared = exclusion.prepare("675", ["n2"], max_excluded=8)
-    assert isinstance(prepared, exclusion.Plan) and prepared.added == ("n2",)
-    answers["sinfo"] = "n3 down*\nn4 draining\nn[1-2] mixed\n"
-    assert exclusion.usable_nodes("low") == {"n1", "n2"}
+    prepared = exclusion.prepare("699", ["n1", "n3"], max_excluded=8, needed=3)
+    assert isinstance(prepared, exclusion.Plan) and prepared.nodes == ("n4",) and prepared.refused == ("n1", "n3")
+    shrunk = exclusion.prepare("699", ["n1", "n3"], max_excluded=8)  # what scontrol says alone: 1 node
+    assert isinstance(shrunk, exclusion.Plan) and shrunk.added == ("n1", "n3")
 
 
 def test_scontrol_show_job_is_read_for_the_exclusions_the_node_count_and_the_partition() -> None:

@@ -9,6 +9,7 @@ command to run by hand, though it is safe to: it reads the job and its event log
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 from typing import Any
 
@@ -27,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--restart {args.restart}: 0 or more")
     env = dict(os.environ)
     options = Options.resolve({}, env)  # the job's: the guard's environment is the one `slurmrt run` had
-    facts = Facts.of(options, job=args.job, restart_count=args.restart)
+    facts = dataclasses.replace(Facts.of(options, job=args.job, restart_count=args.restart), job_nodes=args.nodes)
     return _with_log_lines(lambda: stand_guard(
         args.job, args.restart, args.batch_host, facts=facts, ledger=Ledger.of(env, env.get("SLURM_CLUSTER_NAME")),
         event_log=lambda attempt: EventLog.for_job(options.event_log, options.checkpoint_dir, job=args.job,
@@ -44,3 +45,5 @@ def add_parser(sub: Any) -> None:
     p.add_argument("job", help="the job (ARRAY_TASK for a task of an array)")
     p.add_argument("--restart", type=int, required=True, metavar="N", help="the run that armed the guard")
     p.add_argument("--batch-host", required=True, metavar="NODE", help="the node its batch script ran on")
+    p.add_argument("--nodes", type=int, metavar="N", help="the nodes the job was allocated (its requeue asks for as "
+                                                         "many, however many it lost)")

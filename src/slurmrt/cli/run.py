@@ -71,7 +71,7 @@ def _arm(supervisor: Supervisor, env: dict[str, str]) -> int:
     info = read_job(supervisor.requeue_id)
     output = None if isinstance(info, str) else info.std_out
     armed = guard.arm(supervisor.requeue_id, supervisor.restart_count, guard.batch_host(env), env=env,
-                      events=supervisor.event_log(0), output=output)
+                      events=supervisor.event_log(0), output=output, nodes=len(supervisor.allocation))
     if armed is not None:
         print(f"slurmrt run: guard job {armed} requeues the job if this node ({guard.batch_host(env)}) fails",
               file=sys.stderr, flush=True)

@@ -5,12 +5,13 @@ longer pending execution", exit 1) and accepted once ``scontrol requeue`` has pu
 requeues first, then excludes, from the same process, within a second.
 
 The list only grows (a node excluded by an earlier run stays excluded), and never past a limit: at most
-``max_excluded`` nodes, and never so many that fewer nodes than the job needs remain among its partition's nodes that
-can run jobs (down and drained ones do not count), so that a job cannot exclude itself out of the partition: the
-fault campaign's cluster series left a 2-node job excluding n1 and n2 of 4 nodes with n3 drained, pending for ever
-(ReqNodeNotAvail). A user lists the exclusions with ``scontrol show job JOB | grep
-ExcNodeList`` (and in the event log, ``exclude`` events) and clears them with ``scontrol update JobId=JOB
-ExcNodeList=`` while the job is pending.
+``max_excluded`` nodes, and never so many that fewer nodes than the job needs remain in its partition, so that a job
+cannot exclude itself out of the partition. Every node of the partition counts, down and drained ones too: they come
+back, and an exclusion stays (the fault campaign's cluster series, counting only the nodes up, excluded three of
+four nodes while they were down and left a 3-node job pending for ever, BadConstraints). The job's node count is the
+one it was allocated (``needed``): a --no-kill job that lost nodes shows fewer, but its requeue asks for them all. A
+user lists the exclusions with ``scontrol show job JOB | grep ExcNodeList`` (and in the event log, ``exclude``
+events) and clears them with ``scontrol update JobId=JOB ExcNodeList=`` while the job is pending.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Collection
 from dataclasses import dataclass
 
 from .. import _clock, _slurm
@@ -58,30 +58,26 @@ class Plan:
 
 
 def plan(current: tuple[str, ...] | list[str], bad: list[str], *, max_excluded: int,
-         room: int | None = None, usable: Collection[str] | None = None) -> Plan:
-    """Add ``bad`` to ``current`` exclusions, up to ``max_excluded`` in all and ``room`` new ones among the nodes
-    that can run jobs (the partition's ``usable`` nodes the job can spare; None: unknown). A node that cannot run
-    a job anyway (down, drained) costs no room: excluding it takes nothing from the job."""
+         room: int | None = None) -> Plan:
+    """Add ``bad`` to ``current`` exclusions, up to ``max_excluded`` in all and ``room`` new ones (the partition's
+    nodes the job can spare; None: unknown)."""
     merged = list(dict.fromkeys(current))
     added: list[str] = []
     refused: list[str] = []
-    spent = 0
+    limit = max_excluded if room is None else min(max_excluded, len(merged) + max(room, 0))
     for node in dict.fromkeys(bad):
         if node in merged:
             continue
-        costs = usable is None or node in usable
-        if len(merged) >= max_excluded or (room is not None and costs and spent >= max(room, 0)):
+        if len(merged) >= limit:
             refused.append(node)
             continue
         merged.append(node)
         added.append(node)
-        spent += costs
     why = ""
     if refused:
         why = (f"not excluded: {', '.join(refused)}: the job already excludes {len(merged)} node(s), the limit is "
-               f"max_excluded_nodes={max_excluded}" +
-               (f", and {max(room, 0)} node(s) of the partition that can run jobs to spare" if room is not None
-                else ""))
+               f"{limit} (max_excluded_nodes={max_excluded}" +
+               (f", {room} node(s) of the partition to spare)" if room is not None else ")"))
     return Plan(tuple(merged), tuple(added), tuple(refused), why)
 
 
@@ -116,25 +112,13 @@ def read_job(job_id: str) -> JobNodes | str:
     return parse_job(out.stdout)
 
 
-#: ``sinfo``'s states (``%T``) of a node that can run a job; any other (down, drained, draining, failing, in
-#: maintenance, not responding: a ``*`` after the state) cannot.
-_USABLE = {"idle", "mixed", "allocated", "completing", "planned"}
-
-
-def usable_nodes(partition: str) -> set[str] | None:
-    """The partition's nodes that can run a job now (``sinfo -o "%N %T"``); None when not known."""
-    out = _slurm.run("sinfo", "-h", "-p", partition, "-o", "%N %T")
+def partition_nodes(partition: str) -> int | None:
+    """How many nodes the partition has, down and drained ones too: they come back, and an exclusion stays."""
+    out = _slurm.run("sinfo", "-h", "-p", partition, "-o", "%D")
     if isinstance(out, str) or out.returncode != 0:
         return None
-    usable: set[str] = set()
-    try:
-        for line in out.stdout.splitlines():
-            names, _, state = line.strip().partition(" ")
-            if names and state.strip().lower() in _USABLE:
-                usable.update(hostlist.expand(names))
-    except HostlistError:
-        return None
-    return usable or None
+    counts = [int(x) for x in out.stdout.split() if x.isdigit()]
+    return sum(counts) if counts else None
 
 
 #: How long :func:`apply` tries again while slurmctld says "try again in a bit". Short: after a node left a
@@ -158,17 +142,17 @@ def apply(job_id: str, nodes: tuple[str, ...], *, retry_s: float = RETRY_S) -> t
         time.sleep(0.5)
 
 
-def prepare(job_id: str, bad: list[str], *, max_excluded: int) -> Plan | str:
+def prepare(job_id: str, bad: list[str], *, max_excluded: int, needed: int | None = None) -> Plan | str:
     """The exclusions to set once the job is requeued: ``bad`` added to what the job excludes, within the limits; or
     why not, in words. Read while the job still runs (its ExcNodeList cannot change then): after the requeue every
     second counts, as Slurm kills the requeuing process KillWait after it."""
     job = read_job(job_id)
     if isinstance(job, str):
         return job
-    usable = usable_nodes(job.partition) if job.partition else None
-    room = None if usable is None or job.num_nodes is None else \
-        len(usable - set(job.excluded)) - job.num_nodes
-    return plan(job.excluded, bad, max_excluded=max_excluded, room=room, usable=usable)
+    total = partition_nodes(job.partition) if job.partition else None
+    wanted = max(job.num_nodes or 0, needed or 0) or None
+    room = None if total is None or wanted is None else total - wanted - len(job.excluded)
+    return plan(job.excluded, bad, max_excluded=max_excluded, room=room)
 
 
 def apply_and_record(job_id: str, prepared: Plan | str, events: EventLog) -> None:

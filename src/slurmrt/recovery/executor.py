@@ -121,7 +121,8 @@ class Executor:
         assert job is not None  # plan() requeues only a Slurm job
         bad = list(decision.exclude)  # this run's own first, then the ledger's, within max_excluded_nodes
         bad += [n for n in (self.ledger.nodes() if self.ledger is not None else []) if n not in bad]
-        prepared = exclusion.prepare(job, bad, max_excluded=self.facts.max_excluded_nodes) if bad else None
+        prepared = exclusion.prepare(job, bad, max_excluded=self.facts.max_excluded_nodes,
+                                     needed=self.facts.job_nodes) if bad else None
         done, message = self._requeue(job)
         self.events.emit(Event.REQUEUE, done=done, message=message, restart_count=self.facts.restart_count,
                          lead=True)

@@ -57,6 +57,9 @@ class Facts:
     in_job: InJob | None = None
     #: The kill switch's path, for the words of a kill-switch stop.
     kill_switch: Path | None = None
+    #: The nodes the job was allocated (``slurmrt run``, the guard): a --no-kill job that lost nodes shows fewer in
+    #: ``scontrol show job``, but its requeue asks for them all again.
+    job_nodes: int | None = None
 
     @classmethod
     def of(cls, options: Options, *, job: str | None, restart_count: int, in_job: InJob | None = None) -> Facts:

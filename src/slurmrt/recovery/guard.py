@@ -55,12 +55,13 @@ def batch_host(env: Mapping[str, str]) -> str:
 
 
 def arm(job: str, restart: int, host: str, *, env: Mapping[str, str], events: EventLog,
-        output: str | None) -> str | None:
+        output: str | None, nodes: int | None = None) -> str | None:
     """Cancel the guards earlier runs of ``job`` armed, submit this run's; returns its job id (None: not armed, and
     why was said). ``output``: the job's output file (the guard appends to it), else none."""
     for earlier in armed(events.path, job):
         _slurm.run("scancel", earlier)  # pending (its job was requeued): this run's replaces it
-    command = [sys.executable, "-m", "slurmrt", "guard", job, "--restart", str(restart), "--batch-host", host]
+    command = [sys.executable, "-m", "slurmrt", "guard", job, "--restart", str(restart), "--batch-host", host,
+               *(["--nodes", str(nodes)] if nodes else [])]
     args = ["--parsable", f"--dependency=afternotok:{job}", "--kill-on-invalid-dep=yes", "--nodes=1", "--ntasks=1",
             f"--job-name=slurmrt-guard-{job}", f"--time={TIME_LIMIT_MIN}", "--open-mode=append",
             f"--output={output or '/dev/null'}"]

@@ -271,7 +271,8 @@ class Supervisor:
     def _executor(self, attempt: int, spares: tuple[str, ...]) -> Executor:
         """The recovery executor for step ``attempt``, whose spares still in the job are ``spares``."""
         facts = dataclasses.replace(self.facts or Facts(job=self.requeue_id, restart_count=self.restart_count),
-                                    in_job=InJob(self.directory, attempt, spares, self.max_restarts))
+                                    in_job=InJob(self.directory, attempt, spares, self.max_restarts),
+                                    job_nodes=len(self.allocation))
         return Executor(facts, self.event_log(attempt), node=None, ledger=self.ledger)
 
     @property
