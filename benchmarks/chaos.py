@@ -319,9 +319,15 @@ def main(argv: list[str] | None = None) -> int:
     command = "python -m benchmarks.chaos " + " ".join(
         f"--{name} {getattr(args, name)}" for name in ("trials", "seed", "mtbf", "steps", "jobs", "faults", "budget")
         if getattr(args, name) is not None)
-    print(f"\n{machine()}; seed {args.seed}, {ran} trials in {time.monotonic() - started:.0f} s; "
-          f"command: {command}\n")
-    print(report(faults))
+    return summarize(f"seed {args.seed}, {ran} trials in {time.monotonic() - started:.0f} s; command: {command}",
+                     faults, failures)
+
+
+def summarize(said: str, faults: Counter[tuple[str, str]], failures: list[str],
+              kinds: tuple[str, ...] = KINDS + SIM_KINDS) -> int:
+    """Print a campaign's end: the machine and ``said``, the table, each failure; 1 when a trial failed."""
+    print(f"\n{machine()}; {said}\n")
+    print(report(faults, kinds))
     for failure in failures:
         print(f"\n{failure}")
     return 1 if failures else 0

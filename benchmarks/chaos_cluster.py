@@ -42,8 +42,7 @@ from pathlib import Path
 from slurmrt.record.events import read_events, timestamp
 from tests.slurm.conftest import TERMINAL, Job, slurm, submit
 
-from ._common import machine
-from .chaos import final_weights, finished, from_scratch, report
+from .chaos import final_weights, finished, from_scratch, summarize
 
 KINDS = ("node-loss", "rank-crash", "hang", "preemption", "signal-storm", "second-job")
 WEIGHTS = (3.0, 3.0, 2.0, 1.0, 1.0, 1.0)
@@ -245,13 +244,10 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
-    print(f"\n{machine()}; the test cluster (4 nodes); seed {args.seed}, {number} trials in "
-          f"{time.monotonic() - started:.0f} s; command: python -m benchmarks.chaos_cluster --faults {args.faults} "
-          f"--seed {args.seed} --mtbf {args.mtbf:g} --steps {args.steps}\n")
-    print(report(faults, KINDS))
-    for failure in failures:
-        print(f"\n{failure}")
-    return 1 if failures else 0
+    return summarize(f"the test cluster (4 nodes); seed {args.seed}, {number} trials in "
+                     f"{time.monotonic() - started:.0f} s; command: python -m benchmarks.chaos_cluster --faults "
+                     f"{args.faults} --seed {args.seed} --mtbf {args.mtbf:g} --steps {args.steps}", faults, failures,
+                     KINDS)
 
 
 if __name__ == "__main__":

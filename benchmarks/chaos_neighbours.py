@@ -29,7 +29,6 @@ from pathlib import Path
 
 from slurmrt.checkpoint.manifest import verify
 
-from ._common import machine
 from .chaos import (
     ENV,
     NODES,
@@ -40,7 +39,7 @@ from .chaos import (
     from_scratch,
     leftovers,
     reference,
-    report,
+    summarize,
 )
 
 KINDS = ("disk-full", "second-job")
@@ -186,12 +185,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
-    print(f"\n{machine()}; seed {args.seed}, {args.trials} trials in {time.monotonic() - started:.0f} s; command: "
-          f"python -m benchmarks.chaos_neighbours --trials {args.trials} --seed {args.seed} --steps {args.steps}\n")
-    print(report(faults, KINDS))
-    for failure in failures:
-        print(f"\n{failure}")
-    return 1 if failures else 0
+    return summarize(f"seed {args.seed}, {args.trials} trials in {time.monotonic() - started:.0f} s; command: "
+                     f"python -m benchmarks.chaos_neighbours --trials {args.trials} --seed {args.seed} --steps "
+                     f"{args.steps}", faults, failures, KINDS)
 
 
 if __name__ == "__main__":
