@@ -112,7 +112,7 @@ def test_the_words_say_which_rule_refused() -> None:
 @pytest.fixture(autouse=True)
 def _no_scontrol(monkeypatch: pytest.MonkeyPatch) -> None:
     """The exclusion reads and updates the job with scontrol: stood in, so no test asks the machine's own Slurm."""
-    monkeypatch.setattr("slurmrt.recovery.exclusion.prepare", lambda job, bad, *, max_excluded: "no scontrol here")
+    monkeypatch.setattr("slurmrt.recovery.exclusion.prepare", lambda job, bad, *, max_excluded, needed=None: "no scontrol here")
     monkeypatch.setattr("slurmrt.recovery.exclusion.apply_and_record", lambda job, prepared, events: None)
 
 
@@ -129,7 +129,7 @@ def _executor(tmp_path: Path, facts: Facts, requeued: list[str], *, works: bool 
 def test_a_node_lost_with_no_spare_left_is_recorded_once_and_requeued(tmp_path: Path,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     excluded: list[list[str]] = []
-    monkeypatch.setattr("slurmrt.recovery.exclusion.prepare", lambda job, bad, *, max_excluded: bad)
+    monkeypatch.setattr("slurmrt.recovery.exclusion.prepare", lambda job, bad, *, max_excluded, needed=None: bad)
     monkeypatch.setattr("slurmrt.recovery.exclusion.apply_and_record",
                         lambda job, prepared, events: excluded.append(prepared))
     requeued: list[str] = []
