@@ -43,16 +43,16 @@ def _submit(directory: Path, policy: Policy, steps: int, mtbf_s: float) -> Any:
 
 def _replay(directory: Path, job: Any, faults: list[Any], timeout_s: float) -> list[str]:
     """Inject ``faults`` into ``job`` on its training clock; returns what was injected, in order."""
-    from tests.slurm.conftest import TERMINAL, slurm
+    from tests.slurm.conftest import slurm
 
-    from .chaos_cluster import Trial, newest_save, processes
+    from .chaos_cluster import Trial, newest_save, processes, settled
 
     trial = Trial(0, directory, job, random.Random(0))
     clock, since, done = 0.0, 0.0, []
     pending = list(faults)
     deadline, last = time.monotonic() + timeout_s, time.monotonic()
     try:
-        while job.state() not in TERMINAL:
+        while not settled(job):  # a job ended by its batch node's loss waits for its guard job's requeue
             assert time.monotonic() < deadline, f"job {job.id} did not end within {timeout_s:.0f} s"
             time.sleep(0.2)
             now = time.monotonic()

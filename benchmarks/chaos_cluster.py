@@ -154,12 +154,19 @@ class Trial:
         self.drained.clear()
 
 
+def settled(job: Job) -> bool:
+    """The job ended, and no guard job of it (``slurmrt run``'s, which may requeue it) is queued or running."""
+    if job.state() not in TERMINAL:
+        return False
+    return not slurm("squeue", "-h", "-n", f"slurmrt-guard-{job.id}", "-o", "%i", check=False).strip()
+
+
 def drive(trial: Trial, mtbf_s: float, steps: int, timeout_s: float) -> str:
     """Inject faults into the trial's job until it ends; returns the verdict's detail ('' for none)."""
     mark: tuple[int, int] | None = None
     since = 0.0
     deadline = time.monotonic() + timeout_s
-    while trial.job.state() not in TERMINAL:
+    while not settled(trial.job):
         if time.monotonic() > deadline:
             slurm("scancel", trial.job.id, check=False)
             return "timeout"
