@@ -58,8 +58,8 @@ def _replay(directory: Path, job: Any, faults: list[Any], timeout_s: float) -> l
             now = time.monotonic()
             saved = newest_save(directory, job)
             running = saved is not None and saved[0] > since and bool(processes(job.id))
-            if saved is not None and saved[0] > since:
-                trial.restore()  # the job saved after the last fault: a lost node may serve again
+            if saved is not None and saved[0] > since or "ReqNodeNotAvail" in (job.info() or [{}])[0].get("Reason", ""):
+                trial.restore()  # saved since the last fault, or cannot start without it: a lost node serves again
             clock += (now - last) if running else 0.0
             last = now
             if pending and running and clock >= pending[0].at_s and job.state() == "RUNNING":
