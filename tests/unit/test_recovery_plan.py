@@ -112,7 +112,8 @@ def test_the_words_say_which_rule_refused() -> None:
 @pytest.fixture(autouse=True)
 def _no_scontrol(monkeypatch: pytest.MonkeyPatch) -> None:
     """The exclusion reads and updates the job with scontrol: stood in, so no test asks the machine's own Slurm."""
-    monkeypatch.setattr("slurmrt.recovery.exclusion.prepare", lambda job, bad, *, max_excluded, needed=None: "no scontrol here")
+    monkeypatch.setattr("slurmrt.recovery.exclusion.prepare",
+                        lambda job, bad, *, max_excluded, needed=None: "no scontrol here")
     monkeypatch.setattr("slurmrt.recovery.exclusion.apply_and_record", lambda job, prepared, events: None)
 
 
