@@ -1,11 +1,14 @@
-"""What several commands share: the parallel-size flags, and finding event logs."""
+"""What several commands share: the parallel-size flags, finding event logs, and slurmrt's warnings as the
+command's own lines."""
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import shlex
 import shutil
+import sys
 import textwrap
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -85,3 +88,18 @@ def add_command(sub: Any, name: str, run: Callable[[argparse.Namespace], int], *
     p = sub.add_parser(name, help=help, description=description(doc), epilog=epilog, formatter_class=HelpFormatter)
     p.set_defaults(func=run, command_name=name)
     return p
+
+
+def log_lines(run: Callable[[], int], prefix: str = "slurmrt run") -> int:
+    """slurmrt's own warnings while ``run`` runs (the recovery plan's, the exclusion's) written as the command's own
+    lines are, on stderr after ``prefix``, not bare through Python's fallback handler. The library configures no
+    logging; a command is a program of its own, and undoes it after."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(f"{prefix}: %(message)s"))
+    handler.setLevel(logging.WARNING)
+    logger = logging.getLogger("slurmrt")
+    logger.addHandler(handler)
+    try:
+        return run()
+    finally:
+        logger.removeHandler(handler)

@@ -19,8 +19,7 @@ from ..record.events import EventLog
 from ..record.ledger import Ledger
 from ..recovery.facts import Facts
 from ..recovery.guard import stand_guard
-from ._common import add_command
-from .run import _with_log_lines
+from ._common import add_command, log_lines
 
 
 def run(args: argparse.Namespace) -> int:
@@ -29,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
     env = dict(os.environ)
     options = Options.resolve({}, env)  # the job's: the guard's environment is the one `slurmrt run` had
     facts = dataclasses.replace(Facts.of(options, job=args.job, restart_count=args.restart), job_nodes=args.nodes)
-    return _with_log_lines(lambda: stand_guard(
+    return log_lines(lambda: stand_guard(
         args.job, args.restart, args.batch_host, facts=facts, ledger=Ledger.of(env, env.get("SLURM_CLUSTER_NAME")),
         event_log=lambda attempt: EventLog.for_job(options.event_log, options.checkpoint_dir, job=args.job,
                                                    restart=args.restart, rank=-1, env=env, attempt=attempt)),

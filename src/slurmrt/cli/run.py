@@ -10,11 +10,9 @@ rank, a lost peer, a failed health check), starts a new step without it in the s
 from __future__ import annotations
 
 import argparse
-import logging
 import shlex
 import signal
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +25,7 @@ from ..recovery.exclusion import read_job
 from ..recovery.facts import Facts
 from ..recovery.supervisor import STEP_WAIT_S, Supervisor, default_directory
 from ..stop.signals import parse_signal
-from ._common import add_command
+from ._common import add_command, log_lines
 
 
 def run(args: argparse.Namespace) -> int:
@@ -62,35 +60,20 @@ def run(args: argparse.Namespace) -> int:
         options.event_log, options.checkpoint_dir, job=supervisor.requeue_id, restart=supervisor.restart_count,
         rank=-1, env=env, attempt=attempt)
     if (args.spare_nodes > 0 if args.guard is None else args.guard) and options.requeue:
-        _with_log_lines(lambda: _arm(supervisor, env))
-    return _with_log_lines(supervisor.run)
+        log_lines(lambda: _arm(supervisor, env))
+    return log_lines(supervisor.run)
 
 
 def _arm(supervisor: Supervisor, env: dict[str, str]) -> int:
     """The guard job for the batch node (:mod:`slurmrt.recovery.guard`); its output goes to the job's."""
     info = read_job(supervisor.requeue_id)
-    output = None if isinstance(info, str) else info.std_out
-    armed = guard.arm(supervisor.requeue_id, supervisor.restart_count, guard.batch_host(env), env=env,
-                      events=supervisor.event_log(0), output=output, nodes=len(supervisor.allocation))
+    host = guard.batch_host(env)
+    armed = guard.arm(supervisor.requeue_id, supervisor.restart_count, host, env=env, events=supervisor.event_log(0),
+                      output=None if isinstance(info, str) else info.std_out, nodes=len(supervisor.allocation))
     if armed is not None:
-        print(f"slurmrt run: guard job {armed} requeues the job if this node ({guard.batch_host(env)}) fails",
-              file=sys.stderr, flush=True)
+        print(f"slurmrt run: guard job {armed} requeues the job if this node ({host}) fails", file=sys.stderr,
+              flush=True)
     return 0
-
-
-def _with_log_lines(run: Callable[[], int], prefix: str = "slurmrt run") -> int:
-    """slurmrt's own warnings while ``run`` runs (the recovery plan's, the exclusion's) written as the supervisor's
-    lines are, on stderr with its prefix, not bare through Python's fallback handler. The library configures no
-    logging; this command is a program of its own, and undoes it after."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter(f"{prefix}: %(message)s"))
-    handler.setLevel(logging.WARNING)
-    logger = logging.getLogger("slurmrt")
-    logger.addHandler(handler)
-    try:
-        return run()
-    finally:
-        logger.removeHandler(handler)
 
 
 def _forward(text: str) -> tuple[signal.Signals, ...]:

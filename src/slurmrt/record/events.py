@@ -23,7 +23,7 @@ from .._errors import UnsafePathError
 from .._safefs import lock, open_append, open_regular
 
 __all__ = ["COPY_ENV", "Event", "EventFollower", "EventLog", "Measured", "Run", "measured", "measured_earlier",
-           "read_events", "runs"]
+           "read_events", "runs", "runs_of"]
 
 logger = logging.getLogger(__name__)
 
@@ -265,6 +265,17 @@ def runs(events: Iterable[dict[str, Any]]) -> list[Run]:
             key = int(e.get("restart", 0)), int(e.get("attempt", 0))
             by_run.setdefault(key, Run(*key[:1], attempt=key[1])).events.append(e)
     return [by_run[k] for k in sorted(by_run)]
+
+
+def runs_of(path: Path | None) -> list[Run]:
+    """The runs of the event log at ``path`` (:func:`runs`); none when there is no log or it cannot be read (a FIFO
+    or a link planted in its place, a read error): what reads it to decide goes on as with no history."""
+    if path is None or not path.exists():
+        return []
+    try:
+        return runs(read_events(path))
+    except OSError:
+        return []
 
 
 def _tail(path: Path | None, tail_bytes: int) -> list[dict[str, Any]]:

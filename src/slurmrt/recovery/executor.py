@@ -16,7 +16,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..record.events import Event, EventLog, read_events, runs
+from ..record.events import Event, EventLog, runs_of
 from ..record.ledger import Ledger
 from ..stop.decision import StopDecision
 from . import exclusion, injob
@@ -47,8 +47,7 @@ class Executor:
 
     def futile(self) -> int:
         """Runs or steps in a row, this one included, that committed no newer checkpoint (the event log)."""
-        path = self.events.path
-        return futile_runs(runs(read_events(path))) if path is not None and path.exists() else 0
+        return futile_runs(runs_of(self.events.path))
 
     def recover(self, trigger: Trigger, *, nodes: Sequence[str] = (), stop: StopDecision | None = None,
                 failed_save: bool = False, step: int | None = None, ask: bool = True, detail: str = "",

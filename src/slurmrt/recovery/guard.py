@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from .. import _slurm
-from ..record.events import Event, EventLog, Run, read_events, runs
+from ..record.events import Event, EventLog, Run, read_events, runs_of
 from ..record.ledger import Ledger
 from .exclusion import JobNodes, read_job
 from .executor import Executor
@@ -62,19 +62,24 @@ def arm(job: str, restart: int, host: str, *, env: Mapping[str, str], events: Ev
         _slurm.run("scancel", earlier)  # pending (its job was requeued): this run's replaces it
     command = [sys.executable, "-m", "slurmrt", "guard", job, "--restart", str(restart), "--batch-host", host,
                *(["--nodes", str(nodes)] if nodes else [])]
+    # --export=ALL: the guard needs this environment (the job's SLURMRT_* options, PYTHONPATH), whatever a site's
+    # SBATCH_EXPORT says.
     args = ["--parsable", f"--dependency=afternotok:{job}", "--kill-on-invalid-dep=yes", "--nodes=1", "--ntasks=1",
-            f"--job-name=slurmrt-guard-{job}", f"--time={TIME_LIMIT_MIN}", "--open-mode=append",
+            f"--job-name=slurmrt-guard-{job}", f"--time={TIME_LIMIT_MIN}", "--export=ALL", "--open-mode=append",
             f"--output={output or '/dev/null'}"]
     args += [f"--{flag}={env[name]}" for flag, name in (("partition", "SLURM_JOB_PARTITION"),
                                                         ("account", "SLURM_JOB_ACCOUNT"), ("qos", "SLURM_JOB_QOS"))
              if env.get(name)]
     out = _slurm.run("sbatch", *args, "--wrap", shlex.join(command))
-    said = out if isinstance(out, str) else "" if out.returncode == 0 else \
-        f"sbatch refused it (exit {out.returncode}): {out.stderr.strip()}"
-    guard = None if said else out.stdout.strip().split(";")[0] if not isinstance(out, str) else None
-    if not guard:
-        message = (f"no guard job ({said or 'sbatch printed no job id'}): if node {host}, the batch script's, fails, "
-                   "Slurm ends the job without a requeue")
+    if isinstance(out, str):
+        guard, said = None, out
+    elif out.returncode != 0:
+        guard, said = None, f"sbatch refused it (exit {out.returncode}): {out.stderr.strip()}"
+    else:
+        guard, said = out.stdout.strip().split(";")[0] or None, "sbatch printed no job id"
+    if guard is None:
+        message = (f"no guard job ({said}): if node {host}, the batch script's, fails, Slurm ends the job without a "
+                   "requeue")
         logger.warning("%s", message)
         events.emit(Event.GUARD, guard=None, batch_host=host, message=message)
         return None
@@ -159,10 +164,5 @@ def node_state(node: str) -> str | None:
 
 def _last_step(path: Path | None, restart: int) -> tuple[Run | None, int]:
     """Run ``restart``'s last step (its last in-job attempt) in the event log, and that attempt."""
-    if path is None or not path.exists():
-        return None, 0
-    try:
-        steps = [r for r in runs(read_events(path)) if r.restart == restart]
-    except OSError:
-        return None, 0
+    steps = [r for r in runs_of(path) if r.restart == restart]
     return (steps[-1], steps[-1].attempt) if steps else (None, 0)

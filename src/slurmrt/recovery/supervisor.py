@@ -37,7 +37,7 @@ from types import FrameType
 from .._errors import ConfigError
 from .._safefs import private_dir
 from ..launch import hostlist
-from ..record.events import Event, EventLog, read_events, runs
+from ..record.events import Event, EventLog, runs_of
 from ..record.ledger import Ledger
 from . import exclusion, injob
 from .executor import Executor
@@ -245,13 +245,8 @@ class Supervisor:
     def _answer(self, attempt: int) -> int | None:
         """The exit code slurmrt in step ``attempt`` recorded for its run (the run's exit event, as
         :func:`~slurmrt.record.events.runs` reads it: rank 0's or the leading rank's), or None."""
-        path = self.event_log(attempt).path
-        if path is None or not path.exists():
-            return None
-        try:
-            step = [r for r in runs(read_events(path)) if r.restart == self.restart_count and r.attempt == attempt]
-        except OSError:
-            return None
+        step = [r for r in runs_of(self.event_log(attempt).path)
+                if r.restart == self.restart_count and r.attempt == attempt]
         exit_event = step[0].first(Event.EXIT) if step else None
         code = exit_event.get("code") if exit_event else None
         return code if isinstance(code, int) and not isinstance(code, bool) else None
