@@ -130,3 +130,14 @@ def test_a_step_that_asked_for_an_in_job_restart_is_requeued_when_the_batch_node
     EventLog(tmp_path / "events.jsonl", job="664", restart=1, rank=0).emit(Event.EXIT, code=5, outcome="HUNG")
     assert _stand(tmp_path, Ledger(tmp_path / "ledger.json")) == 0
     assert "requeue 664" in slurm.read_text()
+
+
+def test_a_fifo_planted_as_the_event_log_is_no_history_not_a_hang(slurm: Path, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another user planted a FIFO where the event log goes: the guard reads no history (runs_of) and decides on
+    the job's evidence alone, without waiting for a writer; arming reads no earlier guard from it."""
+    monkeypatch.setenv("FAKE_JOB_INFO", FAILED)
+    os.mkfifo(tmp_path / "events.jsonl")
+    assert armed(tmp_path / "events.jsonl", "664") == []
+    assert _stand(tmp_path, Ledger(tmp_path / "ledger.json")) == 0
+    assert "requeue 664" in slurm.read_text()
