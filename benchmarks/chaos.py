@@ -165,13 +165,12 @@ def from_scratch(directory: Path) -> str | None:
 def finished(directory: Path) -> bool:
     """The job's last run recorded that its training finished (exit code 0): a job that Slurm then ended otherwise
     (its batch node lost while it tore down) lost nothing, and nothing had to requeue it."""
-    from slurmrt.record.events import Event, runs
+    from slurmrt.record.events import Event, runs_of
 
-    for log in sorted((directory / "ckpt").glob("events-*.jsonl")):
-        last = runs(read_events(log))[-1:]
-        ended = last[0].first(Event.EXIT) if last else None
-        return ended is not None and ended.get("code") == 0
-    return False
+    log = next(iter(sorted((directory / "ckpt").glob("events-*.jsonl"))), None)  # one job: one event log
+    last = runs_of(log)[-1:]
+    ended = last[0].first(Event.EXIT) if last else None
+    return ended is not None and ended.get("code") == 0
 
 
 def leftovers(directory: Path) -> list[int]:

@@ -28,6 +28,7 @@ from collections import Counter
 from pathlib import Path
 
 from slurmrt.checkpoint.manifest import verify
+from slurmrt.record.events import read_events, timestamp
 
 from .chaos import (
     ENV,
@@ -49,10 +50,12 @@ NEIGHBOUR_STEPS = 200
 FAILED_SAVE = ("CheckpointError", "previous checkpoint is intact", "fix: free space")
 
 
-def _sim(directory: Path, steps: int, *, name: str = "job.sbatch") -> subprocess.Popen[str]:
+def _sim(directory: Path, steps: int, *, ckpt: Path | None = None) -> subprocess.Popen[str]:
+    """The job under ``slurmrt sim`` (requeueable), in ``directory``; ``ckpt``: another checkpoint directory than
+    its own."""
     script = batch_script(directory, Trial(0, "neighbour", 0, 0.0, 0), steps)
-    if name != script.name:
-        script = script.rename(directory / name)
+    if ckpt is not None:
+        script.write_text(script.read_text().replace(str(directory / "ckpt"), str(ckpt)))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SLURMD_", "RANK", "WORLD_SIZE"))}
     env.update(ENV, PYTHONPATH=str(ROOT / "src"), TMPDIR=str(directory))
     return subprocess.Popen([sys.executable, "-m", "slurmrt", "sim", "-N", str(NODES), "--ntasks-per-node", "1",
@@ -108,7 +111,7 @@ def disk_full(directory: Path, at_s: float, steps: int, expected: list[float]) -
         if (why := _intact(ckpt)) is not None:
             return "lost", why
         (ckpt / "neighbour.bin").unlink()
-        again = _sim(directory, steps, name="job-again.sbatch")
+        again = _sim(directory, steps)
         second = again.communicate(timeout=600)[0]
         (directory / "sim-again.out").write_text(second)
         if again.returncode != 0:
@@ -125,23 +128,28 @@ def second_job(directory: Path, at_s: float, steps: int, expected: list[float]) 
         return "survived", "ended before the second job came"
     intruder_dir = directory / "intruder"
     intruder_dir.mkdir()
-    script = batch_script(intruder_dir, Trial(0, "neighbour", 0, 0.0, 0), steps)
-    script.write_text(script.read_text().replace(str(intruder_dir / "ckpt"), str(directory / "ckpt")))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SLURMD_", "RANK", "WORLD_SIZE"))}
-    env.update(ENV, PYTHONPATH=str(ROOT / "src"), TMPDIR=str(intruder_dir))
-    intruder = subprocess.run([sys.executable, "-m", "slurmrt", "sim", "-N", str(NODES), "--ntasks-per-node", "1",
-                               "--", str(script)], cwd=intruder_dir, env=env, text=True, capture_output=True,
-                              timeout=600)
+    said = _sim(intruder_dir, steps, ckpt=directory / "ckpt").communicate(timeout=600)[0]
+    (intruder_dir / "sim.out").write_text(said)
     first = proc.communicate(timeout=600)[0]
     (directory / "sim.out").write_text(first)
-    said = intruder.stdout + intruder.stderr
-    if proc.poll() is not None and "in use by job" not in said:
-        if intruder.returncode == 0 and "finished" in first.split("slurmrt sim summary")[-1]:
+    if "in use by job" not in said:
+        if _one_after_the_other(directory / "ckpt"):
             return "survived", "the first job had ended: the directory was free"
-        return "lost", f"the second job was not refused (exit {intruder.returncode}): {said[-1500:]}"
+        return "lost", f"the second job was not refused: {said[-1500:]}"
     if proc.returncode != 0:
         return "dead", f"the first job did not finish: {first[-1500:]}"
     return _weights_verdict(directory, expected)
+
+
+def _one_after_the_other(ckpt: Path) -> bool:
+    """The two jobs' event logs in ``ckpt`` do not overlap in time: the second began after the first's last event."""
+    spans = []
+    for log in ckpt.glob("events-*.jsonl"):
+        times = [timestamp(e) for e in read_events(log) if "time" in e]
+        if times:
+            spans.append((min(times), max(times)))
+    spans.sort()
+    return len(spans) < 2 or spans[0][1] <= spans[1][0]
 
 
 def _weights_verdict(directory: Path, expected: list[float]) -> tuple[str, str]:
