@@ -706,6 +706,25 @@ def _injob_job(directory: Path, name: str, nodes: int, command: str, *sbatch_arg
                   "--no-kill", "--requeue", *sbatch_args, name=name, exports=exports)
 
 
+def _lose_until_requeued(job: Job, node: str) -> None:
+    """``node`` fails (set down) and stays out until the job's requeued run has started, then returns to service for
+    the other scenarios."""
+    try:
+        slurm("scontrol", "update", f"nodename={node}", "state=down", "reason=slurmrt-test-node-failure")
+        # A dead node stays out until it is repaired; here its slurmd answers, and ReturnToService=2 would take it
+        # back at once: drained, it stays out as a dead one would.
+        slurm("scontrol", "update", f"nodename={node}", "state=drain", "reason=slurmrt-test-node-failure")
+        # Back to service only once the requeued run holds its nodes (its batch script has started: Restarts and
+        # RUNNING alone are both true before the requeue has ended the first run).
+        deadline = time.monotonic() + 600
+        while "restart=1 at" not in job.output():
+            assert time.monotonic() < deadline, job.output()[-3000:]
+            time.sleep(0.5)
+    finally:
+        for state in ("resume", "idle"):
+            slurm("scontrol", "update", f"nodename={node}", f"state={state}", check=False)
+
+
 @pytest.mark.parametrize("fault", ["kill", "hang"])
 def test_14_a_killed_or_hung_node_is_replaced_by_the_spare_in_the_same_job(cluster: Path, tmp_path: Path, fault: str,
                                                                            uninterrupted: list[float]) -> None:
@@ -778,20 +797,7 @@ def test_14_a_node_that_fails_with_no_spare_left_is_requeued_without_it(cluster:
                      "--save-every 10")
     wait_for_file(tmp_path / "ckpt" / "latest", 600, job)  # training on two nodes, a checkpoint committed
     victim = slurm("scontrol", "show", "hostnames", job.info()[0]["NodeList"]).split()[1]  # not the batch node
-    try:
-        slurm("scontrol", "update", f"nodename={victim}", "state=down", "reason=slurmrt-test-node-failure")
-        # A dead node stays out until it is repaired; here its slurmd answers, and ReturnToService=2 would take it
-        # back at once: drained, it stays out as a dead one would.
-        slurm("scontrol", "update", f"nodename={victim}", "state=drain", "reason=slurmrt-test-node-failure")
-        # Back to service only once the requeued run holds its nodes (its batch script has started: Restarts and
-        # RUNNING alone are both true before the requeue has ended the first run).
-        deadline = time.monotonic() + 600
-        while "restart=1 at" not in job.output():
-            assert time.monotonic() < deadline, job.output()[-3000:]
-            time.sleep(0.5)
-    finally:
-        for state in ("resume", "idle"):
-            slurm("scontrol", "update", f"nodename={victim}", f"state={state}", check=False)
+    _lose_until_requeued(job, victim)
     info = job.wait(600)
     out = job.output()
     assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) == 1, out[-4000:]
@@ -824,16 +830,7 @@ def test_14_the_batch_node_failing_is_requeued_by_the_guard_job_and_resumes(clus
                      "--save-every 10")
     wait_for_file(tmp_path / "ckpt" / "latest", 600, job)  # training, a checkpoint committed
     host = job.info()[0]["BatchHost"]
-    try:
-        slurm("scontrol", "update", f"nodename={host}", "state=down", "reason=slurmrt-test-node-failure")
-        slurm("scontrol", "update", f"nodename={host}", "state=drain", "reason=slurmrt-test-node-failure")
-        deadline = time.monotonic() + 600
-        while "restart=1 at" not in job.output():  # the requeued run's batch script started
-            assert time.monotonic() < deadline, job.output()[-3000:]
-            time.sleep(0.5)
-    finally:
-        for state in ("resume", "idle"):
-            slurm("scontrol", "update", f"nodename={host}", f"state={state}", check=False)
+    _lose_until_requeued(job, host)
     info = job.wait(600)
     out = job.output()
     assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) == 1, out[-4000:]
