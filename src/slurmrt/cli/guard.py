@@ -1,9 +1,9 @@
 """``slurmrt guard``: the guard job that ``slurmrt run`` arms; it requeues a job whose batch node failed.
 
 Submitted by ``slurmrt run`` with ``sbatch --dependency=afternotok:JOB``: it runs once JOB ended not COMPLETED, and
-requeues it (without the node, written into your bad-node ledger) only when the job's batch node left it (a node
-failure, which ends a --no-kill job without a requeue) and nothing in the job recorded how its run ends. Not a
-command to run by hand, though it is safe to: it reads the job and its event log before it acts.
+requeues it (without the node, written into your bad-node ledger) only when the job's batch node failed (which ends
+a --no-kill job without a requeue) and the job's run had not ended for good (finished, stopped or failed, as its event
+log says). Not a command to run by hand, though it is safe to: it reads the job and its event log before it acts.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def add_parser(sub: Any) -> None:
                     help="(armed by slurmrt run) requeue a job whose batch node failed",
                     epilog="as slurmrt run arms it:\n"
                            "  sbatch --dependency=afternotok:JOB --kill-on-invalid-dep=yes -N1 -n1 --wrap \\\n"
-                           "    'python -m slurmrt guard JOB --restart N --batch-host NODE'")
+                           "    'python -m slurmrt guard JOB --restart N --batch-host NODE --nodes M'")
     p.add_argument("job", help="the job (ARRAY_TASK for a task of an array)")
     p.add_argument("--restart", type=int, required=True, metavar="N", help="the run that armed the guard")
     p.add_argument("--batch-host", required=True, metavar="NODE", help="the node its batch script ran on")
