@@ -141,3 +141,10 @@ def test_a_fifo_planted_as_the_event_log_is_no_history_not_a_hang(slurm: Path, t
     assert armed(tmp_path / "events.jsonl", "664") == []
     assert _stand(tmp_path, Ledger(tmp_path / "ledger.json")) == 0
     assert "requeue 664" in slurm.read_text()
+
+
+def test_the_guard_command_refuses_bad_values_with_the_rule() -> None:
+    from slurmrt.cli import main
+
+    assert main(["guard", "664", "--restart", "-1", "--batch-host", "n1"]) == 2
+    assert main(["guard", "664", "--restart", "0", "--batch-host", "n1", "--nodes", "0"]) == 2

@@ -25,6 +25,8 @@ from ._common import add_command, log_lines
 def run(args: argparse.Namespace) -> int:
     if args.restart < 0:
         raise ConfigError(f"--restart {args.restart}: 0 or more")
+    if args.nodes is not None and args.nodes < 1:
+        raise ConfigError(f"--nodes {args.nodes}: 1 or more (the nodes the job was allocated)")
     env = dict(os.environ)
     options = Options.resolve({}, env)  # the job's: the guard's environment is the one `slurmrt run` had
     facts = dataclasses.replace(Facts.of(options, job=args.job, restart_count=args.restart), job_nodes=args.nodes)
