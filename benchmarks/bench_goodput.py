@@ -98,6 +98,7 @@ def _run(work: Path, policy: Policy, trace: Path, steps: int, mtbf_s: float) -> 
     out = subprocess.run([sys.executable, "-m", "slurmrt", "sim", *args], capture_output=True, text=True, env=env,
                          cwd=directory, timeout=3600)
     shutil.rmtree(f"/dev/shm/{directory.name}-local", ignore_errors=True)
+    (directory / "sim.out").write_text(out.stdout + out.stderr)  # what the simulator and slurmrt run said (--keep)
     if out.returncode != 0:
         raise RuntimeError(f"policy {policy.name}: the job did not finish:\n{out.stdout[-4000:]}\n{out.stderr[-3000:]}")
     (log,) = (directory / "ckpt").glob("events-*.jsonl")
@@ -278,5 +279,30 @@ def _inputs_said() -> str:
     return ", ".join(f"{k} {v:g}" for k, v in INPUTS.items())
 
 
+def diagnose(argv: list[str]) -> None:
+    """``--keep DIR [--steps N] [--policies 2,3]``: the chosen policies' jobs under the same trace, their event
+    logs and the simulator's output kept in ``DIR/policyK`` (read them with ``slurmrt status``), the ledger
+    printed; no table."""
+    import argparse
+
+    from slurmrt.sim.faults import draw, write_trace
+
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_goodput")
+    parser.add_argument("--keep", type=Path, required=True)
+    parser.add_argument("--steps", type=int, default=2800)
+    parser.add_argument("--policies", default="1,2,3,4")
+    args = parser.parse_args(argv)
+    args.keep.mkdir(parents=True)
+    trace = args.keep / "trace.csv"
+    write_trace(trace, draw(8.0, 41, horizon_s=8.0 * 400))
+    for k in args.policies.split(","):
+        policy = POLICIES[int(k) - 1]
+        result = _run(args.keep, policy, trace, args.steps, 8.0)
+        print(f"{policy.name}: {result['faults']}; ETTR {result['ledger'].ettr:.1%}", flush=True)
+
+
 if __name__ == "__main__":
-    print(run(quick="--quick" in sys.argv).body)
+    if "--keep" in sys.argv:
+        diagnose(sys.argv[1:])
+    else:
+        print(run(quick="--quick" in sys.argv).body)
