@@ -9,7 +9,7 @@ so every fault meets a job that made progress, whatever the machine's speed. The
 - ``rank-crash``: SIGKILL of one training process;
 - ``hang``: SIGSTOP of one training process;
 - ``node-loss``: ``scontrol update state=down`` (then drained, so that Slurm does not take it back at once; back in
-  service once a later run has saved) of one of the job's nodes;
+  service once a later run has saved, rebooted: its slurmd started afresh) of one of the job's nodes;
 - ``preemption``: a job of the ``high`` partition on the job's nodes (``PreemptMode=REQUEUE``, a grace time and the
   job's ``--signal=USR1@10``);
 - ``signal-storm``: SIGUSR1, SIGUSR2 and SIGTERM ten times each to every training process;
@@ -32,6 +32,7 @@ import os
 import random
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -149,9 +150,29 @@ class Trial:
 
     def restore(self) -> None:
         for node in self.drained:
+            reboot(node)
             for state in ("resume", "idle"):
                 slurm("scontrol", "update", f"nodename={node}", f"state={state}", check=False)
         self.drained.clear()
+
+
+def reboot(node: str) -> None:
+    """Start the node's slurmd afresh, as a failed node comes back from a reboot. Set down and resumed with its slurmd
+    still running, a node keeps the job it ran in mind: when the requeued job lands on it again, its slurmd refuses
+    ("Job 915 already running, do not launch second copy"), Slurm drains the node ("Duplicate jobid") and holds
+    the job ("launch failed requeued held") until someone releases it (seen in the goodput benchmark, 2026-11-26)."""
+    from tests.slurm.conftest import CLUSTER_DIR, CONF
+
+    pidfile = CLUSTER_DIR / f"slurmd-{node}.pid"
+    with contextlib.suppress(OSError, ValueError):
+        pid = int(pidfile.read_text())
+        if Path(f"/proc/{pid}/comm").read_text().strip() == "slurmd":  # only the daemon the test cluster started
+            os.kill(pid, signal.SIGTERM)
+            for _ in range(100):
+                if not Path(f"/proc/{pid}").exists():
+                    break
+                time.sleep(0.1)
+    subprocess.run(["slurmd", "-N", node, "-c", "-f", str(CONF)], check=False, capture_output=True, timeout=60)
 
 
 def settled(job: Job) -> bool:
