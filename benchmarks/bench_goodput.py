@@ -42,6 +42,8 @@ STEP_TIME = 0.05
 EVERY, LOCAL_EVERY = 100, 20
 STATE_MB = 32
 REQUEUE_WAIT_S = 2.0
+#: The fault trace: a seed and the mean time between failures on the job's clock (``--quick``: its own).
+MTBF_S, SEED = 8.0, 41
 ENV = {"SLURMRT_HANG_FLOOR_S": "5", "SLURMRT_WATCH_INTERVAL_S": "0.5", "SLURMRT_STARTUP_TIMEOUT_S": "30",
        "SLURMRT_PROGRESS_S": "1", "OMP_NUM_THREADS": "1", "SLURMRT_MAX_FUTILE_RUNS": "none"}
 
@@ -220,7 +222,7 @@ def _model_table() -> str:
 def run(quick: bool = False) -> Section:
     from slurmrt.sim.faults import draw, write_trace
 
-    mtbf_s, seed = (6.0, 1) if quick else (8.0, 41)
+    mtbf_s, seed = (6.0, 1) if quick else (MTBF_S, SEED)
     steps = 400 if quick else 2800
     work = Path(tempfile.mkdtemp(prefix="slurmrt-goodput-"))
     try:
@@ -281,7 +283,7 @@ def _inputs_said() -> str:
 
 def diagnose(argv: list[str]) -> None:
     """``--keep DIR [--steps N] [--policies 2,3]``: the chosen policies' jobs under the same trace, their event
-    logs and the simulator's output kept in ``DIR/policyK`` (read them with ``slurmrt status``), the ledger
+    logs and the simulator's output kept in ``DIR/policyK`` (read them with ``slurmrt status``), each one's ETTR
     printed; no table."""
     import argparse
 
@@ -294,10 +296,10 @@ def diagnose(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     args.keep.mkdir(parents=True)
     trace = args.keep / "trace.csv"
-    write_trace(trace, draw(8.0, 41, horizon_s=8.0 * 400))
+    write_trace(trace, draw(MTBF_S, SEED, horizon_s=MTBF_S * 400))
     for k in args.policies.split(","):
         policy = POLICIES[int(k) - 1]
-        result = _run(args.keep, policy, trace, args.steps, 8.0)
+        result = _run(args.keep, policy, trace, args.steps, MTBF_S)
         print(f"{policy.name}: {result['faults']}; ETTR {result['ledger'].ettr:.1%}", flush=True)
 
 
