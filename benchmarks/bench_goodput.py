@@ -292,8 +292,10 @@ def diagnose(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_goodput")
     parser.add_argument("--keep", type=Path, required=True)
     parser.add_argument("--steps", type=int, default=2800)
-    parser.add_argument("--policies", default="1,2,3,4")
+    parser.add_argument("--policies", default="1,2,3,4", help="which of 1-4, comma-separated")
     args = parser.parse_args(argv)
+    if not set(args.policies.split(",")) <= {"1", "2", "3", "4"}:
+        parser.error(f"--policies {args.policies!r}: name policies 1 to 4, comma-separated (2,3)")
     args.keep.mkdir(parents=True)
     trace = args.keep / "trace.csv"
     write_trace(trace, draw(MTBF_S, SEED, horizon_s=MTBF_S * 400))
