@@ -96,14 +96,14 @@ def test_a_step_killed_unanswered_is_requeued_and_one_ending_on_a_code_of_its_ow
 
 
 def _answered(tmp_path: Path, *, code: int, outcome: str, rank: int, step_code: str,
-              extra_env: dict[str, str] | None = None) -> Supervisor:
+              extra_env: dict[str, str] | None = None, **chosen: object) -> Supervisor:
     """A supervisor whose step ends with ``step_code`` after rank ``rank`` recorded ``outcome`` (``code``) for its
-    run in the event log (the one the supervisor reads)."""
+    run in the event log (the one the supervisor reads); ``chosen``: more fields of that exit event."""
     from slurmrt.record.events import Event, EventLog
 
     log = tmp_path / "events-7.jsonl"
     EventLog(log, job="7", restart=0, rank=rank).emit(Event.EXIT, code=code, outcome=outcome, why="the rank's",
-                                                       lead=True)
+                                                       lead=True, **chosen)
     env = {**os.environ, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-3]", "FAKE_LOG": str(tmp_path / "log"),
            "FAKE_WAIT_FIRST": "1", "FAKE_CODE": step_code, **(extra_env or {})}
     return Supervisor(["x"], spare_nodes=1, max_restarts=3, env=env, directory=tmp_path / "d",
@@ -118,6 +118,31 @@ def test_a_step_killed_after_one_of_its_ranks_answered_is_left_to_that_answer(tm
     assert sup.run() == 5
     exits = [line for line in (tmp_path / "events-7.jsonl").read_text().splitlines() if '"exit"' in line]
     assert len(exits) == 1  # no second answer
+
+
+@pytest.mark.parametrize("made", [False, True])
+def test_a_requeue_chosen_by_a_rank_killed_before_it_made_it_is_made_by_the_supervisor(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, made: bool) -> None:
+    """The chaos campaign (seed 308, trial 7): rank 0 stopped on SIGTERM and recorded its exit (REQUEUED), then a
+    SIGKILL ended it before `scontrol requeue`, and the step with it (137). The supervisor let that answer stand and
+    ended the job with exit 3: FAILED, not requeued. It now makes the requeue the rank chose, once."""
+    from slurmrt.record.events import Event, EventLog
+
+    scontrol = tmp_path / "scontrol"
+    scontrol.write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path}/scontrol.log\n"
+                        'echo "JobId=7 JobState=RUNNING NodeList=n[1-3] ExcNodeList=(null) NumNodes=3"\n')
+    scontrol.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    sup = _answered(tmp_path, code=3, outcome="REQUEUED", rank=0, step_code="137", action="requeue", exclude=[])
+    if made:  # the rank requeued the job and recorded it: nothing is left to make
+        EventLog(tmp_path / "events-7.jsonl", job="7", restart=0, rank=0).emit(Event.REQUEUE, done=True,
+                                                                               message="requeued 7", lead=True)
+    assert sup.run() == 3
+    calls = (tmp_path / "scontrol.log").read_text().splitlines()
+    assert ("requeue 7" in calls) is not made
+    events = [json.loads(line) for line in (tmp_path / "events-7.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in events] == ["exit", "requeue"]
+    assert len((tmp_path / "log").read_text().splitlines()) == 1  # no second step
 
 
 def test_a_step_killed_by_a_late_signal_after_its_ranks_finished_ends_finished(tmp_path: Path) -> None:

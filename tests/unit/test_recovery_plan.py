@@ -115,6 +115,7 @@ def _no_scontrol(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("slurmrt.recovery.exclusion.prepare",
                         lambda job, bad, *, max_excluded, needed=None: "no scontrol here")
     monkeypatch.setattr("slurmrt.recovery.exclusion.apply_and_record", lambda job, prepared, events: None)
+    monkeypatch.setattr("slurmrt.recovery.exclusion.read_job", lambda job: "no scontrol here")
 
 
 def _executor(tmp_path: Path, facts: Facts, requeued: list[str], *, works: bool = True) -> Executor:
@@ -192,3 +193,34 @@ def test_a_deadline_stop_before_the_first_step_is_not_requeued_with_or_without_a
     assert later.action is A.REQUEUE  # a run that trained: the next one resumes from its checkpoint
     signalled = plan(Trigger.STOPPED, NO_RUN, stop=_stop(Reason.DEADLINE, Reason.SIGNAL), progressed=False)
     assert signalled.action is A.REQUEUE  # a warning signal: the cluster wants the job gone, not the limit
+
+
+def test_a_requeue_chosen_and_not_made_is_made_once_by_whoever_finds_it(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The exit event comes before `scontrol requeue`: a process killed between the two leaves a requeue chosen
+    and not made, which another rank or `slurmrt run` makes (chaos campaign, seed 308, trial 7)."""
+    from slurmrt.record.events import runs_of
+    from slurmrt.recovery import exclusion
+
+    def killed(job: str) -> tuple[bool, str]:
+        raise KeyboardInterrupt("SIGKILL between the exit event and scontrol requeue")
+
+    chooser = Executor(NO_RUN, EventLog(tmp_path / "events.jsonl", job="7", restart=0, rank=0), node="n1",
+                       requeue_job=killed)
+    with pytest.raises(KeyboardInterrupt):
+        chooser.recover(Trigger.HANG, nodes=["n2"], step=40)
+    requeued: list[str] = []
+    finder = _executor(tmp_path, NO_RUN, requeued)
+    (run,) = runs_of(tmp_path / "events.jsonl")
+    monkeypatch.setattr(exclusion, "read_job", lambda job: exclusion.JobNodes((), 3, None, state="REQUEUED"))
+    assert finder.complete_requeue(run) is None and not requeued  # Slurm shows it requeued: it was made
+    monkeypatch.setattr(exclusion, "read_job", lambda job: exclusion.JobNodes((), 3, None, state="RUNNING"))
+    made = finder.complete_requeue(run)
+    assert made is not None and made.outcome is Outcome.HUNG and made.exclude == ("n2",) and requeued == ["7"]
+    (run,) = runs_of(tmp_path / "events.jsonl")
+    assert finder.complete_requeue(run) is None and requeued == ["7"]  # made once
+    stopped = tmp_path / "stopped.jsonl"  # a run that chose to stop has no requeue to make
+    Executor(replace(NO_RUN, requeue=False), EventLog(stopped, job="7", restart=0, rank=0), node="n1",
+             requeue_job=killed).recover(Trigger.STOPPED, stop=_stop(Reason.SIGNAL))
+    (run,) = runs_of(stopped)
+    assert finder.complete_requeue(run) is None and requeued == ["7"]

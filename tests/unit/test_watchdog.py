@@ -328,6 +328,40 @@ def test_once_slurm_takes_the_step_down_the_census_waits_only_briefly_for_a_dead
     assert [s["rank"] for s in suspects["suspects"]] == [1] and suspects["nodes"] == ["n2"]
 
 
+def test_a_requeue_its_leader_chose_but_did_not_live_to_make_is_made_by_the_rank_that_finds_it(
+        tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The chaos campaign (seed 308, trial 7): rank 0 stopped on a signal and recorded its exit (REQUEUED), then was
+    SIGKILLed before `scontrol requeue`. Rank 1 found its peer gone and the run answered: it did nothing, and the
+    job ended dead with exit 3. The rank that finds a requeue chosen and not made makes it."""
+    import json
+
+    from slurmrt.hang import response as _hang
+    from slurmrt.record.events import Event, EventLog
+    from slurmrt.recovery.executor import Executor
+    from slurmrt.recovery.facts import Facts
+
+    topo = _rank0_of_two()
+    log = tmp_path / "events.jsonl"
+    EventLog(log, job="7", restart=0, rank=0).emit(Event.EXIT, code=3, outcome="REQUEUED", action="requeue",
+                                                   exclude=[], why="stopped at step 121 (signal): requeue", lead=True)
+    exits = _no_exit(monkeypatch)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no scontrol: the job's state is unknown, which does not stop it
+    requeued: list[str] = []
+    executor = Executor(Facts(job="7"), EventLog(log, job="7", restart=0, rank=1), node="n2",
+                        requeue_job=lambda job: (requeued.append(job) is None, f"requeued {job}"))
+    response = _hang.HangResponse(topo, executor, kill_switch_seen=lambda: False, last_step=lambda: 121,
+                                  census=lambda: None)
+    with pytest.raises(SystemExit):
+        response.lost_peer(RuntimeError("Connection closed by peer"))
+    assert requeued == ["7"] and exits == [3]
+    events = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [e["event"] for e in events if e["event"] in ("exit", "requeue")] == ["exit", "requeue"]  # no 2nd answer
+    with pytest.raises(SystemExit):  # a rank that wakes later finds the requeue made: nothing more
+        _hang.HangResponse(topo, executor, kill_switch_seen=lambda: False, last_step=lambda: 121,
+                           census=lambda: None).lost_peer(RuntimeError("Connection closed by peer"))
+    assert requeued == ["7"] and exits == [3, 5]
+
+
 def test_the_census_counts_answers_and_waits_inside_the_store() -> None:
     """The leader polls one counter, and reads the answers once; the others wait for the verdict in the store."""
     from torch.distributed import HashStore

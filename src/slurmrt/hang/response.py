@@ -24,7 +24,7 @@ from typing import Any, NoReturn
 
 from ..launch.topology import Topology
 from ..log import exit_now
-from ..record.events import Event, read_events
+from ..record.events import Event, Run, read_events, runs_of
 from ..recovery.executor import Executor
 from ..recovery.plan import Trigger, plan
 from ..recovery.policy import ExitCode
@@ -124,15 +124,12 @@ class HangResponse:
                     return f"rank {e.get('rank')} ended on {e.get('error')}"
         return None
 
-    def _answered_already(self) -> str | None:
-        """The exit a leading rank recorded for this run (this restart and in-job attempt), or None."""
-        path, t = self.executor.events.path, self.topology
-        if path is None or not path.exists():
-            return None
-        for e in read_events(path):
-            if e.get("event") == Event.EXIT.value and e.get("lead") and e.get("restart") == t.restart_count \
-                    and e.get("attempt", 0) == t.attempt:
-                return f"rank {e.get('rank')}: {e.get('why')}"
+    def _answered_already(self) -> Run | None:
+        """This run (this restart and in-job attempt) when a leading rank recorded its exit, or None."""
+        t = self.topology
+        for run in runs_of(self.executor.events.path):
+            if run.restart == t.restart_count and run.attempt == t.attempt and run.first(Event.EXIT) is not None:
+                return run
         return None
 
     def lost_peer(self, err: BaseException) -> NoReturn:
@@ -207,7 +204,12 @@ class HangResponse:
         if answered is not None:
             # A rank that was frozen (SIGSTOP, a process stuck in the kernel) wakes when Slurm takes the step down
             # (SIGCONT, SIGTERM), finds its peers gone and the store with them, and would name the leader's node.
-            logger.error("this run's response was made already (%s): not responding again", answered)
+            chosen = answered.first(Event.EXIT) or {}
+            logger.error("this run's response was made already (rank %s: %s): not responding again",
+                         chosen.get("rank"), chosen.get("why"))
+            made = self.executor.complete_requeue(answered)  # unless its maker was killed before it could requeue
+            if made is not None:
+                self._exit(ExitCode(made.code))
         return lead and answered is None
 
     def _name(self, suspects: list[int], why: str, nodes: dict[int, str], states: dict[int, RankState]) -> list[str]:

@@ -50,7 +50,8 @@ class Event(str, enum.Enum):
     RESUME = "resume"  # step
     FRESH_START = "fresh_start"
     REQUEUE = "requeue"  # done, message, restart_count
-    EXIT = "exit"  # code, outcome, why, reasons, step (the last step the run reached; null when unknown)
+    # code, outcome, why, reasons, step (the last step the run reached; null when unknown), action (the plan's), exclude
+    EXIT = "exit"
     PHASE = "phase"  # name, seconds (rank 0, at the end of each rt.phase)
     HANG = "hang"  # activity, idle_s, allowed_s, step, where, stacks (every rank that found itself stuck)
     SUSPECTS = "suspects"  # suspects [{rank, node, where, step}], nodes, why (the census leader)

@@ -6,7 +6,9 @@ It is the only writer of the ``exit`` event. The rank (or ``slurmrt run``) that 
 - In-job restart: a rank leaves the request for ``slurmrt run`` (:mod:`.injob`); when that fails, the requeue takes
   over. ``slurmrt run`` itself (``ask=False``) only records it, and starts the step.
 - Requeue: the ``exit`` event first (Slurm ends every task once it requeues the job), then ``scontrol requeue``, then
-  the bad nodes into ``ExcNodeList`` (:mod:`.exclusion`: Slurm takes it only from a pending job).
+  the bad nodes into ``ExcNodeList`` (:mod:`.exclusion`: Slurm takes it only from a pending job). A process killed
+  between the two leaves a requeue chosen and not made: whoever finds the run answered makes it
+  (:meth:`Executor.complete_requeue`).
 - Stop, finish, fail: the ``exit`` event.
 """
 
@@ -16,7 +18,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..record.events import Event, EventLog, runs_of
+from ..record.events import Event, EventLog, Run, runs_of
 from ..record.ledger import Ledger
 from ..stop.decision import StopDecision
 from . import exclusion, injob
@@ -113,7 +115,26 @@ class Executor:
         else:
             logger.info("%s: %s", outcome.name.lower(), said)
         self.events.emit(Event.EXIT, code=int(outcome.code), outcome=outcome.name, why=said, reasons=reasons,
-                         step=step, lead=True, **extra)
+                         step=step, lead=True, action=decision.action.value, exclude=list(decision.exclude), **extra)
+
+    def complete_requeue(self, run: Run | None) -> Decision | None:
+        """The requeue that ``run``'s exit event chose and nobody made: the process acting for the run was killed
+        between its exit event and ``scontrol requeue``. A rank that finds the run answered, or ``slurmrt run`` once
+        the step has ended, makes it here. None: nothing to make (the run chose something else, its requeue was made
+        or tried, or Slurm no longer shows the job running: it is being requeued)."""
+        chosen = run.first(Event.EXIT) if run is not None else None
+        if run is None or chosen is None or chosen.get("action") != Action.REQUEUE.value or run.first(Event.REQUEUE):
+            return None
+        job = exclusion.read_job(str(self.facts.job))
+        if not isinstance(job, str) and job.state not in (None, "RUNNING"):
+            return None
+        outcome = Outcome[chosen["outcome"]] if chosen.get("outcome") in Outcome.__members__ else Outcome.REQUEUED
+        named = chosen.get("exclude")
+        exclude = tuple(n for n in named if isinstance(n, str)) if isinstance(named, list) else ()
+        logger.warning("rank %s chose the requeue (%s) but was killed before it was made: requeueing the job now",
+                       chosen.get("rank"), chosen.get("why"))
+        return self._requeue_job(Decision(Action.REQUEUE, outcome, str(chosen.get("why")), exclude),
+                                 stops=outcome is Outcome.REQUEUED)
 
     def _requeue_job(self, decision: Decision, *, stops: bool) -> Decision:
         job = self.facts.job

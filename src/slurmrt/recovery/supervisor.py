@@ -37,7 +37,7 @@ from types import FrameType
 from .._errors import ConfigError
 from .._safefs import private_dir
 from ..launch import hostlist
-from ..record.events import Event, EventLog, runs_of
+from ..record.events import Event, EventLog, Run, runs_of
 from ..record.ledger import Ledger
 from . import exclusion, injob
 from .executor import Executor
@@ -233,21 +233,27 @@ class Supervisor:
     def _standing(self, attempt: int, code: int) -> int | None:
         """The exit code that stands without a recovery: ``code`` when slurmrt in the step chose it (finished,
         stopped, requeued or refused), or the code a rank recorded before a late signal or a lost node killed the
-        step; None when nobody in the step answered."""
-        if code in {int(c) for c in ExitCode}:
-            return code
-        answer = self._answer(attempt)
-        if answer is not None and answer != code:
+        step; None when nobody in the step answered. A requeue the step chose but was killed before it made is made
+        here."""
+        run = self._run(attempt)
+        answer = code if code in {int(c) for c in ExitCode} else self._answer(run)
+        if answer is None:
+            return None
+        if answer != code:
             self._say(f"the step ended with exit code {code} after slurmrt in it had answered {answer}: "
                       "that answer stands")
-        return answer
+        made = self._executor(attempt, ()).complete_requeue(run)  # it says so
+        return made.code if made is not None else answer
 
-    def _answer(self, attempt: int) -> int | None:
-        """The exit code slurmrt in step ``attempt`` recorded for its run (the run's exit event, as
-        :func:`~slurmrt.record.events.runs` reads it: rank 0's or the leading rank's), or None."""
-        step = [r for r in runs_of(self.event_log(attempt).path)
-                if r.restart == self.restart_count and r.attempt == attempt]
-        exit_event = step[0].first(Event.EXIT) if step else None
+    def _run(self, attempt: int) -> Run | None:
+        """Step ``attempt`` of this run, as the event log tells it (rank 0's and the leading rank's events)."""
+        return next((r for r in runs_of(self.event_log(attempt).path)
+                     if r.restart == self.restart_count and r.attempt == attempt), None)
+
+    @staticmethod
+    def _answer(run: Run | None) -> int | None:
+        """The exit code slurmrt in the step recorded for its run (the run's exit event), or None."""
+        exit_event = run.first(Event.EXIT) if run is not None else None
         code = exit_event.get("code") if exit_event else None
         return code if isinstance(code, int) and not isinstance(code, bool) else None
 
