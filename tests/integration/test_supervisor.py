@@ -36,6 +36,12 @@ FAKE_SRUN = textwrap.dedent("""\
     # its list, the next one ends with the code in FAKE_CODE; an --overlap call is the signal forwarding.
     import json, os, sys, time
     log = os.environ["FAKE_LOG"]
+    if "slurmrt.recovery.probe" in sys.argv:  # the health check of the suspects: FAKE_UNHEALTHY names failing
+        # nodes (not logged)
+        bad = os.environ.get("FAKE_UNHEALTHY", "").split(",")
+        for node in [a.split("=", 1)[1].split(",") for a in sys.argv if a.startswith("--nodelist=")][0]:
+            print(json.dumps({{"node": node, "failures": ["/dev/shm is not writable"] if node in bad else []}}))
+        sys.exit(0)
     with open(log, "a") as f:
         f.write(json.dumps({{"argv": sys.argv[1:], "attempt": os.environ.get("SLURMRT_RUN_ATTEMPT"),
                             "spares": os.environ.get("SLURMRT_RUN_SPARES")}}) + "\\n")
@@ -67,32 +73,49 @@ def fake_srun(tmp_path: Path) -> Path:
     return path
 
 
-def test_the_supervisor_replaces_a_failed_step_without_the_named_node(tmp_path: Path) -> None:
+@pytest.mark.parametrize("unhealthy", [False, True])
+def test_a_named_node_is_replaced_only_on_evidence_against_it(tmp_path: Path, unhealthy: bool) -> None:
+    """The step's ranks name n2 (a suspect): healthy, the new step runs on the same nodes and the spare is kept;
+    failing its health check, n3 replaces it. The decision and its evidence are in the event log either way."""
+    from slurmrt.record.events import EventLog, read_events
+
+    log = tmp_path / "events-7.jsonl"
     env = {**os.environ, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-3]", "SLURM_NTASKS_PER_NODE": "2",
-           "FAKE_LOG": str(tmp_path / "log"), "FAKE_CODE": "3"}
+           "FAKE_LOG": str(tmp_path / "log"), "FAKE_CODE": "3", "FAKE_UNHEALTHY": "n2" if unhealthy else ""}
     sup = Supervisor(["python", "train.py"], spare_nodes=1, max_restarts=3, env=env, directory=tmp_path / "d",
-                     srun=str(fake_srun(tmp_path)))
+                     srun=str(fake_srun(tmp_path)),
+                     event_log=lambda attempt: EventLog(log, job="7", restart=0, rank=-1, attempt=attempt))
     assert sup.run() == 3  # the last step's code
     calls = [json.loads(line) for line in (tmp_path / "log").read_text().splitlines()]
     assert [c["attempt"] for c in calls] == ["0", "1"]
-    assert [c["spares"] for c in calls] == ["n3", ""]
-    assert "--nodelist=n1,n2" in calls[0]["argv"] and "--nodelist=n1,n3" in calls[1]["argv"]
+    assert "--nodelist=n1,n2" in calls[0]["argv"]
     assert calls[1]["argv"][-2:] == ["python", "train.py"] and "--ntasks=4" in calls[1]["argv"]
+    decision = next(e for e in read_events(log) if e["event"] == "recovery")
+    assert decision["evidence"][0]["node"] == "n2" and decision["action"] == "in_job_restart"
+    if unhealthy:
+        assert [c["spares"] for c in calls] == ["n3", ""] and "--nodelist=n1,n3" in calls[1]["argv"]
+        assert decision["class"] == "node_unhealthy" and decision["left_out"] == ["n2"]
+    else:
+        assert [c["spares"] for c in calls] == ["n3", "n3"] and "--nodelist=n1,n2" in calls[1]["argv"]
+        assert decision["class"] == "hang" and decision["left_out"] == [] and decision["kept"] == ["n1", "n2"]
     assert not (tmp_path / "d").exists(), "the supervisor's directory is removed at its end"
 
 
-@pytest.mark.parametrize(("code", "expected"), [(2, 2), (127, 127), (137, 5), (139, 5)])
-def test_a_step_killed_unanswered_is_requeued_and_one_ending_on_a_code_of_its_own_ends_the_job(
-        tmp_path: Path, code: int, expected: int) -> None:
-    """No node gone, nobody asked: tasks killed by a signal (srun's 128 + N) are answered with the requeue (HUNG);
-    a code the program chose (a usage error, a missing command) ends the job with it: another run would fail the
-    same way."""
+@pytest.mark.parametrize(("code", "expected", "steps"), [(2, 2, 1), (127, 127, 1), (137, 5, 4), (139, 5, 4)])
+def test_a_step_killed_unanswered_restarts_on_the_same_nodes_and_one_ending_on_a_code_of_its_own_ends_the_job(
+        tmp_path: Path, code: int, expected: int, steps: int) -> None:
+    """No node gone, nobody asked: tasks killed by a signal (srun's 128 + N) on nodes that pass their health check
+    are a process fault: a new step on the same nodes, the spare kept, up to --max-in-job-restarts, then the
+    requeue (HUNG). A code the program chose (a usage error, a missing command) ends the job with it: another run
+    would fail the same way."""
     env = {**os.environ, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-3]", "FAKE_LOG": str(tmp_path / "log"),
            "FAKE_WAIT_FIRST": "1", "FAKE_CODE": str(code)}
     sup = Supervisor(["x"], spare_nodes=1, max_restarts=3, env=env, directory=tmp_path / "d",
                      srun=str(fake_srun(tmp_path)))
     assert sup.run() == expected
-    assert len((tmp_path / "log").read_text().splitlines()) == 1  # no new step in the job either way
+    calls = [json.loads(line) for line in (tmp_path / "log").read_text().splitlines()]
+    assert len(calls) == steps
+    assert all("--nodelist=n1,n2" in c["argv"] and c["spares"] == "n3" for c in calls)
 
 
 def _answered(tmp_path: Path, *, code: int, outcome: str, rank: int, step_code: str,
@@ -165,9 +188,11 @@ def test_a_stale_request_from_a_killed_supervisor_is_not_read_as_this_runs(tmp_p
 
 
 def test_the_cli_passes_usr1_to_the_training_processes_of_the_step(tmp_path: Path) -> None:
-    """`slurmrt run` as a process: USR1 becomes an `srun --overlap ... slurmrt signal USR1` on the step's nodes."""
+    """`slurmrt run` as a process: USR1 becomes an `srun --overlap ... slurmrt signal USR1` on the step's nodes
+    (the replacement step's, after n2 failed its health check)."""
     wait = tmp_path / "step1-running"
     env = {**os.environ, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-3]", "FAKE_LOG": str(tmp_path / "log"),
+           "FAKE_UNHEALTHY": "n2",
            "FAKE_WAIT": str(wait), "PATH": f"{tmp_path}:{os.environ['PATH']}", "SLURM_SUBMIT_DIR": str(tmp_path)}
     fake_srun(tmp_path)
     proc = subprocess.Popen([sys.executable, "-m", "slurmrt", "run", "--spare-nodes", "1", "--", "python", "t.py"],
@@ -207,9 +232,9 @@ def test_the_batch_shell_is_recognised_by_slurms_copy_of_the_script(tmp_path: Pa
         shell.wait()
 
 
-@pytest.mark.parametrize(("held", "expected_steps"), [("n[1,3]", 2), ("n[1-3]", 1)])
+@pytest.mark.parametrize(("held", "nodes"), [("n[1,3]", "n1,n3"), ("n[1-3]", "n1,n2")])
 def test_a_node_that_left_the_allocation_is_replaced_though_nobody_could_ask(
-        tmp_path: Path, held: str, expected_steps: int, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, held: str, nodes: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """With --no-kill, Slurm kills a failed node's step at once and drops the node from the job's NodeList (measured
     in docs/slurm.md): the supervisor reads it from `scontrol show job`."""
     scontrol = tmp_path / "scontrol"  # the whole allocation when step 0 starts, then what the job holds after it
@@ -223,13 +248,11 @@ def test_a_node_that_left_the_allocation_is_replaced_though_nobody_could_ask(
     monkeypatch.setenv("PATH", env["PATH"])  # _slurm.run finds scontrol on this process's PATH
     sup = Supervisor(["x"], spare_nodes=1, max_restarts=3, env=env, directory=tmp_path / "d",
                      srun=str(fake_srun(tmp_path)))
-    # n[1-3] still held: no node left, and nobody in the step asked: the step died unanswered (137), and the
-    # supervisor answers it with the requeue (exit 5, HUNG), not with the step's raw code (a job left dead)
-    assert sup.run() == (0 if expected_steps == 2 else 5)
+    # n[1-3] still held: no node left, and nobody in the step asked: the step died unanswered (137) on healthy
+    # nodes, a process fault: a new step on the same nodes, the spare kept (not the step's raw code, a job left dead)
+    assert sup.run() == 0
     calls = [json.loads(line) for line in (tmp_path / "log").read_text().splitlines()]
-    assert len(calls) == expected_steps
-    if expected_steps == 2:
-        assert "--nodelist=n1,n3" in calls[1]["argv"]
+    assert len(calls) == 2 and f"--nodelist={nodes}" in calls[1]["argv"]
 
 
 def test_a_node_lost_after_the_ranks_finished_leaves_the_job_finished(tmp_path: Path,
@@ -250,8 +273,9 @@ def test_a_node_lost_after_the_ranks_finished_leaves_the_job_finished(tmp_path: 
 
 
 def test_a_spare_that_left_the_job_is_not_given_a_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """n3, the spare, failed while step 0 ran, whose ranks asked for an in-job restart: no node to go to, so the
-    supervisor requeues the job without n2 itself (the ranks left that to it), instead of an srun on a lost node."""
+    """n3, the spare, failed while step 0 ran, whose ranks asked for an in-job restart and named n2, which fails its
+    health check: no node to go to, so the supervisor requeues the job without n2 itself (the ranks left that to it),
+    instead of an srun on a lost node."""
     scontrol = tmp_path / "scontrol"
     scontrol.write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path}/scontrol.log\n"
                         f"if [ -e {tmp_path}/asked ]; then held='n[1-2]'; else held='n[1-3]'; fi\n"
@@ -259,10 +283,11 @@ def test_a_spare_that_left_the_job_is_not_given_a_step(tmp_path: Path, monkeypat
                         'echo "JobId=7 JobState=RUNNING NodeList=$held ExcNodeList=(null) NumNodes=3"\n')
     scontrol.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
-    env = {**os.environ, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-3]", "FAKE_LOG": str(tmp_path / "log")}
+    env = {**os.environ, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-3]", "FAKE_LOG": str(tmp_path / "log"),
+           "FAKE_UNHEALTHY": "n2"}
     sup = Supervisor(["x"], spare_nodes=1, max_restarts=3, env=env, directory=tmp_path / "d",
                      srun=str(fake_srun(tmp_path)))
-    assert sup.run() == int(ExitCode.HUNG)
+    assert sup.run() == int(ExitCode.UNHEALTHY)
     assert len((tmp_path / "log").read_text().splitlines()) == 1  # step 0 only
     calls = (tmp_path / "scontrol.log").read_text().splitlines()
     assert "requeue 7" in calls and "update JobId=7 ExcNodeList=n2" in calls

@@ -726,11 +726,12 @@ def _lose_until_requeued(job: Job, node: str) -> None:
 
 
 @pytest.mark.parametrize("fault", ["kill", "hang"])
-def test_14_a_killed_or_hung_node_is_replaced_by_the_spare_in_the_same_job(cluster: Path, tmp_path: Path, fault: str,
-                                                                           uninterrupted: list[float]) -> None:
-    """3 nodes, 1 spare: rank 1's task dies of SIGKILL (or hangs) at step 35. slurmrt names its node, `slurmrt run`
-    starts a new step on the other node and the spare, in the same job (no requeue), which resumes from the last
-    checkpoint and ends with the weights of an uninterrupted run, bit for bit."""
+def test_14_a_killed_or_hung_process_on_a_healthy_node_is_restarted_on_the_same_nodes(
+        cluster: Path, tmp_path: Path, fault: str, uninterrupted: list[float]) -> None:
+    """3 nodes, 1 spare: rank 1's task dies of SIGKILL (or hangs) at step 35. slurmrt names its node; `slurmrt run`
+    checks it from outside (srun --overlap), finds it in the job and healthy, and starts a new step on the same
+    nodes, in the same job (no requeue): the spare is kept for a node that really leaves, and nothing goes into the
+    bad-node ledger. The step resumes from the last checkpoint and ends with the weights of an uninterrupted run."""
     job = _injob_job(tmp_path, f"injob-{fault}", 3,
                      f"--spare-nodes 1 -- $PY $WORKER --out $OUT --steps {INJOB_STEPS} --step-time 0.1 "
                      f"--save-every 10 --local-every 5 --fault {fault} --fault-at 35", local=True)
@@ -740,21 +741,25 @@ def test_14_a_killed_or_hung_node_is_replaced_by_the_spare_in_the_same_job(clust
     ev = events(tmp_path, job)
     (suspects,) = [e for e in ev if e["event"] == "suspects"]
     assert [s["rank"] for s in suspects["suspects"]] == [1], suspects
-    (restart,) = [e for e in ev if e["event"] == "in_job_restart"]
-    (bad,) = restart["nodes"]
-    assert bad == suspects["nodes"][0] and restart["next_attempt"] == 1
+    (suspect,) = suspects["nodes"]
+    (decision,) = [e for e in ev if e["event"] == "recovery"]
+    assert decision["class"] == ("process" if fault == "kill" else "hang"), decision
+    assert decision["action"] == "in_job_restart" and decision["left_out"] == [] and suspect in decision["kept"]
+    assert [(e["node"], e["in_job"], e["failures"]) for e in decision["evidence"]] == [(suspect, True, [])]
     assert not [e for e in ev if e["event"] in ("requeue", "exclude", "in_job_refused")], "the queue was not needed"
     inits = [e for e in ev if e["event"] == "init" and e["rank"] == 0]
     assert [(e.get("attempt", 0), e["restart"]) for e in inits] == [(0, 0), (1, 0)]
-    assert bad in inits[0]["nodelist"] and bad not in inits[1]["nodelist"] and len(inits[1]["nodelist"]) == 2
-    assert "in-job restart 1 of at most" in out and f"left out: {bad}" in out  # slurmrt run's one block
+    assert inits[0]["nodelist"] == inits[1]["nodelist"] and suspect in inits[1]["nodelist"]
+    assert "in-job restart 1 of at most" in out and "left out: none" in out  # slurmrt run's one block
+    ledger = Path(os.environ["SLURMRT_NODE_LEDGER"])  # this test's own (tests/conftest.py)
+    assert not ledger.exists() or suspect not in ledger.read_text(), "a healthy node went into the ledger"
     replaced = [json.loads((tmp_path / "run0.1" / f"rank{r}.json").read_text()) for r in range(2)]
     saved_before = max(e["step"] for e in ev if e["event"] == "save" and e.get("attempt", 0) == 0)
     assert saved_before == 34 and all(r["start"] == saved_before + 1 for r in replaced)  # 34: the local tier's
-    # From the local tier: rank 0 (n1) read its own part, the spare's rank 1 got rank 1's from n1, its partner.
     (resumed,) = [e for e in ev if e["event"] == "resume" and e.get("attempt") == 1]
-    assert resumed["step"] == 34 and resumed["tier"] == "local" and resumed["from_peers"] > 0
-    assert all(r["in_job_restarts"] == 1 and r["hostname"] != bad and r["exit_code"] == 0 for r in replaced)
+    assert resumed["step"] == 34 and resumed["tier"] == "local"  # each rank's own part, on its own node
+    assert all(r["in_job_restarts"] == 1 and r["exit_code"] == 0 for r in replaced)
+    assert replaced[1]["hostname"] == suspect, "the spare was spent on a healthy node"
     assert all(r["trained"] == list(range(saved_before + 1, INJOB_STEPS)) for r in replaced)
     assert replaced[0]["w"] == uninterrupted, "the weights differ from an uninterrupted run's"
 
@@ -853,21 +858,21 @@ def test_14_the_batch_node_failing_is_requeued_by_the_guard_job_and_resumes(clus
     assert later[0]["w"] == uninterrupted, "the weights differ from an uninterrupted run's"
 
 
-def test_14_with_no_spare_left_the_requeue_excludes_the_node_as_before(cluster: Path, tmp_path: Path,
+def test_14_with_no_spare_a_killed_process_is_restarted_on_the_same_nodes(cluster: Path, tmp_path: Path,
                                                                         uninterrupted: list[float]) -> None:
+    """No spare, rank 1 SIGKILLed on a healthy node: no requeue through the queue (it once went there, with the
+    healthy node excluded), a new step on the same two nodes."""
     job = _injob_job(tmp_path, "injob-nospare", 2,
                      f"--spare-nodes 0 -- $PY $WORKER --out $OUT --steps {INJOB_STEPS} --step-time 0.1 "
                      "--save-every 10 --fault kill --fault-at 35")
     info = job.wait(600)
-    assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) == 1, job.output()[-4000:]
+    assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) == 0, job.output()[-4000:]
     ev = events(tmp_path, job)
-    (refused,) = [e for e in ev if e["event"] == "in_job_refused"]
-    assert "but 0 spare(s) left" in refused["why"]
-    (bad,) = refused["nodes"]
-    (excluded,) = [e for e in ev if e["event"] == "exclude"]
-    assert excluded["added"] == [bad] and bad in info.get("ExcNodeList", "")
-    (later,) = runs(tmp_path, 2)[1:]
-    assert all(r["hostname"] != bad and r["exit_code"] == 0 for r in later) and later[0]["w"] == uninterrupted
+    (decision,) = [e for e in ev if e["event"] == "recovery"]
+    assert decision["class"] == "process" and decision["action"] == "in_job_restart" and not decision["left_out"]
+    assert not [e for e in ev if e["event"] in ("requeue", "exclude", "in_job_refused")]
+    later = [json.loads((tmp_path / "run0.1" / f"rank{r}.json").read_text()) for r in range(2)]
+    assert all(r["exit_code"] == 0 for r in later) and later[0]["w"] == uninterrupted
 
 
 def test_14_a_node_lost_in_one_job_is_avoided_by_the_next_job_of_the_same_user(cluster: Path, tmp_path: Path) -> None:
@@ -875,8 +880,10 @@ def test_14_a_node_lost_in_one_job_is_avoided_by_the_next_job_of_the_same_user(c
     SLURMRT_NODE_LEDGER). The next job is given that node (-w) and a spare: slurmrt run keeps the ledger's node as
     the spare and trains on the others."""
     first = _injob_job(tmp_path / "first", "ledger-first", 2,
-                       f"--spare-nodes 0 -- $PY $WORKER --out $OUT --steps {INJOB_STEPS} --step-time 0.1 "
-                       "--save-every 10 --fault kill --fault-at 35")
+                       f"--spare-nodes 0 -- $PY $WORKER --out $OUT --steps {INJOB_STEPS} --step-time 0.2 "
+                       "--save-every 10")
+    wait_for_file(tmp_path / "first" / "ckpt" / "latest", 600, first)
+    _lose_until_requeued(first, slurm("scontrol", "show", "hostnames", first.info()[0]["NodeList"]).split()[1])
     info = first.wait(600)
     assert info["JobState"] == "COMPLETED", first.output()[-4000:]
     (bad,) = [e for e in events(tmp_path / "first", first) if e["event"] == "in_job_refused"][0]["nodes"]
@@ -967,11 +974,11 @@ def _training_pid(job_id: str, procid: int, script: bytes = b"train.py", under_t
 
 
 @pytest.mark.parametrize("framework", ["transformers", "lightning"])
-def test_14_a_trainer_example_loses_a_rank_and_finishes_on_the_spare_with_the_uninterrupted_weights(
+def test_14_a_trainer_example_loses_a_rank_and_finishes_in_the_same_job_with_the_uninterrupted_weights(
         cluster: Path, tmp_path: Path, framework: str) -> None:
     """examples/<framework>/train.py as train_injob.sbatch runs it (CPU, gloo, 1 task per node): rank 1's process
-    is SIGKILLed after the first checkpoint; the step is replaced on the spare in the same job, and the final weights
-    equal an uninterrupted run's, bit for bit."""
+    is SIGKILLed after the first checkpoint; its node is healthy, so a new step runs on the same nodes in the same job
+    (the spare kept), and the final weights equal an uninterrupted run's, bit for bit."""
     import torch
 
     pytest.importorskip(framework)
@@ -992,8 +999,8 @@ def test_14_a_trainer_example_loses_a_rank_and_finishes_on_the_spare_with_the_un
     out = job.output()
     assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) == 0, out[-4000:]
     ev = events(tmp_path / "injob", job)
-    (moved,) = [e for e in ev if e["event"] == "in_job_restart"]
-    assert moved["nodes"] == ["n2"] and "in-job restart 1" in out
+    (decision,) = [e for e in ev if e["event"] == "recovery"]  # n2 healthy: the same nodes, the spare kept
+    assert decision["class"] == "process" and decision["kept"] == ["n1", "n2"] and "in-job restart 1" in out
     assert [e["step"] for e in ev if e["event"] == "resume" and e.get("attempt") == 1]
     info = reference.wait(900)
     assert info["JobState"] == "COMPLETED", reference.output()[-3000:]
@@ -1001,7 +1008,7 @@ def test_14_a_trainer_example_loses_a_rank_and_finishes_on_the_spare_with_the_un
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), "weights differ from the reference"
 
 
-def test_14_megatron_core_under_torchrun_loses_a_rank_and_finishes_on_the_spare_with_the_uninterrupted_weights(
+def test_14_megatron_core_under_torchrun_loses_a_rank_and_finishes_in_the_same_job_with_the_uninterrupted_weights(
         megatron_jobs: dict[str, tuple[Job, Path]], tmp_path: Path) -> None:
     """examples/megatron/train_core_injob.sbatch's shape on CPU: `slurmrt run --spare-nodes 1` over torchrun in each
     task, TP=2 across 2 nodes, the master read from the step's own nodes. Rank 1's worker is SIGKILLed after the
@@ -1023,8 +1030,9 @@ def test_14_megatron_core_under_torchrun_loses_a_rank_and_finishes_on_the_spare_
     out = job.output()
     assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) == 0, out[-4000:]
     ev = events(tmp_path, job)
-    (moved,) = [e for e in ev if e["event"] == "in_job_restart"]
-    assert moved["nodes"] == ["n2"] and not [e for e in ev if e["event"] == "requeue"], out[-3000:]
+    (decision,) = [e for e in ev if e["event"] == "recovery"]  # n2 healthy: the same nodes, the spare kept
+    assert decision["class"] == "process" and decision["kept"] == ["n1", "n2"], decision
+    assert not [e for e in ev if e["event"] == "requeue"], out[-3000:]
     assert [e["step"] for e in ev if e["event"] == "resume" and e.get("attempt") == 1]
     ref_job, ref = megatron_jobs["reference"]
     _wait_for_reference(ref_job, ref)

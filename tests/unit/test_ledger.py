@@ -82,9 +82,13 @@ def test_recovery_writes_the_nodes_it_leaves_out_and_the_requeue_excludes_the_le
     events = EventLog(tmp_path / "events.jsonl", job="7001", restart=0, rank=0)
     executor = Executor(Facts(job="7001", max_excluded_nodes=4), events, node="n1",
                         requeue_job=lambda job: (True, f"job {job} requeued"), ledger=ledger)
-    decision = executor.recover(Trigger.HANG, nodes=["n2"], detail="no step for 600 s")
+    decision = executor.recover(Trigger.HANG, nodes=["n5"], detail="no step for 600 s")
+    assert decision.action is Action.REQUEUE and "ExcNodeList=n5,n9" in (tmp_path / "calls").read_text()
+    assert "n5" not in ledger.entries(), "a hang's suspect is no evidence against its node: this job only"
+    decision = executor.recover(Trigger.UNHEALTHY, nodes=["n2"], detail="/dev/shm is not writable")
     assert decision.action is Action.REQUEUE
-    assert ledger.entries()["n2"].reason == "hang: no step for 600 s" and ledger.entries()["n2"].job == "7001"
+    assert ledger.entries()["n2"].reason == "unhealthy: /dev/shm is not writable"
+    assert ledger.entries()["n2"].job == "7001"
     calls = (tmp_path / "calls").read_text()
     assert "ExcNodeList=n2,n9" in calls, calls  # this run's node first, then the ledger's
     executor.recover(Trigger.STRAGGLER, nodes=["n7"])
@@ -105,3 +109,24 @@ def test_slurmrt_nodes_lists_prints_the_sbatch_option_and_clears(tmp_path: Path,
     assert capsys.readouterr().out == "--exclude=gpu[003,017-018]\n"
     assert main(["nodes", "--cluster", "c1", "--clear", "gpu[017-018]"]) == 0
     assert "forgot gpu[017-018]" in capsys.readouterr().out and ledger.nodes() == ["gpu003"]
+
+
+def test_slurmrt_nodes_never_excludes_a_job_out_of_its_partition(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """A ledger that names every node of a 4-node partition (processes killed on each, before it believed evidence
+    only): --sbatch leaves out at most half the partition, and never so many that the job's nodes do not fit; it
+    says on stderr which nodes it kept in."""
+    monkeypatch.setattr("slurmrt.cli.nodes.partition_nodes", lambda partition: {"gpu": 4}.get(partition))
+    ledger = Ledger(Path(os.environ["SLURMRT_NODE_LEDGER"]))
+    for node in ("n1", "n2", "n3", "n4"):  # n4 the most recently seen
+        ledger.record([node], reason="node_gone: left the job", job="1")
+    assert main(["nodes", "--cluster", "c1", "--sbatch", "--partition", "gpu", "--nodes", "3"]) == 0
+    out, err = capsys.readouterr()
+    assert out == "--exclude=n4\n" and "not excluded: n[1-3]" in err and "the job needs 3" in err
+    assert main(["nodes", "--cluster", "c1", "--sbatch", "--partition", "gpu"]) == 0
+    out, err = capsys.readouterr()
+    assert out in ("--exclude=n[3-4]\n",) and "not excluded: n[1-2]" in err
+    assert main(["nodes", "--cluster", "c1", "--sbatch", "--max", "1"]) == 0  # no partition: --max alone
+    assert capsys.readouterr().out == "--exclude=n4\n"
+    with pytest.raises(SystemExit):
+        main(["nodes", "--sbatch", "--max", "0"])

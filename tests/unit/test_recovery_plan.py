@@ -12,7 +12,7 @@ from slurmrt import Outcome, Reason, StopDecision
 from slurmrt.record.events import Event, EventLog, read_events
 from slurmrt.recovery.executor import Executor
 from slurmrt.recovery.facts import Facts, InJob
-from slurmrt.recovery.plan import Action, Trigger, plan
+from slurmrt.recovery.plan import Action, FaultClass, NodeEvidence, Trigger, classify, plan
 
 RUN_DIR = Path("/run/slurmrt-7")
 #: A Slurm job under `slurmrt run` with one spare left, nothing used up.
@@ -27,8 +27,10 @@ NOT_SLURM = Facts(job=None)
 MAX_RESTARTS = replace(NO_SPARE, restart_count=5, max_restarts=5)
 
 A = Action
-NODE_FAULTS = [(Trigger.HANG, Outcome.HUNG), (Trigger.RANK_LOST, Outcome.HUNG), (Trigger.NODE_GONE, Outcome.HUNG),
-               (Trigger.UNHEALTHY, Outcome.UNHEALTHY)]
+#: The faults whose nodes come with evidence (a node that left the job, a failed health check).
+NODE_FAULTS = [(Trigger.NODE_GONE, Outcome.HUNG), (Trigger.UNHEALTHY, Outcome.UNHEALTHY)]
+#: The faults whose nodes are suspects named from inside the step: judged by `slurmrt run` before a spare is spent.
+SUSPECT_FAULTS = [(Trigger.HANG, Outcome.HUNG), (Trigger.RANK_LOST, Outcome.HUNG)]
 
 
 @pytest.mark.parametrize(("trigger", "outcome"), NODE_FAULTS)
@@ -100,11 +102,59 @@ def test_a_software_error_is_never_a_bad_node() -> None:
     assert decision.exclude == () and not decision.restarts and "software error" in decision.why
 
 
+@pytest.mark.parametrize(("trigger", "outcome"), SUSPECT_FAULTS)
+@pytest.mark.parametrize(("facts", "nodes", "action", "refused"), [
+    (BASE, ["n2"], A.IN_JOB_RESTART, None),
+    (NO_SPARE, ["n2"], A.IN_JOB_RESTART, None),  # no spare needed until evidence says the node is bad
+    (BASE, ["n1", "n2"], A.IN_JOB_RESTART, None),
+    (BASE, [], A.IN_JOB_RESTART, None),  # nobody named: the same nodes
+    (NO_REQUEUE, ["n2"], A.IN_JOB_RESTART, None),  # a new step is no requeue
+    (NO_RUN, ["n2"], A.REQUEUE, None),  # no `slurmrt run`: the requeue, as always
+    (LIMIT, ["n2"], A.REQUEUE, "the limit (--max-in-job-restarts) is 3"),
+    (LOOPING_STEPS, ["n2"], A.REQUEUE, "the last 2 steps failed"),
+    (LOOPING_RUNS, ["n2"], A.FAIL, "the last 3 steps failed"),
+    (NOT_SLURM, ["n2"], A.FAIL, None),
+])
+def test_a_hang_or_lost_peer_under_slurmrt_run_hands_its_suspects_over_to_be_judged(
+        trigger: Trigger, outcome: Outcome, facts: Facts, nodes: list[str], action: Action, refused: str | None
+) -> None:
+    """A suspect is not a bad node: the step's ranks hand it to `slurmrt run` (which checks it from outside) without
+    a spare for it; only the bounds (--max-in-job-restarts, the loop guard) refuse the new step."""
+    decision = plan(trigger, facts, nodes=nodes)
+    assert decision.action is action, decision
+    assert decision.outcome is outcome and decision.exclude == tuple(nodes)
+    if refused is None:
+        assert decision.in_job_refused is None or facts.in_job is None
+    else:
+        assert decision.in_job_refused is not None and refused in decision.in_job_refused
+
+
+def _seen(node: str, *, in_job: bool = True, failures: tuple[str, ...] = (), hangs: int = 0) -> NodeEvidence:
+    return NodeEvidence(node, in_job, failures, hangs)
+
+
+@pytest.mark.parametrize(("trigger", "evidence", "fault", "bad"), [
+    (Trigger.RANK_LOST, [_seen("n2")], FaultClass.PROCESS, ()),  # a process died on a healthy node
+    (Trigger.RANK_LOST, [_seen("n2"), _seen("n1")], FaultClass.PROCESS, ()),
+    (Trigger.HANG, [_seen("n2")], FaultClass.HANG, ()),
+    (Trigger.HANG, [_seen("n2", hangs=1)], FaultClass.NODE_REPEAT, ("n2",)),  # hung twice on n2 in this job
+    (Trigger.RANK_LOST, [_seen("n2", hangs=1)], FaultClass.PROCESS, ()),  # a kill is not a hang
+    (Trigger.RANK_LOST, [_seen("n2", in_job=False)], FaultClass.NODE_LOST, ("n2",)),
+    (Trigger.NODE_GONE, [_seen("n2", in_job=False), _seen("n1")], FaultClass.NODE_LOST, ("n2",)),
+    (Trigger.HANG, [_seen("n1"), _seen("n2", failures=("/dev/shm is not writable",))], FaultClass.NODE_UNHEALTHY,
+     ("n2",)),
+    (Trigger.RANK_LOST, [], FaultClass.PROCESS, ()),
+])
+def test_a_fault_is_classified_from_its_evidence_and_only_node_evidence_leaves_a_node_out(
+        trigger: Trigger, evidence: list[NodeEvidence], fault: FaultClass, bad: tuple[str, ...]) -> None:
+    assert classify(trigger, evidence) == (fault, bad)
+
+
 def test_the_words_say_which_rule_refused() -> None:
     assert "max_restarts=5" in plan(Trigger.STOPPED, MAX_RESTARTS, stop=_stop(Reason.SIGNAL)).why
     assert "requeue loop" in plan(Trigger.STOPPED, LOOPING_RUNS, stop=_stop(Reason.SIGNAL)).why
-    assert "requeue=False" in plan(Trigger.HANG, NO_REQUEUE, nodes=["n2"]).why
-    assert plan(Trigger.HANG, NO_SPARE, nodes=["n2"]).why == "requeue without n2"
+    assert "requeue=False" in plan(Trigger.NODE_GONE, NO_REQUEUE, nodes=["n2"]).why
+    assert plan(Trigger.NODE_GONE, NO_SPARE, nodes=["n2"]).why == "requeue without n2"
 
 
 # -- the executor: Slurm's requeue and exclusion stood in, the event log real ---------------------------------------

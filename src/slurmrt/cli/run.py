@@ -21,6 +21,7 @@ from ..options import Options
 from ..record.events import EventLog
 from ..record.ledger import Ledger
 from ..recovery import guard
+from ..recovery.evidence import Evidence
 from ..recovery.exclusion import read_job
 from ..recovery.facts import Facts
 from ..recovery.supervisor import STEP_WAIT_S, Supervisor, default_directory
@@ -49,11 +50,12 @@ def run(args: argparse.Namespace) -> int:
     env = dict(os.environ)
     job = env.get("SLURM_JOB_ID") or ""
     directory = Path(args.dir).resolve() / f".slurmrt-run-{job}" if args.dir else default_directory(env, job)
-    supervisor = Supervisor(command, spare_nodes=args.spare_nodes, max_restarts=args.max_in_job_restarts, env=env,
-                            directory=directory, srun_args=srun_args, forward=forward, wait_s=args.step_wait)
     # The job's options, read once here: the training reads the same variables, and a bad one fails it at init()
     # all the same; failing now costs seconds, not a step start.
     options = Options.resolve({}, env)
+    supervisor = Supervisor(command, spare_nodes=args.spare_nodes, max_restarts=args.max_in_job_restarts, env=env,
+                            directory=directory, srun_args=srun_args, forward=forward, wait_s=args.step_wait,
+                            evidence=Evidence("srun", job, env, checkpoint_dir=options.checkpoint_dir))
     supervisor.facts = Facts.of(options, job=supervisor.requeue_id, restart_count=supervisor.restart_count)
     supervisor.ledger = Ledger.of(env, env.get("SLURM_CLUSTER_NAME"))
     supervisor.event_log = lambda attempt: EventLog.for_job(

@@ -60,6 +60,9 @@ class Event(str, enum.Enum):
     HEALTH = "health"  # ok, failed [what], node (a rank whose node failed the health check)
     IN_JOB_RESTART = "in_job_restart"  # nodes, spares, why, next_attempt (`slurmrt run` starts a step without nodes)
     IN_JOB_REFUSED = "in_job_refused"  # nodes, why (no in-job restart: the requeue takes over)
+    # trigger, evidence [{node, in_job, failures, hangs_before, class}], class, action, kept, left_out, why
+    # (`slurmrt run`'s judgement of a failed step, one per attempt)
+    RECOVERY = "recovery"
     GUARD = "guard"  # guard (its job id), batch_host, message (`slurmrt run` armed the guard job; `guard` ran it)
     STRAGGLER = "straggler"  # step, straggler (rank), node, ratio, cost, window, slow_s, others_s, step_s, action
 

@@ -33,9 +33,11 @@ logger = logging.getLogger(__name__)
 #: The triggers whose failed requeue leaves the batch script to requeue (exit 75); after a fault the exit code
 #: stays the fault's.
 _STOPS = {Trigger.FINISHED, Trigger.STOPPED, Trigger.STRAGGLER}
-#: The triggers whose nodes go into the user's bad-node ledger (:mod:`slurmrt.record.ledger`): a node that hung, was
-#: lost or failed its health check. A straggler is slow, not broken: it stays out of it.
-_BAD_NODE = {Trigger.RANK_LOST, Trigger.HANG, Trigger.NODE_GONE, Trigger.UNHEALTHY}
+#: The triggers whose nodes go into the user's bad-node ledger (:mod:`slurmrt.record.ledger`): node evidence only, a
+#: node that was lost or failed its health check (``slurmrt run`` judges a hang's or a lost peer's suspects and
+#: passes those it finds bad as these). A suspect named from inside the step (a rank that hung or died) may sit on a
+#: healthy node: it stays out of the ledger, as does a straggler, which is slow, not broken.
+_BAD_NODE = {Trigger.NODE_GONE, Trigger.UNHEALTHY}
 
 
 class Executor:
@@ -68,7 +70,8 @@ class Executor:
         reasons = sorted(r.value for r in stop.reasons) if stop is not None else \
             [] if trigger is Trigger.FINISHED else [decision.outcome.name.lower()]
         if decision.action is Action.IN_JOB_RESTART:
-            refused = self._in_job(decision, detail or decision.why, step, reasons, ask, about or {})
+            refused = self._in_job(decision, detail or decision.why, step, reasons, ask,
+                                   {"trigger": trigger.value, **(about or {})})
             if refused is None:
                 return decision
             decision = plan(trigger, facts.without_in_job(), nodes=nodes, stop=stop, failed_save=failed_save,
@@ -100,7 +103,7 @@ class Executor:
                                            "node": self._node, "why": why, **about})
             if no is not None:
                 return no
-        message = f"in-job restart {sup.attempt + 1}: a new step without {', '.join(bad)}"
+        message = f"in-job restart {sup.attempt + 1}: {decision.why}"
         logger.warning("%s (spares: %s)", message, ", ".join(sup.spares))
         self.events.emit(Event.IN_JOB_RESTART, nodes=bad, spares=list(sup.spares), why=why,
                          next_attempt=sup.attempt + 1, lead=True)

@@ -60,7 +60,7 @@ def read_request(directory: Path, attempt: int) -> dict[str, Any] | None:
         logger.error("in-job restart request %s unreadable: %s", path, err)
         return None
     if not (isinstance(data, dict) and data.get("attempt") == attempt and isinstance(data.get("exclude"), list)
-            and data["exclude"] and all(isinstance(n, str) and n for n in data["exclude"])):
+            and all(isinstance(n, str) and n for n in data["exclude"])):
         logger.error("in-job restart request %s is not one slurmrt writes: %r", path, data)
         return None
     return data

@@ -16,7 +16,7 @@ from ..stop.decision import Reason, StopDecision
 from .facts import Facts
 from .policy import Outcome, at_time_limit, futile_why
 
-__all__ = ["IN_JOB_LOOP_GUARD", "Action", "Decision", "Trigger", "plan"]
+__all__ = ["IN_JOB_LOOP_GUARD", "Action", "Decision", "FaultClass", "NodeEvidence", "Trigger", "classify", "plan"]
 
 #: Two steps in a row that failed without committing a newer checkpoint: the failure follows the job, not a node,
 #: and another node would most likely not cure it.
@@ -54,6 +54,10 @@ class Action(enum.Enum):
     FAIL = "fail"  # ends for good on an error, or a fault that may not be retried
 
 
+#: The triggers whose nodes are only suspects (the census named them from inside the step): under ``slurmrt run``
+#: the supervisor judges them from evidence (:func:`classify`) before any node is left out or a spare spent.
+_SUSPECTS = {Trigger.RANK_LOST, Trigger.HANG}
+
 #: The triggers that name bad nodes: an in-job restart can cure them.
 _NODE_FAULTS = {Trigger.RANK_LOST: Outcome.HUNG, Trigger.HANG: Outcome.HUNG, Trigger.NODE_GONE: Outcome.HUNG,
                 Trigger.UNHEALTHY: Outcome.UNHEALTHY}
@@ -90,7 +94,7 @@ def plan(trigger: Trigger, facts: Facts, *, nodes: Sequence[str] = (), stop: Sto
     if trigger is Trigger.SOFTWARE_ERROR:
         return Decision(Action.FAIL, Outcome.FAILED, "a software error, not a bad node: no exclusion, no requeue")
     if trigger in _NODE_FAULTS:
-        return _node_fault(_NODE_FAULTS[trigger], facts, bad)
+        return _node_fault(_NODE_FAULTS[trigger], facts, bad, judged=trigger not in _SUSPECTS)
     if trigger is Trigger.STRAGGLER:
         stop = stop or StopDecision(-1, frozenset({Reason.STRAGGLER}), True)
     if trigger is Trigger.FINISHED or stop is None:
@@ -136,12 +140,15 @@ def _stopped(stop: StopDecision, facts: Facts, bad: tuple[str, ...], failed_save
     return Decision(Action.REQUEUE, Outcome.REQUEUED, why, bad)
 
 
-def _node_fault(outcome: Outcome, facts: Facts, bad: tuple[str, ...]) -> Decision:
-    """A hung or lost rank, a lost or unhealthy node: a new step on a spare, else the requeue without the nodes,
-    unless the options or the loop guard say no."""
-    no = in_job_refused(facts, bad) if facts.in_job is not None else None
+def _node_fault(outcome: Outcome, facts: Facts, bad: tuple[str, ...], *, judged: bool) -> Decision:
+    """A hung or lost rank, a lost or unhealthy node: a new step (on the same nodes when none is judged bad, else on
+    a spare), else the requeue without the nodes, unless the options or the loop guard say no. Not ``judged``: the
+    nodes are suspects, handed to ``slurmrt run`` with the request, which judges them before it spends a spare."""
+    no = in_job_refused(facts, bad, judged=judged) if facts.in_job is not None else None
     if facts.in_job is not None and no is None:
-        return Decision(Action.IN_JOB_RESTART, outcome, f"a new step without {', '.join(bad)}", bad)
+        where = f"without {', '.join(bad)}" if judged and bad else \
+            f"(suspects {', '.join(bad)}, to be judged)" if bad else "on the same nodes"
+        return Decision(Action.IN_JOB_RESTART, outcome, f"a new step {where}", bad)
     refused = requeue_refused(facts)
     if refused is not None:
         return Decision(Action.FAIL, outcome, f"not requeued: {refused}", bad, in_job_refused=no)
@@ -163,19 +170,82 @@ def requeue_refused(facts: Facts) -> str | None:
     return None
 
 
-def in_job_refused(facts: Facts, bad: Sequence[str]) -> str | None:
-    """Why this step may not be replaced in the job (None: it may)."""
+def in_job_refused(facts: Facts, bad: Sequence[str], *, judged: bool = True) -> str | None:
+    """Why this step may not be replaced in the job (None: it may). ``bad``: the nodes to leave out, each needing a
+    spare; not ``judged``: suspects, which need no spare until ``slurmrt run`` finds node evidence against them (a
+    process that died on a healthy node is restarted on the same nodes)."""
     sup = facts.in_job
     if sup is None:
         return "not under `slurmrt run`"
-    if not bad:
+    if judged and not bad:
         return "no node was named, so there is nothing a spare node would change"
     if sup.attempt >= sup.max_restarts:
         return f"{sup.attempt} in-job restart(s) made, the limit (--max-in-job-restarts) is {sup.max_restarts}"
-    if len(sup.spares) < len(bad):
+    if judged and len(sup.spares) < len(bad):
         return (f"{len(bad)} node(s) to replace ({', '.join(bad)}) but {len(sup.spares)} spare(s) left"
                 + (f" ({', '.join(sup.spares)})" if sup.spares else ""))
     if facts.futile >= IN_JOB_LOOP_GUARD:
         return (f"the last {facts.futile} steps failed without a checkpoint newer than the one they resumed from: the "
                 "same failure again, which another node would most likely not cure")
     return None
+
+
+class FaultClass(enum.Enum):
+    """What a fault was, judged from evidence gathered outside the failed processes (:func:`classify`)."""
+
+    #: A process died or raised; every node named is still in the job and passed its health check.
+    PROCESS = "process"
+    #: A rank made no progress; its node is in the job and passed its health check.
+    HANG = "hang"
+    #: Slurm no longer counts the node in the job (``--no-kill``: it failed).
+    NODE_LOST = "node_lost"
+    #: The node failed the health check run on it from outside (or did not answer it).
+    NODE_UNHEALTHY = "node_unhealthy"
+    #: The node was the suspect of a hang earlier in this job, and is again.
+    NODE_REPEAT = "node_repeat"
+
+    @property
+    def of_node(self) -> bool:
+        """Node evidence: the node is left out (a spare replaces it) and goes into the bad-node ledger."""
+        return self in (FaultClass.NODE_LOST, FaultClass.NODE_UNHEALTHY, FaultClass.NODE_REPEAT)
+
+
+@dataclass(frozen=True)
+class NodeEvidence:
+    """What is known of one suspect node after a fault."""
+
+    node: str
+    #: Slurm still counts it in the job.
+    in_job: bool
+    #: What its health check found (``slurmrt run`` runs it with ``srun --overlap``); empty: healthy.
+    failures: tuple[str, ...] = ()
+    #: Hangs this node was the suspect of earlier in this job.
+    hangs_before: int = 0
+
+    def fault(self, trigger: Trigger) -> FaultClass:
+        if not self.in_job:
+            return FaultClass.NODE_LOST
+        if self.failures:
+            return FaultClass.NODE_UNHEALTHY
+        if trigger is Trigger.HANG:
+            return FaultClass.NODE_REPEAT if self.hangs_before else FaultClass.HANG
+        return FaultClass.PROCESS
+
+    def to_json(self, trigger: Trigger) -> dict[str, object]:
+        return {"node": self.node, "in_job": self.in_job, "failures": list(self.failures),
+                "hangs_before": self.hangs_before, "class": self.fault(trigger).value}
+
+
+#: The classes by weight: the fault is the heaviest of its nodes'.
+_WEIGHT = [FaultClass.NODE_LOST, FaultClass.NODE_UNHEALTHY, FaultClass.NODE_REPEAT, FaultClass.HANG,
+           FaultClass.PROCESS]
+
+
+def classify(trigger: Trigger, evidence: Sequence[NodeEvidence]) -> tuple[FaultClass, tuple[str, ...]]:
+    """The fault's class and the nodes to leave out: those with node evidence against them (lost, unhealthy, or
+    hung twice in this job). A process that died on a healthy node leaves no node out: its step is started again on
+    the same nodes, and the spare is kept for a node that really leaves. Pure."""
+    classes = [e.fault(trigger) for e in evidence]
+    fault = min(classes, key=_WEIGHT.index, default=FaultClass.HANG if trigger is Trigger.HANG else
+                FaultClass.PROCESS)
+    return fault, tuple(e.node for e, c in zip(evidence, classes, strict=True) if c.of_node)

@@ -22,17 +22,17 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from .._errors import ConfigError
 from .._safefs import private_dir
@@ -40,61 +40,15 @@ from ..launch import hostlist
 from ..record.events import Event, EventLog, Run, runs_of
 from ..record.ledger import Ledger
 from . import exclusion, injob
+from .evidence import Evidence
 from .executor import Executor
 from .facts import ATTEMPT_ENV, DIR_ENV, MAX_ENV, SPARES_ENV, Facts, InJob
-from .plan import Action, Trigger
-from .policy import ExitCode
+from .plan import Action, Decision, FaultClass, NodeEvidence, Trigger
+from .policy import ExitCode, Outcome
 from .report import Failure, block
+from .steps import STEP_WAIT_S, Placement, place, srun_command, step_code, tasks_per_node
 
-__all__ = ["Placement", "Supervisor", "place", "srun_command", "tasks_per_node"]
-
-
-@dataclass(frozen=True)
-class Placement:
-    nodes: tuple[str, ...]
-    spares: tuple[str, ...]
-
-
-def place(allocation: Sequence[str], excluded: Sequence[str], wanted: int, *,
-          avoid: Sequence[str] = ()) -> Placement | None:
-    """The step's ``wanted`` nodes, in the allocation's order, and the spares left; None when too few remain. Nodes
-    to ``avoid`` (the user's bad-node ledger) come last: the step gets them only when nothing else is left."""
-    usable = [n for n in allocation if n not in set(excluded)]
-    usable = [n for n in usable if n not in set(avoid)] + [n for n in usable if n in set(avoid)]
-    if len(usable) < wanted:
-        return None
-    return Placement(tuple(usable[:wanted]), tuple(usable[wanted:]))
-
-
-_TASKS = re.compile(r"(\d+)(?:\(x\d+\))?")
-
-
-def tasks_per_node(env: Mapping[str, str]) -> int:
-    """Tasks per node as the job asked (``--ntasks-per-node``, or the first count of ``SLURM_TASKS_PER_NODE``)."""
-    for name in ("SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE"):
-        raw = (env.get(name) or "").split(",")[0]
-        m = _TASKS.fullmatch(raw)
-        if m and int(m.group(1)) > 0:
-            return int(m.group(1))
-    return 1
-
-
-#: ``srun --wait``: the step's tasks still running this long after one ended are ended. The ranks end together (they
-#: agree on the end first), so a task still there minutes later is frozen: the cluster campaign's rank 0, stopped
-#: after it had finished, kept its job for ever.
-STEP_WAIT_S = 120
-
-
-def srun_command(srun: str, placement: Placement, per_node: int, extra: Sequence[str],
-                 command: Sequence[str], *, wait_s: int = STEP_WAIT_S) -> list[str]:
-    n = len(placement.nodes)
-    return [srun, "--kill-on-bad-exit=1", *([f"--wait={wait_s}"] if wait_s > 0 else []), f"--nodes={n}",
-            f"--nodelist={','.join(placement.nodes)}", f"--ntasks={n * per_node}", f"--ntasks-per-node={per_node}",
-            *extra, *command]
-
-
-def _code(returncode: int) -> int:
-    return 128 - returncode if returncode < 0 else returncode
+__all__ = ["STEP_WAIT_S", "Placement", "Supervisor", "place", "srun_command", "tasks_per_node"]
 
 
 @dataclass
@@ -130,6 +84,8 @@ class Supervisor:
     _done: bool = False
     #: The step that failed last and why (said when its replacement starts).
     _failure: Failure | None = None
+    #: Gathers the evidence of each fault (the suspects' health, checked from outside; their hangs so far).
+    evidence: Evidence | None = None
 
     def __post_init__(self) -> None:
         job = self.env.get("SLURM_JOB_ID")
@@ -147,6 +103,8 @@ class Supervisor:
         self.per_node = tasks_per_node(self.env)
         raw_restarts = self.env.get("SLURM_RESTART_COUNT") or "0"
         self.restart_count = int(raw_restarts) if raw_restarts.isdigit() else 0
+        if self.evidence is None:
+            self.evidence = Evidence(self.srun, self.job, self.env)
 
     def run(self) -> int:
         if under_batch_shell(os.getppid()):
@@ -184,51 +142,99 @@ class Supervisor:
                 return done.code
             code = self._step_once(placement, attempt)
             bad, code = self._bad_nodes(placement, attempt, code)
-            if not bad or self._terminating:
+            if bad is None or self._terminating:
                 self._say(f"step {attempt} ended with exit code {code}" +
-                          ("; stopping (SIGTERM/SIGINT)" if bad else ""))
+                          ("; stopping (SIGTERM/SIGINT)" if bad is not None else ""))
                 return code
             excluded += bad
             attempt += 1
 
-    def _bad_nodes(self, placement: Placement, attempt: int, code: int) -> tuple[list[str], int]:
-        """The nodes the next step must leave out (none: no next step), and the exit code so far. Those the step's
-        ranks asked for; else, when a rank recorded how its run ends (it finished, or requeued the job, before a
-        late signal or a lost node killed the step), that answer and its code: a finished training stays finished;
-        else those that left the allocation (a node failure: with --no-kill, Slurm kills the
-        step's tasks at once, so nobody could ask), for which the supervisor asks the recovery plan itself: a new
-        step on a spare, or the requeue without them."""
-        asked = self._asked(placement, attempt, code)
-        if asked is not None:
-            return asked, code
+    def _bad_nodes(self, placement: Placement, attempt: int, code: int) -> tuple[list[str] | None, int]:
+        """The nodes the next step must leave out (an empty list: a new step on the same nodes; None: no next step),
+        and the exit code so far. A request from the step's ranks names suspects, which are judged here from
+        evidence; else, when a rank recorded how its run ends (it finished, or requeued the job, before a late
+        signal or a lost node killed the step), that answer and its code stand; else the nodes that left the
+        allocation (with --no-kill, Slurm kills the step's tasks at once, so nobody could ask), or, for tasks killed
+        with no node gone and nobody asking, every node of the step, are judged the same way."""
+        ask = injob.read_request(self.directory, attempt)
+        if ask is not None:
+            return self._asked(ask, placement, attempt, code)
         stands = self._standing(attempt, code)
         if stands is not None:
-            return [], stands
+            return None, stands
         held = self._allocated()
         gone = [n for n in placement.nodes if n not in held]
-        if not gone:
-            return [], self._unanswered(attempt, code) if _killed(code) and not self._terminating else code
-        why = f"{', '.join(gone)} left the job (node failure)"
+        if not gone and (not _killed(code) or self._terminating):
+            return None, code  # a code the program chose itself (2, 127): another run would fail the same way
+        why = f"{', '.join(gone)} left the job (node failure)" if gone else \
+            f"the step ended with exit code {code} before slurmrt in it could say why (a task killed early)"
         self._failure = Failure(attempt, code, tuple(gone), why, time.time())
         self._say(why)
-        spares = tuple(n for n in placement.spares if n in held)
-        done = self._executor(attempt, spares).recover(
-            Trigger.NODE_GONE, nodes=gone, ask=False,
-            detail=f"{', '.join(gone)} left the job (node failure); the step ended with exit code {code}")
-        if done.action is Action.IN_JOB_RESTART:
-            return gone, code
-        return [], done.code  # the executor said why, and what it did instead
+        trigger = Trigger.NODE_GONE if gone else Trigger.RANK_LOST
+        return self._judge(trigger, gone or list(placement.nodes), placement, attempt, code, asked=False,
+                           detail=f"{why}; the step ended with exit code {code}")
 
-    def _unanswered(self, attempt: int, code: int) -> int:
-        """A step whose tasks a signal killed, no node gone, nobody asking and no rank's answer recorded: killed
-        before slurmrt in it could answer (during its start-up, by the OOM killer, all at once). The requeue answers
-        it (the loop guard has its say), with no node named, since nothing points at one. A code the program chose
-        itself (2 for a usage error, 127 for a missing command) still ends the job: another run would fail the
-        same way."""
-        why = f"the step ended with exit code {code} before slurmrt in it could say why (a task killed early)"
-        self._failure = Failure(attempt, code, (), why, time.time())
-        self._say(why)
-        return self._executor(attempt, ()).recover(Trigger.RANK_LOST, ask=False, detail=why).code
+    def _asked(self, ask: dict[str, Any], placement: Placement, attempt: int, code: int
+               ) -> tuple[list[str] | None, int]:
+        """The step's ranks chose an in-job restart and named suspects (or none): judged from evidence, on every
+        node of the step when none was named."""
+        named = [n for n in ask["exclude"]]
+        suspects = [n for n in named if n in placement.nodes]
+        raw = ask.get("trigger")
+        trigger = Trigger(raw) if raw in {t.value for t in Trigger} else Trigger.HANG
+        self._failure = Failure.asked(ask, attempt, code, suspects)
+        if trigger not in (Trigger.HANG, Trigger.RANK_LOST):  # judged in the step: measured slow, or unhealthy
+            return suspects, code
+        if named and not suspects:
+            self._say(f"step {attempt} asked to leave out {named}, none of them in the step")
+        return self._judge(trigger, suspects or list(placement.nodes), placement, attempt, code, asked=True,
+                           detail=str(ask.get("why") or trigger.value))
+
+    def _judge(self, trigger: Trigger, suspects: list[str], placement: Placement, attempt: int, code: int, *,
+               asked: bool, detail: str) -> tuple[list[str] | None, int]:
+        """Gather the evidence on ``suspects``, classify the fault, decide and record it (a ``recovery`` event):
+        a new step on the same nodes for a process fault, on a spare for a node with evidence against it, else the
+        requeue without it. ``asked``: the step's ranks already chose the in-job restart, and recorded it."""
+        assert self.evidence is not None
+        held = self._allocated()
+        fault, bad, evidence = self.evidence.judge(trigger, suspects, held)
+        spares = tuple(n for n in placement.spares if n in held)
+        if asked and len(bad) <= len(spares):  # the ranks chose the new step and recorded it
+            decision = self._as_asked(fault, bad, suspects, detail)
+        else:  # the plan decides again with the judged nodes: a spare for each, else the requeue
+            judged = trigger if not bad else Trigger.NODE_GONE if fault is FaultClass.NODE_LOST else Trigger.UNHEALTHY
+            decision = self._executor(attempt, spares).recover(
+                judged, nodes=bad, ask=False,
+                detail=f"{detail}; {fault.value}" + (f": {', '.join(bad)} left out" if bad else ""))
+        self._record(trigger, fault, evidence, decision, placement, attempt)
+        if self._failure is not None:  # the block at the next step says what was really left out
+            self._failure = dataclasses.replace(self._failure, nodes=tuple(bad))
+        if decision.action is Action.IN_JOB_RESTART:
+            return list(bad), code
+        return None, decision.code  # the executor said why, and what it did instead
+
+    def _as_asked(self, fault: FaultClass, bad: tuple[str, ...], suspects: list[str], detail: str) -> Decision:
+        """The new step the ranks asked for, without the nodes judged bad (none: the same nodes); those go into the
+        bad-node ledger."""
+        if bad and self.ledger is not None:
+            self.ledger.record(bad, reason=f"{fault.value}: {detail}", job=self.requeue_id)
+        why = f"{', '.join(bad)}: {fault.value}" if bad else \
+            "a new step on the same nodes: no node evidence against " + ", ".join(suspects)
+        return Decision(Action.IN_JOB_RESTART, Outcome.HUNG, why, bad)
+
+    def _record(self, trigger: Trigger, fault: FaultClass, evidence: list[NodeEvidence], decision: Decision,
+                placement: Placement, attempt: int) -> None:
+        """The decision of this attempt, with its evidence, in the event log and in one line."""
+        left = list(decision.exclude)
+        kept = [n for n in placement.nodes if n not in left]
+        why = decision.in_job_refused or decision.why
+        named: dict[str, Any] = {"class": fault.value}  # a keyword of Python's
+        self.event_log(attempt).emit(Event.RECOVERY, trigger=trigger.value, evidence=[e.to_json(trigger)
+                                     for e in evidence], action=decision.action.value, kept=kept, left_out=left,
+                                     why=why, lead=True, **named)
+        self._say(f"step {attempt}: {fault.value.replace('_', ' ')} ({trigger.value}); "
+                  f"{decision.action.value.replace('_', ' ')}" + (f" without {', '.join(left)}" if left else "") +
+                  f": {why}")
 
     def _standing(self, attempt: int, code: int) -> int | None:
         """The exit code that stands without a recovery: ``code`` when slurmrt in the step chose it (finished,
@@ -256,18 +262,6 @@ class Supervisor:
         exit_event = run.first(Event.EXIT) if run is not None else None
         code = exit_event.get("code") if exit_event else None
         return code if isinstance(code, int) and not isinstance(code, bool) else None
-
-    def _asked(self, placement: Placement, attempt: int, code: int) -> list[str] | None:
-        """The nodes the step's ranks asked to leave out (the plan chose an in-job restart there); None: no
-        request."""
-        ask = injob.read_request(self.directory, attempt)
-        if ask is None:
-            return None
-        bad = [n for n in ask["exclude"] if n in placement.nodes]
-        self._failure = Failure.asked(ask, attempt, code, bad)
-        if not bad:
-            self._say(f"step {attempt} asked to leave out {ask['exclude']}, none of them in the step")
-        return bad
 
     def _executor(self, attempt: int, spares: tuple[str, ...]) -> Executor:
         """The recovery executor for step ``attempt``, whose spares still in the job are ``spares``."""
@@ -310,7 +304,7 @@ class Supervisor:
         self._proc = subprocess.Popen(argv, env=env)
         self._wake.set()  # a signal that came between two steps goes to this one
         try:
-            return _code(self._proc.wait())
+            return step_code(self._proc.wait())
         finally:
             self._proc = None
 

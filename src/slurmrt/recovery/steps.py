@@ -1,0 +1,57 @@
+"""Where ``slurmrt run`` places a training step in the job's allocation, and the ``srun`` line that starts it."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+__all__ = ["STEP_WAIT_S", "Placement", "place", "srun_command", "tasks_per_node"]
+
+
+@dataclass(frozen=True)
+class Placement:
+    nodes: tuple[str, ...]
+    spares: tuple[str, ...]
+
+
+def place(allocation: Sequence[str], excluded: Sequence[str], wanted: int, *,
+          avoid: Sequence[str] = ()) -> Placement | None:
+    """The step's ``wanted`` nodes, in the allocation's order, and the spares left; None when too few remain. Nodes
+    to ``avoid`` (the user's bad-node ledger) come last: the step gets them only when nothing else is left."""
+    usable = [n for n in allocation if n not in set(excluded)]
+    usable = [n for n in usable if n not in set(avoid)] + [n for n in usable if n in set(avoid)]
+    if len(usable) < wanted:
+        return None
+    return Placement(tuple(usable[:wanted]), tuple(usable[wanted:]))
+
+
+_TASKS = re.compile(r"(\d+)(?:\(x\d+\))?")
+
+
+def tasks_per_node(env: Mapping[str, str]) -> int:
+    """Tasks per node as the job asked (``--ntasks-per-node``, or the first count of ``SLURM_TASKS_PER_NODE``)."""
+    for name in ("SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE"):
+        raw = (env.get(name) or "").split(",")[0]
+        m = _TASKS.fullmatch(raw)
+        if m and int(m.group(1)) > 0:
+            return int(m.group(1))
+    return 1
+
+
+#: ``srun --wait``: the step's tasks still running this long after one ended are ended. The ranks end together (they
+#: agree on the end first), so a task still there minutes later is frozen: the cluster campaign's rank 0, stopped
+#: after it had finished, kept its job for ever.
+STEP_WAIT_S = 120
+
+
+def srun_command(srun: str, placement: Placement, per_node: int, extra: Sequence[str],
+                 command: Sequence[str], *, wait_s: int = STEP_WAIT_S) -> list[str]:
+    n = len(placement.nodes)
+    return [srun, "--kill-on-bad-exit=1", *([f"--wait={wait_s}"] if wait_s > 0 else []), f"--nodes={n}",
+            f"--nodelist={','.join(placement.nodes)}", f"--ntasks={n * per_node}", f"--ntasks-per-node={per_node}",
+            *extra, *command]
+
+
+def step_code(returncode: int) -> int:
+    return 128 - returncode if returncode < 0 else returncode
