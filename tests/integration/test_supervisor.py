@@ -51,6 +51,9 @@ FAKE_SRUN = textwrap.dedent("""\
             sys.exit(1)
         sys.exit(0)
     attempt = int(os.environ["SLURMRT_RUN_ATTEMPT"])
+    if os.environ.get("FAKE_FACTS"):  # what rank 0's init() leaves for slurmrt run: the options it resolved
+        with open(os.path.join(os.environ["SLURMRT_RUN_DIR"], f"facts-{{attempt}}.json"), "w") as f:
+            f.write(os.environ["FAKE_FACTS"].replace("ATTEMPT", str(attempt)))
     nodes = [a.split("=", 1)[1].split(",") for a in sys.argv if a.startswith("--nodelist=")][0]
     if attempt == 0 and os.environ.get("FAKE_NODE_FAILURE"):  # Slurm killed the step: nobody asked
         sys.exit(137)
@@ -317,3 +320,53 @@ def test_a_signal_before_the_step_runs_is_passed_on_once_its_processes_have_regi
     assert sup.run() == 0
     overlaps = [json.loads(line) for line in (tmp_path / "log").read_text().splitlines() if "--overlap" in line]
     assert len(overlaps) == 2 and all(o["argv"][-4:] == ["signal", "SIGUSR1", "--job", "7"] for o in overlaps)
+
+
+def test_the_supervisor_records_in_the_event_log_the_training_resolved_in_code(tmp_path: Path) -> None:
+    """The README's script passes checkpoint_dir= (and max_restarts=) to init(), which slurmrt run's environment does
+    not know: init() leaves what it resolved in the run directory, and the supervisor's decisions land in that event
+    log, under those options (it says that they differ from the environment's)."""
+    from slurmrt.record.events import EventLog, read_events
+
+    own, env_log = tmp_path / "ckpt" / "events-7.jsonl", tmp_path / "env" / "events-7.jsonl"
+    facts = {"attempt": "ATTEMPT", "event_log": str(own), "checkpoint_dir": str(own.parent), "requeue": True,
+             "max_restarts": 9, "max_futile_runs": 3, "max_excluded_nodes": 4}
+    env = {**os.environ, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-3]", "FAKE_LOG": str(tmp_path / "log"),
+           "FAKE_WAIT_FIRST": "1", "FAKE_CODE": "137", "FAKE_FACTS": json.dumps(facts).replace('"ATTEMPT"', "ATTEMPT")}
+    sup = Supervisor(["x"], spare_nodes=1, max_restarts=1, env=env, directory=tmp_path / "d",
+                     srun=str(fake_srun(tmp_path)),
+                     event_log=lambda attempt: EventLog(env_log, job="7", restart=0, rank=-1, attempt=attempt))
+    assert sup.run() == 5  # killed twice on healthy nodes: the same nodes once (--max-in-job-restarts 1), then the end
+    assert not env_log.exists(), "the environment's event log is not this training's"
+    ev = list(read_events(own))
+    decisions = [e for e in ev if e["event"] == "recovery"]
+    assert [(d["class"], d["action"]) for d in decisions] == [("process", "in_job_restart"), ("process", "requeue")]
+    assert [e["event"] for e in ev if e["event"] in ("requeue", "exit")][-2:] == ["exit", "requeue"]
+    assert sup.facts is not None and sup.facts.max_restarts == 9
+
+
+@pytest.mark.parametrize("text", ["", "{", "[]", '{"attempt": 0}', '{"attempt": 0, "event_log": "rel/e.jsonl", '
+                                  '"checkpoint_dir": null, "requeue": true, "max_restarts": null, '
+                                  '"max_futile_runs": 3, "max_excluded_nodes": 4}',
+                                  '{"attempt": 0, "event_log": null, "checkpoint_dir": null, "requeue": 1, '
+                                  '"max_restarts": null, "max_futile_runs": 3, "max_excluded_nodes": 4}'])
+def test_the_supervisor_ignores_options_a_training_did_not_write(tmp_path: Path, text: str) -> None:
+    from slurmrt.recovery import injob
+
+    injob.facts_path(tmp_path, 0).write_text(text)
+    assert injob.read_facts(tmp_path, 0) is None
+
+
+def test_the_options_a_training_shares_are_read_back_whole(tmp_path: Path) -> None:
+    from slurmrt.recovery import injob
+    from slurmrt.recovery.facts import InJob
+
+    d = tmp_path / "run"
+    d.mkdir(mode=0o700)
+    injob.share_facts(InJob(d, 2, (), 3), {"event_log": tmp_path / "e.jsonl", "checkpoint_dir": None,
+                                           "requeue": False, "max_restarts": 1, "max_futile_runs": None,
+                                           "max_excluded_nodes": 2, "other": "ignored"})
+    assert injob.read_facts(d, 2) == {"event_log": str(tmp_path / "e.jsonl"), "checkpoint_dir": None,
+                                      "requeue": False, "max_restarts": 1, "max_futile_runs": None,
+                                      "max_excluded_nodes": 2}
+    assert injob.read_facts(d, 1) is None  # another attempt's

@@ -11,6 +11,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..launch.topology import Topology
 from ..options import Options
@@ -67,6 +68,20 @@ class Facts:
         return cls(job=job, requeue=options.requeue, restart_count=restart_count, max_restarts=options.max_restarts,
                    max_futile_runs=options.max_futile_runs, max_excluded_nodes=options.max_excluded_nodes,
                    in_job=in_job, kill_switch=options.kill_switch)
+
+    def learned(self, data: Mapping[str, Any], event_log: Path | None) -> tuple[Facts, str]:
+        """These facts with the options a training resolved (:func:`slurmrt.recovery.injob.read_facts`), and the
+        differences from these and from ``event_log`` (the environment's), in words ("" when none)."""
+        new = dataclasses.replace(self, requeue=data["requeue"], max_restarts=data["max_restarts"],
+                                  max_futile_runs=data["max_futile_runs"],
+                                  max_excluded_nodes=data["max_excluded_nodes"])
+        learned_log = Path(data["event_log"]) if data["event_log"] else None
+        differ = [f"{name}={getattr(new, name)!r}" for name in ("requeue", "max_restarts", "max_futile_runs",
+                                                               "max_excluded_nodes")
+                  if getattr(new, name) != getattr(self, name)]
+        if learned_log != event_log:
+            differ.append(f"event log {learned_log}")
+        return new, ", ".join(differ)
 
     def with_futile(self, futile: int) -> Facts:
         return dataclasses.replace(self, futile=futile)

@@ -21,7 +21,7 @@ from typing import Any
 from .._safefs import open_new, private_dir, read_capped
 from .facts import InJob
 
-__all__ = ["read_request", "request_path", "write_request"]
+__all__ = ["facts_path", "read_facts", "read_request", "request_path", "share_facts", "write_request"]
 
 logger = logging.getLogger(__name__)
 
@@ -64,3 +64,50 @@ def read_request(directory: Path, attempt: int) -> dict[str, Any] | None:
         logger.error("in-job restart request %s is not one slurmrt writes: %r", path, data)
         return None
     return data
+
+
+# -- the training's resolved options, for `slurmrt run` ---------------------------------------------------------------
+#: What ``share_facts`` writes: each name and the types its value may have.
+_FACTS: dict[str, tuple[type, ...]] = {"event_log": (str, type(None)), "checkpoint_dir": (str, type(None)),
+                                       "requeue": (bool,), "max_restarts": (int, type(None)),
+                                       "max_futile_runs": (int, type(None)), "max_excluded_nodes": (int,)}
+
+
+def facts_path(directory: Path, attempt: int) -> Path:
+    return directory / f"facts-{attempt}.json"
+
+
+def share_facts(sup: InJob, facts: dict[str, Any]) -> None:
+    """Rank 0, at ``init()``: the options the training resolved (``checkpoint_dir=`` and the rest passed in code),
+    for ``slurmrt run``, which would otherwise know only the environment's. Never raises: the supervisor then goes
+    on with the environment, and says so."""
+    data = {k: (str(v) if isinstance(v, Path) else v) for k, v in facts.items() if k in _FACTS}
+    try:
+        private_dir(sup.directory)
+        fd = open_new(facts_path(sup.directory, sup.attempt))
+        try:
+            os.write(fd, json.dumps({"attempt": sup.attempt, **data}).encode())
+        finally:
+            os.close(fd)
+    except Exception as err:  # noqa: BLE001 - the training goes on; the supervisor uses the environment
+        logger.warning("cannot tell slurmrt run this run's options in %s: %s", sup.directory, err)
+
+
+def read_facts(directory: Path, attempt: int) -> dict[str, Any] | None:
+    """The options step ``attempt``'s training resolved, or None: none written (killed before ``init()``), or not
+    a well-formed record (reported)."""
+    path = facts_path(directory, attempt)
+    try:
+        data = json.loads(read_capped(path, 1 << 16))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, RecursionError) as err:
+        logger.error("the training's options %s unreadable: %s", path, err)
+        return None
+    if not (isinstance(data, dict) and data.get("attempt") == attempt and set(_FACTS) <= set(data)
+            and all(isinstance(data[k], t) and not (int in t and isinstance(data[k], bool) and bool not in t)
+                    for k, t in _FACTS.items())
+            and all(data[k] is None or os.path.isabs(data[k]) for k in ("event_log", "checkpoint_dir"))):
+        logger.error("the training's options %s are not what slurmrt writes: %r", path, data)
+        return None
+    return {k: data[k] for k in _FACTS}

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
-__all__ = ["STEP_WAIT_S", "Placement", "place", "srun_command", "tasks_per_node"]
+__all__ = ["STEP_WAIT_S", "Placement", "default_directory", "place", "srun_command", "tasks_per_node",
+           "under_batch_shell"]
 
 
 @dataclass(frozen=True)
@@ -55,3 +58,20 @@ def srun_command(srun: str, placement: Placement, per_node: int, extra: Sequence
 
 def step_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
+
+
+def under_batch_shell(pid: int) -> bool:
+    """``pid`` runs Slurm's copy of the batch script (``.../job<id>/slurm_script``): a shell that a ``B:`` signal
+    reaches instead of its children."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return any(a.endswith(b"/slurm_script") for a in argv[:3])
+
+
+def default_directory(env: Mapping[str, str], job: str) -> Path:
+    """``.slurmrt-run-<job>`` in the submit directory, which every node of a cluster sees (Slurm writes the job's
+    output there)."""
+    base = env.get("SLURM_SUBMIT_DIR") or os.getcwd()
+    return Path(base).resolve() / f".slurmrt-run-{job}"

@@ -28,7 +28,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -46,9 +46,19 @@ from .facts import ATTEMPT_ENV, DIR_ENV, MAX_ENV, SPARES_ENV, Facts, InJob
 from .plan import Action, Decision, FaultClass, NodeEvidence, Trigger
 from .policy import ExitCode, Outcome
 from .report import Failure, block
-from .steps import STEP_WAIT_S, Placement, place, srun_command, step_code, tasks_per_node
+from .steps import (
+    STEP_WAIT_S,
+    Placement,
+    default_directory,
+    place,
+    srun_command,
+    step_code,
+    tasks_per_node,
+    under_batch_shell,
+)
 
-__all__ = ["STEP_WAIT_S", "Placement", "Supervisor", "place", "srun_command", "tasks_per_node"]
+__all__ = ["STEP_WAIT_S", "Placement", "Supervisor", "default_directory", "place", "srun_command", "tasks_per_node",
+           "under_batch_shell"]
 
 
 @dataclass
@@ -141,6 +151,7 @@ class Supervisor:
                                                            detail="no spare node left to start a step on")
                 return done.code
             code = self._step_once(placement, attempt)
+            self._learn(attempt)
             bad, code = self._bad_nodes(placement, attempt, code)
             if bad is None or self._terminating:
                 self._say(f"step {attempt} ended with exit code {code}" +
@@ -263,6 +274,21 @@ class Supervisor:
         code = exit_event.get("code") if exit_event else None
         return code if isinstance(code, int) and not isinstance(code, bool) else None
 
+    def _learn(self, attempt: int) -> None:
+        """The options step ``attempt``'s training resolved at ``init()`` (``checkpoint_dir=`` in code, and the
+        rest): from now on the supervisor decides with them and records in the training's own event log."""
+        learned = injob.read_facts(self.directory, attempt)
+        if learned is None:
+            return  # killed before init(): what was learned before, else the environment, stands
+        base = self.facts or Facts(job=self.requeue_id, restart_count=self.restart_count)
+        facts, differ = base.learned(learned, self.event_log(attempt).path)
+        if differ:
+            self._say(f"the training's own options differ from the environment's ({differ}): its own are used")
+        path = Path(learned["event_log"]) if learned["event_log"] else None
+        self.facts = facts
+        self.event_log = lambda a: EventLog.for_job(path, None, job=self.requeue_id, restart=self.restart_count,
+                                                    rank=-1, env=self.env, attempt=a)
+
     def _executor(self, attempt: int, spares: tuple[str, ...]) -> Executor:
         """The recovery executor for step ``attempt``, whose spares still in the job are ``spares``."""
         facts = dataclasses.replace(self.facts or Facts(job=self.requeue_id, restart_count=self.restart_count),
@@ -361,23 +387,6 @@ class Supervisor:
 
     def _say(self, text: str) -> None:
         print(f"slurmrt run: {text}", file=sys.stderr, flush=True)
-
-
-def under_batch_shell(pid: int) -> bool:
-    """``pid`` runs Slurm's copy of the batch script (``.../job<id>/slurm_script``): a shell that a ``B:`` signal
-    reaches instead of its children."""
-    try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return False
-    return any(a.endswith(b"/slurm_script") for a in argv[:3])
-
-
-def default_directory(env: Mapping[str, str], job: str) -> Path:
-    """``.slurmrt-run-<job>`` in the submit directory, which every node of a cluster sees (Slurm writes the job's
-    output there)."""
-    base = env.get("SLURM_SUBMIT_DIR") or os.getcwd()
-    return Path(base).resolve() / f".slurmrt-run-{job}"
 
 
 def _killed(code: int) -> bool:

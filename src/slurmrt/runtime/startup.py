@@ -18,6 +18,7 @@ from ..record import experiment
 from ..record.events import EventLog
 from ..record.ledger import Ledger
 from ..recovery import facts as recovery_facts
+from ..recovery import injob
 from ..recovery.conclude import exit_at_init
 from ..recovery.executor import Executor
 from ..stop import killswitch
@@ -53,6 +54,8 @@ def init(options: Options | None = None, **overrides: Any) -> Runtime:
                               rank=topo.rank, env=env, attempt=topo.attempt)
     executor = Executor(recovery_facts.resolve(opts, topo, env), events, node=topo.hostname,
                         ledger=Ledger.of(env, topo.cluster) if topo.is_slurm else None)
+    if topo.rank == 0 and executor.facts.in_job is not None:  # `slurmrt run` learns what this training resolved
+        injob.share_facts(executor.facts.in_job, {**vars(opts), "event_log": events.path})
     if opts.health_check:
         failures = health.check_node(env, checkpoint_dir=opts.checkpoint_dir, gpus=node_gpus or 0,
                                      local_rank=topo.local_rank)
