@@ -104,10 +104,18 @@ def read_facts(directory: Path, attempt: int) -> dict[str, Any] | None:
     except (OSError, ValueError, RecursionError) as err:
         logger.error("the training's options %s unreadable: %s", path, err)
         return None
-    if not (isinstance(data, dict) and data.get("attempt") == attempt and set(_FACTS) <= set(data)
-            and all(isinstance(data[k], t) and not (int in t and isinstance(data[k], bool) and bool not in t)
-                    for k, t in _FACTS.items())
-            and all(data[k] is None or os.path.isabs(data[k]) for k in ("event_log", "checkpoint_dir"))):
+    if not _well_formed(data, attempt):
         logger.error("the training's options %s are not what slurmrt writes: %r", path, data)
         return None
     return {k: data[k] for k in _FACTS}
+
+
+def _well_formed(data: Any, attempt: int) -> bool:
+    """Every name of :data:`_FACTS`, each of its types (a flag is no count), its paths absolute, for ``attempt``."""
+    if not isinstance(data, dict) or data.get("attempt") != attempt or not set(_FACTS) <= set(data):
+        return False
+    for name, types in _FACTS.items():
+        value = data[name]
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+            return False
+    return all(data[k] is None or os.path.isabs(data[k]) for k in ("event_log", "checkpoint_dir"))

@@ -54,8 +54,7 @@ def init(options: Options | None = None, **overrides: Any) -> Runtime:
                               rank=topo.rank, env=env, attempt=topo.attempt)
     executor = Executor(recovery_facts.resolve(opts, topo, env), events, node=topo.hostname,
                         ledger=Ledger.of(env, topo.cluster) if topo.is_slurm else None)
-    if topo.rank == 0 and executor.facts.in_job is not None:  # `slurmrt run` learns what this training resolved
-        injob.share_facts(executor.facts.in_job, {**vars(opts), "event_log": events.path})
+    _tell_supervisor(topo.rank, executor, opts)
     if opts.health_check:
         failures = health.check_node(env, checkpoint_dir=opts.checkpoint_dir, gpus=node_gpus or 0,
                                      local_rank=topo.local_rank)
@@ -70,3 +69,10 @@ def init(options: Options | None = None, **overrides: Any) -> Runtime:
     rt = Runtime(topo, opts, executor, connections=connections, lease=lease, experiment_id=experiment_id)
     rt._start()
     return rt
+
+
+def _tell_supervisor(rank: int, executor: Executor, opts: Options) -> None:
+    """Under ``slurmrt run``, rank 0 leaves the options this training resolved (``checkpoint_dir=`` in code, its
+    event log) where the supervisor reads them: its decisions then use them and land in this event log."""
+    if rank == 0 and executor.facts.in_job is not None:
+        injob.share_facts(executor.facts.in_job, {**vars(opts), "event_log": executor.events.path})
