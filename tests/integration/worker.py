@@ -38,8 +38,9 @@ def main() -> None:
     p.add_argument("--die-by-kill", action="store_true", help="--die-at dies of SIGKILL, not os._exit(9)")
     p.add_argument("--compute", type=int, default=0,
                    help="Python loop iterations of work per step, in the timed section (a slowed node shows there)")
+    p.add_argument("--checkpoint-dir", help="passed to init() in code, as the README's quickstart does")
     args = p.parse_args()
-    rt = slurmrt.init()
+    rt = slurmrt.init(**({"checkpoint_dir": args.checkpoint_dir} if args.checkpoint_dir else {}))
     out = Path(args.out)
     if rt.in_job_restarts:  # a step `slurmrt run` started in the same run of the job, after an in-job restart
         out = out.with_name(f"{out.name}.{rt.in_job_restarts}")

@@ -823,6 +823,34 @@ def test_14_a_node_that_fails_with_no_spare_left_is_requeued_without_it(cluster:
     assert later[0]["w"] == uninterrupted, "the weights differ from an uninterrupted run's"
 
 
+def test_14_a_node_lost_with_no_spare_is_recorded_in_the_event_log_of_a_checkpoint_dir_given_in_code(
+        cluster: Path, tmp_path: Path, uninterrupted: list[float]) -> None:
+    """The README's script passes checkpoint_dir= to init(); the batch shell's environment does not name it. A node
+    is lost with no spare: `slurmrt run` requeues the job without it, and its decision (evidence, class, action),
+    the refusal of the in-job restart, the exit and the requeue are in that script's event log."""
+    ckpt = tmp_path / "in-code"
+    job = submit(tmp_path, f"unset SLURMRT_CHECKPOINT_DIR; exec $PY -m slurmrt run --spare-nodes 0 -- $PY $WORKER "
+                 f"--out $OUT --steps {INJOB_STEPS} --step-time 0.2 --save-every 10 --checkpoint-dir {ckpt}",
+                 "-N2", "--ntasks-per-node=1", "--no-kill", "--requeue", name="injob-in-code", exports=INJOB_EXPORTS)
+    wait_for_file(ckpt / "latest", 600, job)
+    victim = slurm("scontrol", "show", "hostnames", job.info()[0]["NodeList"]).split()[1]  # not the batch node
+    _lose_until_requeued(job, victim)
+    info = job.wait(600)
+    out = job.output()
+    assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) == 1, out[-4000:]
+    assert not (tmp_path / "ckpt").exists() or not list((tmp_path / "ckpt").glob("events-*")), "the env's log"
+    log = ckpt / f"events-{job.id}.jsonl"
+    ev = [json.loads(line) for line in log.read_text().splitlines() if json.loads(line)["restart"] == 0]
+    (decision,) = [e for e in ev if e["event"] == "recovery"]
+    assert decision["class"] == "node_lost" and decision["action"] == "requeue", decision
+    assert decision["left_out"] == [victim] and decision["evidence"][0]["in_job"] is False
+    assert [e["nodes"] for e in ev if e["event"] == "in_job_refused"] == [[victim]]
+    assert [e["done"] for e in ev if e["event"] == "requeue"] == [True]
+    later = [json.loads((tmp_path / "run1" / f"rank{r}.json").read_text()) for r in range(2)]
+    assert all(r["hostname"] != victim and r["exit_code"] == 0 for r in later)
+    assert later[0]["w"] == uninterrupted, "the weights differ from an uninterrupted run's"
+
+
 def test_14_the_batch_node_failing_is_requeued_by_the_guard_job_and_resumes(cluster: Path, tmp_path: Path,
                                                                            uninterrupted: list[float]) -> None:
     """The one node --no-kill cannot cover: the batch script's. Slurm kills `slurmrt run` with it and ends the job

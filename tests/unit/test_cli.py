@@ -11,7 +11,7 @@ from slurmrt.cli import main
 from slurmrt.cli.doctor import doctor
 from slurmrt.cli.env import env_exports
 from slurmrt.cli.kill import kill
-from slurmrt.cli.status import status
+from slurmrt.cli.status import status, status_data
 
 
 def test_hostnames_prints_one_host_per_line(capsys: pytest.CaptureFixture[str]) -> None:
@@ -125,6 +125,38 @@ def test_status_shows_the_in_job_restart_which_node_left_and_why(tmp_path: Path)
     assert "straggler rank 3 on n7 (1.90x slower, 45% of a step)" in lines[1]
     assert lines[2].startswith("  run 0.1: resumed after step 29 from the local tier (1829 bytes from other nodes)")
     assert "exit FINISHED; reached step 79" in lines[2]
+
+
+def test_status_shows_slurmrt_runs_decision_for_each_attempt_in_one_line(tmp_path: Path) -> None:
+    """The recovery event (slurmrt run's judgement) is the step's story: its class, its action, the nodes kept or
+    left out; a suspect the ranks named but the evidence cleared is not said to be left out; --json carries it."""
+    def ev(t: str, event: str, rank: int = 0, attempt: int = 0, **kw: object) -> dict[str, object]:
+        return {"time": f"2026-11-21T10:{t}+00:00", "event": event, "job": "12", "restart": 0, "rank": rank,
+                **({"attempt": attempt} if attempt else {}), **kw}
+
+    _write_events(tmp_path / "events-12.jsonl", [
+        ev("00:00", "init"), ev("00:05", "fresh_start"), ev("01:00", "save", step=29, seconds=0.1),
+        ev("01:40", "in_job_restart", rank=1, nodes=["n2"], why="a new step (suspects n2, to be judged)",
+           next_attempt=1, lead=True),
+        ev("01:40", "exit", rank=1, code=5, outcome="HUNG", step=34, lead=True),
+        ev("01:41", "recovery", rank=-1, trigger="rank_lost", evidence=[{"node": "n2", "in_job": True,
+           "failures": [], "hangs_before": 0, "class": "process"}], action="in_job_restart", kept=["n1", "n2"],
+           left_out=[], why="a new step on the same nodes: no node evidence against n2", lead=True,
+           **{"class": "process"}),
+        ev("01:50", "init", attempt=1), ev("01:55", "resume", attempt=1, step=29),
+        ev("02:10", "recovery", attempt=1, rank=-1, trigger="node_gone", evidence=[{"node": "n2", "in_job": False,
+           "failures": [], "hangs_before": 0, "class": "node_lost"}], action="requeue", kept=["n1"],
+           left_out=["n2"], why="1 node(s) to replace (n2) but 0 spare(s) left", lead=True,
+           **{"class": "node_lost"}),
+        ev("02:10", "exit", attempt=1, rank=-1, code=5, outcome="HUNG", lead=True),
+    ])
+    lines = status([tmp_path], chart=False)
+    assert "decision: process (rank_lost), in job restart on the same nodes (n1, n2)" in lines[1], lines[1]
+    assert "replaced by a new step in the job" in lines[1] and "without n2" not in lines[1]
+    assert "decision: node lost (node_gone), requeue without n2: 1 node(s) to replace (n2) but 0 spare(s) left" \
+        in lines[2], lines[2]
+    (job,) = status_data([tmp_path])
+    assert [r["recovery"]["class"] for r in job["runs"]] == ["process", "node_lost"]
 
 
 def test_every_command_has_help_with_an_example(capsys: pytest.CaptureFixture[str]) -> None:

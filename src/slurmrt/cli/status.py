@@ -146,7 +146,7 @@ def _lost(run_: RunLife, gap: float | None) -> list[str]:
 def _exit(run_: RunLife) -> str:
     """How the run's processes ended. A step replaced in the job exits HUNG on purpose (slurmrt run reads the
     request, not the code): that is said as what it was."""
-    if run_.left:
+    if run_.left or (run_.recovery or {}).get("action") == "in_job_restart":
         return "replaced by a new step in the job"
     return f"exit {run_.outcome}" if run_.outcome else "no exit recorded (killed?)"
 
@@ -162,13 +162,27 @@ def _describe(run_: RunLife, gap: float | None) -> list[str]:
         parts.append(f"{'reached' if run_.outcome else 'last seen at'} step {run_.last_step}")
     if run_.stragglers:
         parts.append(f"straggler {'; '.join(run_.stragglers)}")
-    if run_.left:
+    if run_.recovery is not None:
+        parts.append(_decided(run_.recovery))
+    elif run_.left:
         why = run_.left_why if len(run_.left_why) <= 100 else run_.left_why[:99] + "…"
         parts.append(f"in-job restart without {', '.join(run_.left)}" + (f" ({why})" if why else ""))
     lost = _lost(run_, gap)
     if lost:
         parts.append(f"lost: {', '.join(lost)}")
     return parts
+
+
+def _decided(decision: dict[str, Any]) -> str:
+    """`slurmrt run`'s decision about the step's fault, in one part of the run's line."""
+    left, kept = decision.get("left_out") or [], decision.get("kept") or []
+    action = str(decision.get("action") or "?").replace("_", " ")
+    where = f" without {', '.join(map(str, left))}" if left else \
+        f" on the same nodes ({', '.join(map(str, kept))})" if kept and action == "in job restart" else ""
+    why = str(decision.get("why") or "")
+    why = why if len(why) <= 100 else why[:99] + "…"
+    return (f"decision: {str(decision.get('class') or '?').replace('_', ' ')} ({decision.get('trigger')}), "
+            f"{action}{where}" + (f": {why}" if why else ""))
 
 
 def add_parser(sub: Any) -> None:

@@ -36,6 +36,8 @@ class RunLife:
     #: its ranks received from other nodes' local tiers.
     resumed_tier: str | None = None
     from_peers: int | None = None
+    #: `slurmrt run`'s judgement of this step's fault (its ``recovery`` event: class, evidence, action), or None.
+    recovery: dict[str, Any] | None = None
     #: The stragglers this run named: "rank 3 on n2 (1.90x slower, 45 % of a step)".
     stragglers: tuple[str, ...] = ()
     #: (time, step) at each step the events name, in time order; the step only grows.
@@ -153,6 +155,7 @@ def _run_life(run: Run) -> RunLife:
                    reasons=run.reasons, attempt=run.attempt,
                    left=tuple(str(n) for n in moved.get("nodes") or ()) if moved else (),
                    left_why=str(moved.get("why") or "") if moved else "")
+    _judgement(run, life)
     life.stragglers = tuple(_straggler(e) for e in run.all(Event.STRAGGLER))
     life.resumed_tier, life.from_peers = _resumed_where(run)
     life.loaded = run.first(Event.RESUME) is not None or run.first(Event.FRESH_START) is not None
@@ -165,6 +168,14 @@ def _run_life(run: Run) -> RunLife:
     exit_event = run.first(Event.EXIT)
     life.outcome = exit_event.get("outcome") if exit_event else None
     return life
+
+
+def _judgement(run: Run, life: RunLife) -> None:
+    """`slurmrt run`'s judgement of the step's fault, and so the nodes it really left out (the ranks named
+    suspects; the evidence may have cleared them)."""
+    life.recovery = run.first(Event.RECOVERY)
+    if life.recovery is not None:
+        life.left = tuple(str(n) for n in life.recovery.get("left_out") or ())
 
 
 def _resumed_where(run: Run) -> tuple[str | None, int | None]:
