@@ -447,19 +447,22 @@ def test_a_fault_trace_replays_over_the_jobs_runs_and_the_job_ends_with_the_weig
     assert re.search(r"^goodput: \d+\.\d% of .* was productive", out.stdout, re.M), out.stdout[-2000:]
 
 
-def test_a_step_whose_tasks_all_die_unanswered_under_slurmrt_run_is_requeued_not_left_dead(tmp_path: Path) -> None:
+def test_a_step_whose_tasks_all_die_unanswered_under_slurmrt_run_restarts_on_the_same_nodes_not_left_dead(
+        tmp_path: Path) -> None:
     # Every rank is SIGKILLed at step 25 of the first run (no slurmrt in the step answers; the same as tasks killed
-    # during their start-up). slurmrt run, the batch script's last process, must requeue: it found no gone node and
-    # no request, so it answers the step itself. Before, the job ended with exit 137, never requeued.
+    # during their start-up). slurmrt run, the batch script's last process, answers the step itself: it found no gone
+    # node and no request, checks the nodes (in the job, healthy) and starts a new step on the same nodes, the spare
+    # kept. Before, the job ended with exit 137, never requeued; then it was requeued through the queue.
     out = sim(tmp_path, "-N", "3", "--ntasks-per-node", "1", "--spare-nodes", "1", "--no-kill", "--requeue", "--",
               sys.executable, str(WORKER), "--out", str(tmp_path / "out"), "--steps", "60", "--die-at", "25",
               "--die-by-kill", "--step-time", "0.02", "--save-every", "10",
               env={"SLURMRT_CHECKPOINT_DIR": str(tmp_path / "ckpt")})
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "the step ended with exit code 137 before slurmrt in it could say why" in out.stderr, out.stderr[-3000:]
-    first, second = summary_rows(out.stdout)
-    assert "requeued" in first["ended by"] and second["ended by"] == "finished", (first, second)
-    finals = _finals(tmp_path / "out", 2)
+    assert "process (rank_lost); in job restart" in out.stderr, out.stderr[-3000:]
+    (row,) = summary_rows(out.stdout)
+    assert row["ended by"].startswith("finished") and "in-job restart(s) on the same nodes" in row["ended by"], row
+    finals = _finals(tmp_path / "out.1", 2)
     assert finals[0]["start"] == 20 and finals[0]["w"] == pytest.approx(expected_weights(60, 2), abs=1e-5)
 
 

@@ -155,7 +155,8 @@ def _row(r: RunRecord) -> tuple[str, ...]:
 def _ended_by(r: RunRecord) -> str:
     ended = r.ended_by + (" (requeued)" if r.requeued else "")
     if r.in_job:  # the new steps `slurmrt run` started inside this run
-        ended += "; in-job restart(s) without " + ", ".join("+".join(nodes) for nodes in r.in_job)
+        ended += "; in-job restart(s) " + ", ".join(f"without {'+'.join(nodes)}" if nodes else "on the same nodes"
+                                                    for nodes in r.in_job)
     if r.stragglers:
         ended += "; straggler " + ", ".join(f"rank {rank} on {node or '?'}" for rank, node in r.stragglers)
     return ended
