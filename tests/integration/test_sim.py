@@ -459,7 +459,7 @@ def test_a_step_whose_tasks_all_die_unanswered_under_slurmrt_run_restarts_on_the
               env={"SLURMRT_CHECKPOINT_DIR": str(tmp_path / "ckpt")})
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "the step ended with exit code 137 before slurmrt in it could say why" in out.stderr, out.stderr[-3000:]
-    assert "process (rank_lost); in job restart" in out.stderr, out.stderr[-3000:]
+    assert "left out: none (no node evidence): the same nodes (process)" in out.stderr, out.stderr[-3000:]
     (row,) = summary_rows(out.stdout)
     assert row["ended by"].startswith("finished") and "in-job restart(s) on the same nodes" in row["ended by"], row
     finals = _finals(tmp_path / "out.1", 2)

@@ -26,6 +26,8 @@ class Failure:
     why: str
     since: float
     stacks: str | None = None
+    #: ``slurmrt run``'s class of the fault (:class:`~slurmrt.recovery.plan.FaultClass`), once judged.
+    fault: str = ""
 
     @classmethod
     def asked(cls, request: dict[str, Any], attempt: int, code: int, nodes: list[str]) -> Failure:
@@ -57,7 +59,8 @@ def block(failure: Failure, attempt: int, max_restarts: int, nodes: tuple[str, .
     took = max(0.0, (time.time() if now is None else now) - failure.since)
     lines = [f"in-job restart {attempt} of at most {max_restarts}:",
              f"  failed:   step {failure.attempt} (exit code {failure.code}): {_short(failure.why)}",
-             f"  left out: {', '.join(failure.nodes) or 'none (no node evidence): the same nodes'}",
+             f"  left out: {', '.join(failure.nodes) or 'none (no node evidence): the same nodes'}" +
+             (f" ({failure.fault.replace('_', ' ')})" if failure.fault else ""),
              f"  new step: {attempt} on {hostlist.compress(list(nodes))}" +
              (f", spare {hostlist.compress(list(spares))}" if spares else ", no spare left"),
              f"  took:     {took:.1f} s from the failure to the new step"]

@@ -179,8 +179,7 @@ class Supervisor:
             return None, code  # a code the program chose itself (2, 127): another run would fail the same way
         why = f"{', '.join(gone)} left the job (node failure)" if gone else \
             f"the step ended with exit code {code} before slurmrt in it could say why (a task killed early)"
-        self._failure = Failure(attempt, code, tuple(gone), why, time.time())
-        self._say(why)
+        self._failure = Failure(attempt, code, tuple(gone), why, time.time())  # said with the decision, one line
         trigger = Trigger.NODE_GONE if gone else Trigger.RANK_LOST
         return self._judge(trigger, gone or list(placement.nodes), placement, attempt, code, asked=False,
                            detail=f"{why}; the step ended with exit code {code}")
@@ -219,7 +218,7 @@ class Supervisor:
                 detail=f"{detail}; {fault.value}" + (f": {', '.join(bad)} left out" if bad else ""))
         self._record(trigger, fault, evidence, decision, placement, attempt)
         if self._failure is not None:  # the block at the next step says what was really left out
-            self._failure = dataclasses.replace(self._failure, nodes=tuple(bad))
+            self._failure = dataclasses.replace(self._failure, nodes=tuple(bad), fault=fault.value)
         if decision.action is Action.IN_JOB_RESTART:
             return list(bad), code
         return None, decision.code  # the executor said why, and what it did instead
@@ -243,7 +242,10 @@ class Supervisor:
         self.event_log(attempt).emit(Event.RECOVERY, trigger=trigger.value, evidence=[e.to_json(trigger)
                                      for e in evidence], action=decision.action.value, kept=kept, left_out=left,
                                      why=why, lead=True, **named)
-        self._say(f"step {attempt}: {fault.value.replace('_', ' ')} ({trigger.value}); "
+        if decision.action is Action.IN_JOB_RESTART:
+            return  # the new step's block says it, with the class (report.block): one account, not two
+        said = f"{self._failure.why}; " if self._failure is not None and not self._failure.stacks else ""
+        self._say(f"{said}step {attempt}: {fault.value.replace('_', ' ')} ({trigger.value}); "
                   f"{decision.action.value.replace('_', ' ')}" + (f" without {', '.join(left)}" if left else "") +
                   f": {why}")
 
