@@ -305,7 +305,7 @@ def test_a_signal_before_the_step_runs_is_passed_on_once_its_processes_have_regi
     sup = Supervisor(["x"], spare_nodes=0, max_restarts=0, env=env, directory=tmp_path / "d",
                      srun=str(fake_srun(tmp_path)), retry_s=0.01)
     sup._on_signal(signal.SIGUSR1, None)  # the handler, as Python calls it: no step yet
-    assert sup._pending == [signal.SIGUSR1]
+    assert sup.forwarder.pending == [signal.SIGUSR1]
 
     def release() -> None:  # the step runs until both tries were made (or a minute, for a failing test to end)
         log, deadline = tmp_path / "log", time.monotonic() + 60

@@ -384,3 +384,120 @@ def test_the_census_counts_answers_and_waits_inside_the_store() -> None:
     missing = [Census(store, prefix="d/", rank=r, world=3) for r in range(3)]
     missing[1].answer(RankState(1, "n2", 7, True, "all_reduce", 1.0))
     assert sorted(missing[0].collect(0.3)) == [1]  # the time is up: the answers there are read one by one
+
+
+def test_a_rank_srun_saw_end_is_not_waited_for(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under `slurmrt run`, srun's line for a task that ended reaches the run directory (ended-<attempt>.json): the
+    census stops waiting for that rank at once (here its wait is an hour, and Slurm has not sent SIGTERM), names it,
+    and says what srun saw."""
+    import dataclasses
+    import json
+    import threading
+
+    from torch.distributed import HashStore
+
+    from slurmrt._safefs import private_dir
+    from slurmrt.hang import response as _hang
+    from slurmrt.hang.census import Census
+    from slurmrt.recovery import injob
+    from slurmrt.recovery.executor import Executor
+    from slurmrt.recovery.facts import InJob
+
+    topo = _rank0_of_two()
+    store = HashStore()
+    census = Census(store, prefix="c/", rank=0, world=2)
+    Census(store, prefix="c/", rank=1, world=2).register("n2")
+    log, run_dir = tmp_path / "events.jsonl", private_dir(tmp_path / "run")
+    injob.write_ended(run_dir, 0, {1: ("n2", "Killed")})
+    exits = _no_exit(monkeypatch)
+    base = _executor(topo, log)
+    executor = Executor(dataclasses.replace(base.facts, in_job=InJob(run_dir, 0, ("n3",), 3)), base.events,
+                        node="n1")
+    response = _hang.HangResponse(topo, executor, kill_switch_seen=lambda: False, last_step=lambda: 5,
+                                  census=lambda: census, census_wait_s=3600.0, terminating=lambda: False)
+
+    def respond() -> None:
+        with pytest.raises(SystemExit):
+            response.lost_peer(RuntimeError("Connection closed by peer"))
+
+    thread = threading.Thread(target=respond, daemon=True)
+    thread.start()
+    thread.join(600)
+    assert not thread.is_alive() and exits == [5]
+    events = [json.loads(line) for line in log.read_text().splitlines()]
+    (suspects,) = [e for e in events if e["event"] == "suspects"]
+    assert [s["rank"] for s in suspects["suspects"]] == [1] and suspects["nodes"] == ["n2"]
+    assert "srun saw rank 1 end (Killed, on n2)" in suspects["why"]
+    assert injob.read_request(run_dir, 0) is not None  # the in-job restart was asked for
+
+
+def test_the_census_waits_for_a_rank_that_ended_only_if_it_never_answered() -> None:
+    """A rank named as ended that answered first (it exited after its answer), or this rank itself, or a rank beyond
+    the world, does not shorten the wait for the ranks still to answer."""
+    from torch.distributed import HashStore
+
+    from slurmrt.hang.census import Census, RankState
+
+    store = HashStore()
+    ranks = [Census(store, prefix="c/", rank=r, world=3) for r in range(3)]
+    ranks[0].answer(RankState(0, "n1", 7, True, "all_reduce", 1.0))
+    ranks[2].answer(RankState(2, "n3", 7, True, "all_reduce", 1.0))
+    polls: list[int] = []
+
+    def wait() -> float:  # an hour, until the census polled 3 times
+        polls.append(1)
+        return 3600.0 if len(polls) < 3 else 0.0
+
+    assert sorted(ranks[0].collect(wait, ended=lambda: [0, 2, 7])) == [0, 2] and len(polls) == 3
+    polls.clear()
+    assert sorted(ranks[0].collect(wait, ended=lambda: [1])) == [0, 2] and len(polls) == 1  # rank 1: not waited for
+
+
+def test_a_stalled_rank_told_that_a_peer_ended_responds_at_once(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """NCCL's collectives wait on the GPU and need not fail when a peer dies: the stalled survivor learns it from
+    srun's line (through `slurmrt run`), not from its own allowance. A peer that ended on slurmrt's own answer (exit
+    3: a requeue every rank takes) is no lost peer."""
+    import dataclasses
+    import json
+    import threading
+
+    from torch.distributed import HashStore
+
+    from slurmrt._safefs import private_dir
+    from slurmrt.hang import response as _hang
+    from slurmrt.hang.census import Census
+    from slurmrt.recovery import injob
+    from slurmrt.recovery.executor import Executor
+    from slurmrt.recovery.facts import InJob
+
+    topo = _rank0_of_two()
+    census = Census(HashStore(), prefix="c/", rank=0, world=2)
+    log, run_dir = tmp_path / "events.jsonl", private_dir(tmp_path / "run")
+    exits = _no_exit(monkeypatch)
+    base = _executor(topo, log)
+    executor = Executor(dataclasses.replace(base.facts, in_job=InJob(run_dir, 0, ("n3",), 3)), base.events,
+                        node="n1")
+
+    def response() -> Any:
+        return _hang.HangResponse(topo, executor, kill_switch_seen=lambda: False, last_step=lambda: 5,
+                                  census=lambda: census, census_wait_s=3600.0)
+
+    response().peer_ended(12.0)  # nothing ended: back to waiting
+    injob.write_ended(run_dir, 0, {0: ("n1", "Killed"), 1: ("n2", "Exited with exit code 3")})
+    response().peer_ended(12.0)  # itself, and a peer that took slurmrt's answer: no lost peer
+    assert exits == [] and not log.exists()
+    injob.write_ended(run_dir, 0, {1: ("n2", "Segmentation fault")})
+
+    def respond() -> None:
+        with pytest.raises(SystemExit):
+            response().peer_ended(12.0)
+
+    thread = threading.Thread(target=respond, daemon=True)
+    thread.start()
+    thread.join(600)
+    assert not thread.is_alive() and exits == [5]
+    events = [json.loads(line) for line in log.read_text().splitlines()]
+    (hang,) = [e for e in events if e["event"] == "hang"]
+    assert hang["activity"] == "lost_peer" and "srun saw rank 1 (Segmentation fault, on n2) end" in hang["where"]
+    (suspects,) = [e for e in events if e["event"] == "suspects"]
+    assert [s["rank"] for s in suspects["suspects"]] == [1]

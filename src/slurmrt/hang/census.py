@@ -164,10 +164,12 @@ class Census:
         if first:
             self._call("add", f"{self._prefix}answered", 1)
 
-    def collect(self, wait_s: float | Callable[[], float]) -> dict[int, RankState]:
+    def collect(self, wait_s: float | Callable[[], float],
+                ended: Callable[[], Iterable[int]] | None = None) -> dict[int, RankState]:
         """The answers, waiting up to ``wait_s`` for every rank's (a callable is asked again at each poll: the
-        wait can shrink while it runs, when Slurm starts to take the step down). Polls the count of answers."""
-        answered = self._answers(wait_s)
+        wait can shrink while it runs, when Slurm starts to take the step down), and not for a rank that ``ended``
+        names (srun saw its task end: it will never answer). Polls the count of answers."""
+        answered = self._answers(wait_s, ended)
         keys = [f"{self._prefix}rank/{r}" for r in range(self.world)]
         if answered >= self.world and self._call("check", keys):  # every key there (check: all of them, or False)
             try:
@@ -182,15 +184,22 @@ class Census:
                 states[r] = RankState.from_json(self._call("get", key))
         return states
 
-    def _answers(self, wait_s: float | Callable[[], float]) -> int:
-        """How many ranks answered, once all did or ``wait_s`` is over."""
+    def _answers(self, wait_s: float | Callable[[], float], ended: Callable[[], Iterable[int]] | None) -> int:
+        """How many ranks answered, once all did (or all but the ranks that ended without answering), or ``wait_s``
+        is over."""
         start = time.monotonic()
         while True:
             answered = int(self._call("add", f"{self._prefix}answered", 0))
             limit = wait_s() if callable(wait_s) else wait_s
-            if answered >= self.world or time.monotonic() - start >= limit:
+            if answered >= self.world or time.monotonic() - start >= limit or \
+                    (ended is not None and answered + self._silent(ended()) >= self.world):
                 return answered
             time.sleep(0.2)
+
+    def _silent(self, ended: Iterable[int]) -> int:
+        """How many of the ranks that ``ended`` are this census's and never answered (one request each)."""
+        gone = {r for r in ended if 0 <= r < self.world and r != self.rank}
+        return sum(1 for r in gone if not self._call("check", [f"{self._prefix}rank/{r}"]))
 
     def nodes(self, ranks: Iterable[int]) -> dict[int, str]:
         """The nodes the ranks registered; the ranks that did not register are left out."""

@@ -130,14 +130,17 @@ class HangMonitor:
             return None
 
     def _probe(self, idle_s: float) -> None:
-        """The training thread is stalled: did another rank find the job hung? Then answer its census, and exit."""
+        """The training thread is stalled: did another rank find the job hung? Then answer its census, and exit. Did
+        srun see a peer's task end (under ``slurmrt run``)? Then that peer is lost: respond now."""
         census = self.census()
         try:
             opened = census is not None and census.is_open()
         except CensusError:
-            return  # this rank's own watchdog acts when its allowance runs out
-        if opened and self._response is not None:
-            self._response.joined(idle_s)
+            opened = False  # the store's host is gone; else this rank's own watchdog acts when its allowance runs out
+        if self._response is not None:
+            if opened:
+                self._response.joined(idle_s)
+            self._response.peer_ended(idle_s)
 
     def uncaught(self, err: BaseException | None) -> None:
         """The program ends on ``err``: when it says a peer is gone, name the peer and requeue without its node."""

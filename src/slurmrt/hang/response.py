@@ -18,13 +18,14 @@ import logging
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
-from ..launch.topology import Topology
+from ..launch.topology import LaunchMode, Topology
 from ..log import exit_now
 from ..record.events import Event, Run, read_events, runs_of
+from ..recovery import injob
 from ..recovery.executor import Executor
 from ..recovery.plan import Trigger, plan
 from ..recovery.policy import ExitCode
@@ -63,6 +64,12 @@ def is_peer_failure(err: BaseException | None) -> bool:
         s in text for s in ("Connection closed by peer", "Connection reset by peer", "Broken pipe"))
 
 
+#: How srun says a task ended on an answer of slurmrt's own (a stop, a requeue, a hang's response), which every rank
+#: takes: not a lost peer.
+_ANSWERED = frozenset(f"Exited with exit code {int(c)}" for c in ExitCode if c not in (ExitCode.FINISHED,
+                                                                                       ExitCode.FAILED))
+
+
 @dataclass
 class HangResponse:
     topology: Topology
@@ -86,6 +93,8 @@ class HangResponse:
     #: Nodes to leave out besides the suspects' (a straggler's, with straggler="exclude" or "replace").
     also_exclude: Callable[[], list[str]] = lambda: []
     _once: threading.Lock = field(default_factory=threading.Lock)
+    #: When the tasks that ended were last read (monotonic), and what they were (rank: node, how).
+    _ended_read: tuple[float, dict[int, tuple[str, str]]] = (-1e9, {})
 
     def hung(self, hang: Hang) -> NoReturn:
         """The watchdog fired on this rank."""
@@ -138,6 +147,17 @@ class HangResponse:
         self._respond(Trigger.RANK_LOST, f"a peer was lost: {type(err).__name__}: {str(err)[:300]}",
                       activity="lost_peer", idle=0.0,
                       victim=f"{type(err).__name__}: {str(err)[:200]}")
+
+    def peer_ended(self, idle_s: float) -> None:
+        """The training thread is stalled (in a collective that does not fail: NCCL waits on the GPU), and srun saw
+        a peer's task end on a signal or an error, not on an answer of slurmrt's own: that peer is lost. Returns
+        when srun saw none."""
+        seen = [r for r in self._ended() if r != self.topology.rank]
+        lost = {r: self._ended_read[1][r] for r in seen if self._ended_read[1][r][1] not in _ANSWERED}
+        if lost:
+            what = ", ".join(f"rank {r} ({how}, on {node})" for r, (node, how) in sorted(lost.items()))
+            self._respond(Trigger.RANK_LOST, f"a peer was lost: srun saw {what} end while this rank waited "
+                          f"{idle_s:.0f} s", activity="lost_peer", idle=idle_s, victim=f"srun saw {what} end")
 
     def _respond(self, trigger: Trigger, what: str, *, idle: float, victim: str | None = None,
                  **detail: Any) -> NoReturn:
@@ -235,7 +255,7 @@ class HangResponse:
             if not census.is_open():
                 census.open()
             census.answer(state)
-            return census, census.collect(lambda: self._wait(self.census_wait_s)), False
+            return census, census.collect(lambda: self._wait(self.census_wait_s), self._ended), False
         except CensusError as err:
             logger.error("%s: naming rank 0's node, whose process hosts the store", err)
             return census, {state.rank: state}, True
@@ -254,10 +274,27 @@ class HangResponse:
         nodes = {r: states[r].node for r in suspects if r in states}
         with contextlib.suppress(CensusError):
             nodes.update(census.nodes(r for r in suspects if r not in nodes))
-        return suspects, why, nodes, min(states) == t.rank
+        return suspects, why + self._seen_ending(suspects, states), nodes, min(states) == t.rank
+
+    def _seen_ending(self, suspects: list[int], states: dict[int, RankState]) -> str:
+        """What srun saw of the suspects that never answered, as ``slurmrt run`` told it."""
+        seen = self._ended_read[1]
+        ended = [f"rank {r} end ({seen[r][1]}, on {seen[r][0]})" for r in suspects if r not in states and r in seen]
+        return "; srun saw " + ", ".join(ended) if ended else ""
 
     def _wait(self, seconds: float) -> float:
         return min(seconds, HURRIED_S) if self.terminating() else seconds
+
+    def _ended(self) -> Iterable[int]:
+        """The ranks whose task srun saw end, as ``slurmrt run`` tells (:mod:`slurmrt.recovery.tasks`); none
+        without it, or when srun's tasks are not the ranks (a launcher per node). Read at most twice a second."""
+        sup = self.executor.facts.in_job
+        if sup is None or self.topology.mode is not LaunchMode.SRUN:
+            return []
+        now = time.monotonic()
+        if now - self._ended_read[0] >= 0.5:
+            self._ended_read = (now, injob.read_ended(sup.directory, sup.attempt))
+        return self._ended_read[1].keys()
 
     def _exit(self, code: ExitCode) -> NoReturn:
         exit_now(code)

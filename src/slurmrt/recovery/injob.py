@@ -18,10 +18,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .._safefs import open_new, private_dir, read_capped
+from .._safefs import open_new, private_dir, read_capped, replace_text
 from .facts import InJob
 
-__all__ = ["facts_path", "read_facts", "read_request", "request_path", "share_facts", "write_request"]
+__all__ = ["ended_path", "facts_path", "read_ended", "read_facts", "read_request", "request_path", "share_facts",
+           "write_ended", "write_request"]
 
 logger = logging.getLogger(__name__)
 
@@ -119,3 +120,50 @@ def _well_formed(data: Any, attempt: int) -> bool:
         if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
             return False
     return all(data[k] is None or os.path.isabs(data[k]) for k in ("event_log", "checkpoint_dir"))
+
+
+# -- the tasks srun saw end, for the step's ranks ---------------------------------------------------------------------
+def ended_path(directory: Path, attempt: int) -> Path:
+    return directory / f"ended-{attempt}.json"
+
+
+def write_ended(directory: Path, attempt: int, ended: dict[int, tuple[str, str]]) -> None:
+    """``slurmrt run``'s side: the step's tasks that srun saw end so far (task id: its node, how it ended), replaced
+    whole each time, so that a rank reads all of them or none. Never raises: the ranks then wait for the census."""
+    data = {"attempt": attempt, "tasks": {str(t): {"node": n, "how": h} for t, (n, h) in sorted(ended.items())}}
+    try:
+        replace_text(ended_path(directory, attempt), json.dumps(data))
+    except OSError as err:
+        logger.warning("cannot tell the step which tasks ended in %s: %s", directory, err)
+
+
+def read_ended(directory: Path, attempt: int) -> dict[int, tuple[str, str]]:
+    """The step's side: the tasks srun saw end (task id: node, how), or none (nothing ended, or not a record
+    ``slurmrt run`` writes: reported)."""
+    path = ended_path(directory, attempt)
+    try:
+        data = json.loads(read_capped(path, 1 << 22))
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError, RecursionError) as err:
+        logger.error("the tasks that ended, %s, unreadable: %s", path, err)
+        return {}
+    ended = _ended_record(data, attempt)
+    if ended is None:
+        logger.error("the tasks that ended, %s, are not what slurmrt writes", path)
+        return {}
+    return ended
+
+
+def _ended_record(data: Any, attempt: int) -> dict[int, tuple[str, str]] | None:
+    """The tasks of a record :func:`write_ended` wrote for ``attempt``; None for anything else."""
+    tasks = data.get("tasks") if isinstance(data, dict) and data.get("attempt") == attempt else None
+    if not isinstance(tasks, dict):
+        return None
+    ended = {}
+    for key, value in tasks.items():
+        if not (key.isdigit() and isinstance(value, dict) and isinstance(value.get("node"), str)
+                and isinstance(value.get("how"), str)):
+            return None
+        ended[int(key)] = (value["node"], value["how"])
+    return ended

@@ -26,7 +26,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -43,6 +42,7 @@ from . import exclusion, injob
 from .evidence import Evidence
 from .executor import Executor
 from .facts import ATTEMPT_ENV, DIR_ENV, MAX_ENV, SPARES_ENV, Facts, InJob
+from .forward import Forwarder
 from .plan import Action, Decision, FaultClass, NodeEvidence, Trigger
 from .policy import ExitCode, Outcome
 from .report import Failure, block
@@ -56,6 +56,7 @@ from .steps import (
     tasks_per_node,
     under_batch_shell,
 )
+from .tasks import StepOutput
 
 __all__ = ["STEP_WAIT_S", "Placement", "Supervisor", "default_directory", "place", "srun_command", "tasks_per_node",
            "under_batch_shell"]
@@ -81,17 +82,11 @@ class Supervisor:
     ledger: Ledger | None = None
     #: The job's event log for a step (by attempt); by default none.
     event_log: Callable[[int], EventLog] = lambda attempt: EventLog(None, job=None, restart=0, rank=-1)
-    #: Seconds between two tries to pass a signal on while some node's training processes have not registered yet.
+    #: Passing a signal on: seconds between two tries while a node's training processes have not registered yet,
+    #: and the tries (see :class:`~slurmrt.recovery.forward.Forwarder`).
     retry_s: float = 2.0
-    #: Tries before giving up on that (the start-up of a step: torch's import, the rendezvous).
     tries: int = 60
     _terminating: bool = False
-    _step: Placement | None = None
-    _proc: subprocess.Popen[bytes] | None = None
-    #: Signals recorded by the handler, not yet passed on (the forwarder thread takes them while a step runs).
-    _pending: list[signal.Signals] = field(default_factory=list)
-    _wake: threading.Event = field(default_factory=threading.Event)
-    _done: bool = False
     #: The step that failed last and why (said when its replacement starts).
     _failure: Failure | None = None
     #: Gathers the evidence of each fault (the suspects' health, checked from outside; their hangs so far).
@@ -115,6 +110,8 @@ class Supervisor:
         self.restart_count = int(raw_restarts) if raw_restarts.isdigit() else 0
         if self.evidence is None:
             self.evidence = Evidence(self.srun, self.job, self.env)
+        self.forwarder = Forwarder(self.job, self.env, self._say, self.srun, self.retry_s, self.tries,
+                                   terminating=lambda: self._terminating)
 
     def run(self) -> int:
         if under_batch_shell(os.getppid()):
@@ -122,19 +119,17 @@ class Supervisor:
                       "which dies of it (and ends the job) before slurmrt run could pass it on. Start it with exec: "
                       "`exec slurmrt run ...` as the script's last line")
         private_dir(self.directory)
-        for stale in self.directory.glob("request-*.json"):  # left by a supervisor that was killed: not this run's
-            stale.unlink()
-        forwarder = threading.Thread(target=self._forwarder, name="slurmrt-forward", daemon=True)
-        forwarder.start()
+        for name in ("request", "ended"):  # left by a supervisor that was killed: not this run's
+            for stale in self.directory.glob(f"{name}-*.json"):
+                stale.unlink()
+        self.forwarder.start()
         previous = {s: signal.signal(s, self._on_signal) for s in (*self.forward, signal.SIGTERM, signal.SIGINT)}
         try:
             return self._loop()
         finally:
             for s, handler in previous.items():
                 signal.signal(s, handler)
-            self._done = True
-            self._wake.set()
-            forwarder.join(timeout=130)  # a signal being passed on: its srun finishes (bounded by its own timeout)
+            self.forwarder.stop()
             shutil.rmtree(self.directory, ignore_errors=True)
 
     def _loop(self) -> int:
@@ -328,64 +323,26 @@ class Supervisor:
         else:
             self._say(f"step {attempt} on {hostlist.compress(placement.nodes)}" +
                       (f", spare {hostlist.compress(placement.spares)}" if placement.spares else ", no spare left"))
-        self._step = placement
-        self._proc = subprocess.Popen(argv, env=env)
-        self._wake.set()  # a signal that came between two steps goes to this one
+        proc = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE)
+        assert proc.stderr is not None
+        output = StepOutput(proc.stderr, sys.stderr.fileno(), self.directory, attempt,
+                            len(placement.nodes) * self.per_node)
+        output.start()  # srun's standard error, passed on; the tasks it saw end, told to the step's ranks at once
+        self.forwarder.running(placement, proc)  # a signal that came between two steps goes to this one
         try:
-            return step_code(self._proc.wait())
+            return step_code(proc.wait())
         finally:
-            self._proc = None
+            self.forwarder.running(placement, None)
+            output.join(timeout=10)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         """Records, nothing more: the forwarder thread passes the signal on."""
         sig = signal.Signals(signum)
         if sig in (signal.SIGTERM, signal.SIGINT):
             self._terminating = True
+            self.forwarder.wake()
         else:
-            self._pending.append(sig)
-        self._wake.set()
-
-    def _forwarder(self) -> None:
-        """Pass each recorded signal to the step that runs (one that came between two steps: to the next one)."""
-        while not self._done:
-            self._wake.wait()
-            self._wake.clear()
-            placement, proc = self._step, self._proc
-            if placement is None or proc is None or proc.poll() is not None:
-                continue  # no step runs: the next step's start wakes this thread again
-            while self._pending and not self._done and proc.poll() is None:
-                sig = self._pending.pop(0)
-                if sig not in self._pending:  # the same signal twice before it was passed: once is enough
-                    self._forward(sig, placement, proc)
-
-    def _forward(self, sig: signal.Signals, placement: Placement, proc: subprocess.Popen[bytes]) -> None:
-        """``sig`` to the training processes of every node of the step, through ``slurmrt signal``; again while a
-        node had none registered yet (a step still starting) and the step runs. A process signalled twice records
-        the signal once."""
-        n = len(placement.nodes)
-        argv = [self.srun, "--overlap", f"--jobid={self.job}", f"--nodes={n}",
-                f"--nodelist={','.join(placement.nodes)}", f"--ntasks={n}", "--ntasks-per-node=1",
-                "--kill-on-bad-exit=0", sys.executable, "-m", "slurmrt", "signal", sig.name, "--job", self.job]
-        for attempt in range(self.tries):
-            try:
-                done = subprocess.run(argv, env=self.env, check=False, timeout=120).returncode == 0
-            except (OSError, subprocess.TimeoutExpired) as err:
-                self._say(f"passing {sig.name} failed: {err}")
-                return
-            if done:
-                self._say(f"{sig.name}: passed to the training processes on {hostlist.compress(placement.nodes)}")
-                return
-            if attempt == 0:
-                self._say(f"{sig.name}: no training process registered yet on some node; trying again every "
-                          f"{self.retry_s:g} s while the step runs")
-            if proc.poll() is not None or self._wait(self.retry_s):
-                return
-        self._say(f"{sig.name}: not passed on: no training process registered after {self.tries} tries")
-
-    def _wait(self, seconds: float) -> bool:
-        """Sleep; True when the supervisor is told to stop meanwhile."""
-        threading.Event().wait(seconds)
-        return self._terminating
+            self.forwarder.add(sig)
 
     def _say(self, text: str) -> None:
         print(f"slurmrt run: {text}", file=sys.stderr, flush=True)
