@@ -1,22 +1,35 @@
-"""10. Recovery: from a fault to the resumed training, in the job (a spare node, `slurmrt run`) against a requeue.
+"""10. Recovery: from a fault to the resumed training, in the job (`slurmrt run`, a spare node) against a requeue.
 
 On the test cluster (tests/slurm/cluster.sh) when it runs; the jobs of tests/slurm/test_scenarios.py: the test worker,
-2 ranks, gloo, 0.1 s steps, a checkpoint every 10 steps; rank 1's task dies of SIGKILL (or hangs) at step 35.
+2 ranks, gloo, 0.1 s steps, a checkpoint to the local tier every 5 steps and to the shared one every 10.
 
-- in-job: 3 nodes, `exec slurmrt run --spare-nodes 1`, --no-kill (test_14);
-- requeue: 2 nodes, plain `srun` (test_13): slurmrt requeues the job without the node.
+In the job (3 nodes, `exec slurmrt run --spare-nodes 1`, --no-kill, test_14), RUNS jobs of each fault:
 
-The fault's moment: for a kill, rank 0's `hang` event (its collective fails as the peer's socket closes, at once);
-for a hang, the hung rank's last step boundary (the `hang` event's time less its idle time). Then: the response (the
-census names the node; the request or the requeue is made), the next step's or run's `init`, its `resume` (torch
-imported, the process group formed, the checkpoint read) and its first step (one step time later).
+- kill: rank 1's process SIGKILLs itself at step 35 (the worker prints the moment);
+- kill rank 0: the same on rank 0, whose process hosts the rendezvous store;
+- node lost: `scontrol update state=down` on the second node once a checkpoint is committed (the moment is taken
+  just before);
+- hang: rank 1 blocks at step 35; the moment is the hung rank's last step boundary.
+
+Against it, once each: the requeue (2 nodes, plain `srun`, test_13) of a kill and of a hang.
+
+Per job: *known*, the fault to the moment the job knows which rank or node is gone (the census leader's `suspects`
+event; for a lost node, `slurmrt run`'s `recovery` event; for a hang, from the watchdog's firing, since the allowance
+is the detection); *response*, the fault to the decision (`slurmrt run`'s `recovery` event; the requeue's `requeue`
+event); then the next step's (or run's) `init`, its `resume` (torch imported, the process group formed, the checkpoint
+read). Targets (issue 51): known within 1 s, and the response within 2 s of the fault for a killed process, so that
+fault to resume is within start + load + 2 s.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
+import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,30 +37,94 @@ from ._common import HERE, ROOT, Section, run_ranks, table
 
 sys.path.insert(0, str(ROOT))
 
+#: Jobs per fault in the job.
+RUNS = 5
+_FAULT_LINE = re.compile(r"worker: fault \w+ on rank \d+ at ([0-9.]+)")
+
 
 def _events(d: Path, job: Any) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (d / "ckpt" / f"events-{job.id}.jsonl").read_text().splitlines()]
 
 
-def _breakdown(ev: list[dict[str, Any]], fault: str, in_job: bool) -> dict[str, float]:
+def _first(ev: list[dict[str, Any]], test: Any) -> dict[str, Any]:
+    return next(e for e in ev if test(e))
+
+
+def _breakdown(ev: list[dict[str, Any]], fault: str, in_job: bool, moment: float | None) -> dict[str, Any]:
+    """The figures of one job (see the module); ``moment``: the fault's, when known from outside the events."""
     from slurmrt.record.events import timestamp
 
     def second(e: dict[str, Any]) -> bool:
         return e.get("attempt") == 1 if in_job else e["restart"] == 1
 
     if fault == "hang":
-        hung = next(e for e in ev if e["event"] == "hang" and e.get("activity") == "step")
-        start = timestamp(hung) - hung["idle_s"]
+        hung = _first(ev, lambda e: e["event"] == "hang" and e.get("activity") == "step")
+        start, found = timestamp(hung) - hung["idle_s"], timestamp(hung)
     else:
-        start = timestamp(next(e for e in ev if e["event"] == "hang" and e["rank"] == 0 and not second(e)))
-    decided = timestamp(next(e for e in ev if e["event"] == ("in_job_restart" if in_job else "requeue")))
-    init = timestamp(next(e for e in ev if e["event"] == "init" and e["rank"] == 0 and second(e)))
-    resumed = next(e for e in ev if e["event"] == "resume" and second(e))
+        assert moment is not None
+        start = found = moment
+    decided_ev = _first(ev, lambda e: e["event"] == ("recovery" if in_job else "requeue"))
+    decided = timestamp(decided_ev)
+    knew = decided if fault == "node" else timestamp(_first(ev, lambda e: e["event"] == "suspects"))
+    init = timestamp(_first(ev, lambda e: e["event"] == "init" and e["rank"] == 0 and second(e)))
+    resumed = _first(ev, lambda e: e["event"] == "resume" and second(e))
     resume = timestamp(resumed)
-    lost = 35 - resumed["step"]
-    return {"response_s": decided - start, "to_init_s": init - decided, "load_s": resume - init,
-            "fault_to_resume_s": resume - start, "lost_steps": float(lost), "tier": resumed.get("tier", "shared"),
-            "from_peers": resumed.get("from_peers")}
+    return {"known_s": knew - found, "response_s": decided - start, "to_init_s": init - decided,
+            "load_s": resume - init, "fault_to_resume_s": resume - start,
+            "class": decided_ev.get("class", "-"), "kept": decided_ev.get("kept"),
+            "left_out": decided_ev.get("left_out"), "tier": resumed.get("tier", "shared")}
+
+
+def _one(tmp: Path, fault: str, how: str, n: int) -> dict[str, Any]:
+    from tests.slurm.conftest import slurm, wait_for_file
+    from tests.slurm.test_scenarios import INJOB_STEPS, _fault_job, _injob_job
+
+    d = tmp / f"{how}-{fault}-{n}"
+    worker = f"$PY $WORKER --out $OUT --steps {INJOB_STEPS} --step-time 0.1 --save-every 10 --local-every 5"
+    moment = None
+    if how == "requeue":
+        job = _fault_job(d, fault, "--kill-on-bad-exit=1" if fault == "hang" else "--kill-on-bad-exit=0")
+    elif fault == "node":
+        job = _injob_job(d, f"bench-in-node-{n}", 3, f"--spare-nodes 1 -- {worker}", local=True)
+        wait_for_file(d / "ckpt" / "latest", 600, job)
+        node = _first(_events_when(d, job), lambda e: e["event"] == "init")["nodelist"][-1]  # not the batch node
+        try:
+            moment = time.time()
+            slurm("scontrol", "update", f"nodename={node}", "state=down", "reason=slurmrt-bench-node-failure")
+            info = job.wait(900)
+        finally:
+            for state in ("resume", "idle"):
+                slurm("scontrol", "update", f"nodename={node}", f"state={state}", check=False)
+        return _judged(d, job, info, fault, True, moment)
+    else:
+        rank = "0" if fault == "kill0" else "1"
+        job = _injob_job(d, f"bench-in-{fault}-{n}", 3, f"--spare-nodes 1 -- {worker} "
+                         f"--fault {'hang' if fault == 'hang' else 'kill'} --fault-at 35 --fault-rank {rank}",
+                         local=True)
+    info = job.wait(900)
+    if fault != "hang":
+        moment = float(_FAULT_LINE.findall(job.output())[0])
+    return _judged(d, job, info, "kill" if fault == "kill0" else fault, how == "in-job", moment)
+
+
+def _events_when(d: Path, job: Any) -> list[dict[str, Any]]:
+    """The events so far, once rank 0 has started (its init names the step's nodes)."""
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        path = d / "ckpt" / f"events-{job.id}.jsonl"
+        ev = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+        if any(e["event"] == "init" for e in ev):
+            return ev
+        time.sleep(0.2)
+    raise TimeoutError(job.output()[-3000:])
+
+
+def _judged(d: Path, job: Any, info: dict[str, str], fault: str, in_job: bool, moment: float | None
+            ) -> dict[str, Any]:
+    if info["JobState"] != "COMPLETED" or (in_job and int(info["Restarts"]) != 0):
+        raise RuntimeError(f"{fault}: job {job.id} {info['JobState']} restarts {info['Restarts']}: "
+                           f"{job.output()[-3000:]}")
+    return _breakdown(_events(d, job), fault, in_job, moment)
 
 
 def _cluster() -> tuple[str, dict[str, Any]]:
@@ -55,46 +132,44 @@ def _cluster() -> tuple[str, dict[str, Any]]:
     if not conf.exists():
         return "not measured: the test cluster is not running (`sudo bash tests/slurm/cluster.sh start`)", {}
     from tests.slurm.conftest import slurm
-    from tests.slurm.test_scenarios import INJOB_STEPS, _fault_job, _injob_job
 
     if "UP" not in slurm("scontrol", "ping", check=False):
         return "not measured: the test cluster does not answer", {}
     figures: dict[str, Any] = {}
     rows = []
+    cases = [(f, "in-job", RUNS) for f in ("kill", "kill0", "node", "hang")] + \
+        [(f, "requeue", 1) for f in ("kill", "hang")]
     with tempfile.TemporaryDirectory(dir="/tmp") as tmp:
-        for fault in ("kill", "hang"):
-            jobs = {}
-            d_in, d_rq = Path(tmp) / f"in-{fault}", Path(tmp) / f"rq-{fault}"
-            jobs["in-job"] = (d_in, _injob_job(d_in, f"bench-in-{fault}", 3,
-                                               f"--spare-nodes 1 -- $PY $WORKER --out $OUT --steps {INJOB_STEPS} "
-                                               f"--step-time 0.1 --save-every 10 --local-every 5 --fault {fault} "
-                                               "--fault-at 35", local=True))
-            jobs["requeue"] = (d_rq, _fault_job(d_rq, fault, "--kill-on-bad-exit=1" if fault == "hang"
-                                                else "--kill-on-bad-exit=0"))
-            for how, (d, job) in jobs.items():
-                info = job.wait(900)
-                if info["JobState"] != "COMPLETED":
-                    raise RuntimeError(f"{how} {fault}: job {job.id} {info['JobState']}")
-                got = _breakdown(_events(d, job), fault, how == "in-job")
-                figures[f"{how}_{fault}"] = got
-                rows.append([fault, how, f"{got['response_s']:.1f}", f"{got['to_init_s']:.1f}",
-                             f"{got['load_s']:.1f}", f"{got['fault_to_resume_s']:.1f}", f"{got['lost_steps']:.0f}",
-                             got["tier"], "-" if got["from_peers"] is None else str(got["from_peers"])])
-    for fault in ("kill", "hang"):
-        a, b = figures[f"in-job_{fault}"], figures[f"requeue_{fault}"]
-        figures[f"ratio_{fault}"] = a["fault_to_resume_s"] / b["fault_to_resume_s"]
-    text = table(["fault", "path", "response s", "to the next init s", "init to resume s", "fault to resume s",
-                  "steps lost", "resumed from", "bytes from peers"], rows)
-    text += (f"\n\nIn-job against requeue, fault to resume: {figures['ratio_kill']:.2f} (kill), "
-             f"{figures['ratio_hang']:.2f} (hang). The response is the census (3 s once srun's SIGTERM came, for a "
-             "kill) or the hang allowance (floor 5 s here, 180 s by default) plus the census. The requeue's wait "
-             "to the next init is Slurm's (the credential expiry, 10 s on this cluster; about 2 minutes by "
-             "default; then the queue). Steps lost: the fault at step 35 less the step resumed from: the in-job "
-             "runs save to the local tier every 5 steps and to the shared one every 10, the requeued ones to the "
-             "shared one every 10 (a requeued run lands on other nodes, where a local tier holds nothing). "
-             "In-job, nothing is read from the shared tier: rank 0 reads its own part on n1, the spare's rank 1 "
-             "receives rank 1's part from n1, its partner (bytes from peers).")
+        os.environ["SLURMRT_NODE_LEDGER"] = str(Path(tmp) / "bad-nodes.json")  # not the user's own
+        for fault, how, runs in cases:
+            got = [_one(Path(tmp), fault, how, n) for n in range(runs)]
+            figures[f"{how}_{fault}"] = got
+            rows.append(_row(fault, how, got))
+    text = table(["fault", "path", "jobs", "known s (median, max)", "response s (median, max)",
+                  "to the next init s", "init to resume s", "fault to resume s (median, max)", "class",
+                  "resumed from"], rows)
+    text += ("\n\nMedians over the jobs, and the largest. *known*: the fault to the moment the job knows who is gone "
+             "(for a hang: from the watchdog's firing, the allowance being the detection, its floor 5 s here); "
+             "*response*: the fault to the decision. In the job, srun's line for a task that ended reaches the "
+             "ranks through `slurmrt run` (recovery/tasks.py), so the census does not wait for a dead rank; the "
+             "decision includes the health probe of the suspect node from outside (`srun --overlap`). The "
+             "requeue's wait to the next init is Slurm's (the credential expiry, 10 s on this cluster; about 2 "
+             "minutes by default; then the queue). A killed process on a healthy node is restarted on the same "
+             "nodes (class process), a lost node is replaced by the spare (class node_lost).")
     return text, figures
+
+
+def _row(fault: str, how: str, got: list[dict[str, Any]]) -> list[str]:
+    def med(key: str) -> str:
+        return f"{statistics.median(g[key] for g in got):.2f}"
+
+    def both(key: str) -> str:
+        return f"{med(key)}, {max(g[key] for g in got):.2f}"
+
+    names = {"kill": "kill rank 1", "kill0": "kill rank 0", "node": "node lost", "hang": "hang rank 1"}
+    return [names[fault], how, str(len(got)), both("known_s"), both("response_s"), med("to_init_s"),
+            med("load_s"), both("fault_to_resume_s"), "/".join(sorted({str(g["class"]) for g in got})),
+            "/".join(sorted({str(g["tier"]) for g in got}))]
 
 
 def _save_stall(quick: bool) -> tuple[str, dict[str, float]]:

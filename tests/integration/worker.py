@@ -82,6 +82,7 @@ def main() -> None:
     for step in range(start, args.steps):
         if args.fault and step == args.fault_at and rt.rank == args.fault_rank and rt.restart_count == 0 \
                 and rt.in_job_restarts == 0:
+            print(f"worker: fault {args.fault} on rank {rt.rank} at {time.time():.6f}", file=sys.stderr, flush=True)
             if args.fault == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
             threading.Event().wait()  # hangs: the other ranks block in the all_reduce below
