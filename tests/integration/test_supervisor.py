@@ -55,6 +55,14 @@ FAKE_SRUN = textwrap.dedent("""\
         with open(os.path.join(os.environ["SLURMRT_RUN_DIR"], f"facts-{{attempt}}.json"), "w") as f:
             f.write(os.environ["FAKE_FACTS"].replace("ATTEMPT", str(attempt)))
     nodes = [a.split("=", 1)[1].split(",") for a in sys.argv if a.startswith("--nodelist=")][0]
+    if attempt == 0 and os.environ.get("FAKE_TASK_ENDED"):  # srun's line, then what a rank reads while the step runs
+        print("srun: error: " + os.environ["FAKE_TASK_ENDED"], file=sys.stderr, flush=True)
+        ended, deadline = os.path.join(os.environ["SLURMRT_RUN_DIR"], "ended-0.json"), time.time() + 60
+        while not os.path.exists(ended) and time.time() < deadline:
+            time.sleep(0.01)
+        with open(log, "a") as f:
+            f.write(json.dumps({{"ended": open(ended).read() if os.path.exists(ended) else None}}) + "\\n")
+        sys.exit(137)
     if attempt == 0 and os.environ.get("FAKE_NODE_FAILURE"):  # Slurm killed the step: nobody asked
         sys.exit(137)
     if attempt == 0 and not os.environ.get("FAKE_WAIT_FIRST"):
@@ -119,6 +127,22 @@ def test_a_step_killed_unanswered_restarts_on_the_same_nodes_and_one_ending_on_a
     calls = [json.loads(line) for line in (tmp_path / "log").read_text().splitlines()]
     assert len(calls) == steps
     assert all("--nodelist=n1,n2" in c["argv"] and c["spares"] == "n3" for c in calls)
+
+
+def test_the_tasks_srun_saw_end_reach_the_steps_ranks_while_the_step_runs(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """srun's standard error passes through slurmrt run unchanged; its line for a task that ended is in the run
+    directory before the step ends, where the step's ranks look while they take the census."""
+    env = {**os.environ, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-3]", "SLURM_NTASKS_PER_NODE": "2",
+           "FAKE_LOG": str(tmp_path / "log"), "FAKE_TASK_ENDED": "n2: tasks 2-3: Killed"}
+    sup = Supervisor(["x"], spare_nodes=1, max_restarts=1, env=env, directory=tmp_path / "d",
+                     srun=str(fake_srun(tmp_path)))
+    sup.run()
+    seen = [json.loads(line) for line in (tmp_path / "log").read_text().splitlines() if '"ended"' in line]
+    assert seen and seen[0]["ended"] is not None, "no ended-0.json while the step ran"
+    assert json.loads(seen[0]["ended"]) == {"attempt": 0, "tasks": {"2": {"node": "n2", "how": "Killed"},
+                                                                    "3": {"node": "n2", "how": "Killed"}}}
+    assert "srun: error: n2: tasks 2-3: Killed\n" in capfd.readouterr().err
 
 
 def _answered(tmp_path: Path, *, code: int, outcome: str, rank: int, step_code: str,

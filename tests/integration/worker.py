@@ -31,7 +31,8 @@ def main() -> None:
     p.add_argument("--resume-steps", type=int, default=0,
                    help="after a resume, finish this many steps later (a run that surely ends before its signal)")
     p.add_argument("--fault", choices=["hang", "kill"], help="in the first run, --fault-rank goes wrong at --fault-at")
-    p.add_argument("--fault-at", type=int, default=30)
+    p.add_argument("--fault-at", type=lambda v: [int(s) for s in v.split(",")], default=[30],
+                   help="the step; a list (35,55): the in-job attempts 0, 1, ... each go wrong at theirs")
     p.add_argument("--fault-rank", type=int, default=1)
     p.add_argument("--local-every", type=int, default=0, help="save to the node-local tier every N steps")
     p.add_argument("--die-at", type=int, help="in the first run, every rank dies (os._exit 9) at this step")
@@ -80,8 +81,8 @@ def main() -> None:
         return rt.save(state, step=step, blocking=blocking)
 
     for step in range(start, args.steps):
-        if args.fault and step == args.fault_at and rt.rank == args.fault_rank and rt.restart_count == 0 \
-                and rt.in_job_restarts == 0:
+        if args.fault and rt.rank == args.fault_rank and rt.restart_count == 0 \
+                and rt.in_job_restarts < len(args.fault_at) and step == args.fault_at[rt.in_job_restarts]:
             print(f"worker: fault {args.fault} on rank {rt.rank} at {time.time():.6f}", file=sys.stderr, flush=True)
             if args.fault == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)

@@ -764,6 +764,36 @@ def test_14_a_killed_or_hung_process_on_a_healthy_node_is_restarted_on_the_same_
     assert replaced[0]["w"] == uninterrupted, "the weights differ from an uninterrupted run's"
 
 
+def test_14_a_process_killed_twice_on_a_healthy_node_is_restarted_twice_on_the_same_nodes_the_spare_unused(
+        cluster: Path, tmp_path: Path, uninterrupted: list[float]) -> None:
+    """Rank 1's process is SIGKILLed at step 35, and again, in the new step, at step 55; its node stays healthy. Both
+    are answered in the job on the same nodes: the spare never runs a step, nothing goes into the bad-node ledger,
+    and the third step ends with the weights of an uninterrupted run. (Before the evidence, the first fault spent
+    the spare and the second found none: the job was requeued with both healthy nodes named as bad.)"""
+    job = _injob_job(tmp_path, "injob-twice", 3,
+                     f"--spare-nodes 1 -- $PY $WORKER --out $OUT --steps {INJOB_STEPS} --step-time 0.1 "
+                     "--save-every 10 --local-every 5 --fault kill --fault-at 35,55", local=True)
+    info = job.wait(600)
+    out = job.output()
+    assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) == 0, out[-4000:]
+    ev = events(tmp_path, job)
+    decisions = [e for e in ev if e["event"] == "recovery"]
+    assert [(d["class"], d["action"], d["left_out"]) for d in decisions] == [("process", "in_job_restart", [])] * 2
+    inits = [e for e in ev if e["event"] == "init" and e["rank"] == 0]
+    assert [e.get("attempt", 0) for e in inits] == [0, 1, 2] and len({tuple(e["nodelist"]) for e in inits}) == 1
+    spare = next(n for n in ("n1", "n2", "n3") if n not in inits[0]["nodelist"])
+    assert all(spare not in d["kept"] for d in decisions), "the spare was spent on a healthy node"
+    assert not [e for e in ev if e["event"] in ("requeue", "exclude", "in_job_refused")], "the queue was not needed"
+    ledger = Path(os.environ["SLURMRT_NODE_LEDGER"])  # this test's own (tests/conftest.py)
+    assert not ledger.exists() or not any(n in ledger.read_text() for n in inits[0]["nodelist"]), \
+        "a healthy node went into the ledger"
+    resumed = [e["step"] for e in ev if e["event"] == "resume"]
+    assert resumed == [34, 54], resumed  # each from the local tier's last save before its fault
+    final = [json.loads((tmp_path / "run0.2" / f"rank{r}.json").read_text()) for r in range(2)]
+    assert all(r["in_job_restarts"] == 2 and r["exit_code"] == 0 for r in final)
+    assert final[0]["w"] == uninterrupted, "the weights differ from an uninterrupted run's"
+
+
 def test_14_a_node_that_fails_leaves_the_job_and_the_spare_takes_its_place(cluster: Path, tmp_path: Path,
                                                                            uninterrupted: list[float]) -> None:
     """`scontrol update nodename=n2 state=down` while the step trains on n1 and n2: with --no-kill, Slurm kills the
