@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from . import _figures as figures
 from ._errors import ConfigError
 from ._safefs import group_id
 from .launch.parallel import ParallelConfig
@@ -226,8 +227,9 @@ def _convert(name: str, value: Any) -> Any:
     place every option is validated. :class:`ConfigError` naming the value, the rule and the fix."""
     try:
         return _parse(name, value)
-    except (TypeError, ValueError) as err:
-        raise ConfigError(f"option {name}={value!r} is invalid: {err}", option=name, value=value) from None
+    except (TypeError, ValueError, OverflowError) as err:
+        shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:40] + f"... ({len(repr(value))} characters)"
+        raise ConfigError(f"option {name}={shown} is invalid: {err}", option=name, value=value) from None
 
 
 def _parse(name: str, value: Any) -> Any:
@@ -250,18 +252,19 @@ def _int(name: str, value: Any, text: str | None) -> int:
     if isinstance(value, (bool, float)) or (text is not None and not text.lstrip("-").isdigit()):
         raise ValueError("not a whole number")
     number = int(value)
-    if number < _INTS[name]:
-        raise ValueError(f"must be at least {_INTS[name]}")
+    if not _INTS[name] <= number <= figures.MAX_COUNT:
+        raise ValueError(f"must be at least {_INTS[name]} and at most {figures.MAX_COUNT}")
     return number
 
 
 def _seconds(name: str, value: Any, text: str | None) -> float:
+    unit, most = ("hours", figures.MAX_HOURS) if name.endswith("_h") else ("seconds", figures.MAX_SECONDS)
     if isinstance(value, bool):
-        raise ValueError("not a number of seconds")
+        raise ValueError(f"not a number of {unit}")
     seconds = float(value)
-    if not math.isfinite(seconds) or seconds < _FLOATS[name]:
-        raise ValueError(f"seconds, at least {_FLOATS[name]:g} and finite" + (" (or 'none')" if name in _OPTIONAL
-                                                                                else ""))
+    if not math.isfinite(seconds) or not _FLOATS[name] <= seconds <= most:
+        raise ValueError(f"{unit}, at least {_FLOATS[name]:g} and at most {most:g}, finite" + (
+            " (or 'none')" if name in _OPTIONAL else ""))
     return seconds
 
 

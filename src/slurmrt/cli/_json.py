@@ -11,6 +11,8 @@ import argparse
 import json
 from typing import Any
 
+from .._figures import finite_json
+
 #: The version of every command's document (one number for all: they change together, rarely).
 SCHEMA_VERSION = 1
 
@@ -23,5 +25,5 @@ def add_flag(p: argparse.ArgumentParser) -> None:
 def emit(command: str, payload: dict[str, Any]) -> None:
     from .. import __version__
 
-    print(json.dumps({"schema": f"slurmrt.{command}/{SCHEMA_VERSION}", "slurmrt": __version__, **payload}, indent=1,
-                     default=str))
+    document = finite_json({"schema": f"slurmrt.{command}/{SCHEMA_VERSION}", "slurmrt": __version__, **payload})
+    print(json.dumps(document, indent=1, default=str, allow_nan=False))  # RFC 8259: no NaN, no Infinity

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, TypeGuard
 
 from .. import _clock
+from .. import _figures as figures
 from .._errors import UnsafePathError
 from .._safefs import lock, open_append, open_regular
 
@@ -154,9 +155,15 @@ def _reasons(value: Any) -> bool:
 
 #: Each field's type, when present and not null: (fields, test, what it must be).
 _FIELDS: tuple[tuple[tuple[str, ...], Any, str], ...] = (
-    (("rank", "restart", "attempt", "step", "code", "count"), lambda v: _integer(v), "an integer"),
-    (("seconds", "step_s", "save_s", "worst_step_s", "idle_s", "allowed_s", "end_time", "bytes"), lambda v: _number(v),
-     "a number"),
+    (("restart", "attempt", "step", "count", "bytes", "world_size", "nnodes", "job_nodes", "from_peers", "straggler"),
+     lambda v: figures.count(v) is not None,
+     f"a whole number from 0 to {figures.MAX_COUNT}"),
+    (("rank",), lambda v: figures.count(v, -1) is not None, "a rank (-1 or more)"),
+    (("code",), lambda v: figures.count(v, -255) is not None, "an exit code"),
+    (("seconds", "step_s", "save_s", "worst_step_s", "idle_s", "allowed_s"),
+     lambda v: figures.seconds(v) is not None, f"a duration (finite, 0 to {figures.MAX_SECONDS:.0f} s)"),
+    (("end_time",), lambda v: figures.epoch(v) is not None, "a time (seconds since the epoch, before 2200)"),
+    (("ratio", "cost"), lambda v: figures.ratio(v) is not None, f"a ratio (finite, 0 to {figures.MAX_RATIO:g})"),
     (("job", "outcome", "name", "experiment", "why", "signal"), lambda v: isinstance(v, str), "a string"),
     (("reasons",), _reasons, "a list of names"),
 )
@@ -170,18 +177,16 @@ def malformed(event: Any) -> str | None:
         return "no \"event\" name"
     if "time" in event:  # every event slurmrt writes has one; runs() leaves out the events without
         try:
-            datetime.fromisoformat(event["time"])
-        except (TypeError, ValueError):
+            when = datetime.fromisoformat(event["time"]).timestamp()
+        except (TypeError, ValueError, OverflowError, OSError):
             return f"time {event['time']!r} is not ISO 8601"
+        if figures.epoch(when) is None:
+            return f"time {event['time']!r} is not between 1970 and 2200"
     for names, test, what in _FIELDS:
         for name in names:
             if event.get(name) is not None and not test(event[name]):
                 return f"{name} {event[name]!r} is not {what}"
     return None
-
-
-def _integer(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 class EventFollower:
@@ -297,15 +302,15 @@ def _tail(path: Path | None, tail_bytes: int) -> list[dict[str, Any]]:
     for line in lines[1:] if start else lines:  # read from the middle of the file: the first line is cut
         try:
             e = json.loads(line)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             continue
-        if isinstance(e, dict) and e.get("rank") in (0, None):
+        if malformed(e) is None and e.get("rank") in (0, None):
             out.append(e)
     return out
 
 
 def _number(value: Any) -> TypeGuard[float]:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return figures.seconds(value) is not None
 
 
 @dataclass(frozen=True)

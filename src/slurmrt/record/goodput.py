@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import _figures as figures
 from .._safefs import replace_text
 from .events import Event, Run, read_events, runs, timestamp
 from .timeline import JobLife, RunLife, build, duration
@@ -189,7 +190,7 @@ def _number(event: dict[str, Any] | None, key: str) -> float:
 
 
 def _count(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+    return figures.count(value, 1)
 
 
 def openmetrics(ledger: Goodput, *, job: str, experiment: str | None) -> str:

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import _clock
+from .. import _figures as figures
 from .._safefs import locked_file, read_capped, replace_text
 
 __all__ = ["LEDGER_ENV", "TTL_S", "Entry", "Ledger", "ledger_path"]
@@ -56,11 +57,11 @@ class Entry:
     def parse(cls, node: str, data: Any) -> Entry | None:
         if not isinstance(data, dict):
             return None
-        try:
-            return cls(node, str(data["reason"]), None if data.get("job") is None else str(data["job"]),
-                       float(data["first"]), float(data["last"]), int(data.get("count", 1)))
-        except (KeyError, TypeError, ValueError):
-            return None
+        first, last = figures.epoch(data.get("first")), figures.epoch(data.get("last"))
+        count = figures.count(data.get("count", 1), 1)
+        if first is None or last is None or count is None or not isinstance(data.get("reason"), str):
+            return None  # a time out of the clock's range, a count of 1e999: not an entry slurmrt wrote
+        return cls(node, data["reason"], None if data.get("job") is None else str(data["job"]), first, last, count)
 
 
 def ledger_path(env: Mapping[str, str], cluster: str | None) -> Path:
@@ -131,6 +132,10 @@ class Ledger:
         raw = data.get("nodes") if isinstance(data, dict) else None
         entries = {node: Entry.parse(node, value) for node, value in (raw or {}).items()} \
             if isinstance(raw, dict) else {}
+        bad = sorted(node for node, e in entries.items() if e is None)
+        if bad:
+            logger.warning("bad-node ledger %s: the entries of %s are not what slurmrt writes (a time out of range, a "
+                           "count of 1e999, ...): ignored", self.path, ", ".join(bad[:8]))
         return {node: e for node, e in entries.items() if e is not None}
 
     def _write(self, entries: dict[str, Entry]) -> None:

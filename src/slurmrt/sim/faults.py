@@ -29,6 +29,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import _figures as figures
 from .._errors import ConfigError
 
 __all__ = ["KINDS", "Fault", "draw", "parse_duration", "parse_weights", "read_trace", "write_trace"]
@@ -59,10 +60,12 @@ _DURATION = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([smhd]?)\s*")
 def parse_duration(value: str, what: str = "--mtbf") -> float:
     """``90``, ``90s``, ``10m``, ``1.5h``, ``2d`` -> seconds (more than 0)."""
     match = _DURATION.fullmatch(value)
-    if match is None or float(match.group(1)) <= 0:
-        raise ConfigError(f"{what} {value!r}: a duration above 0, in seconds or with a unit: 90, 90s, 10m, 1.5h, 2d",
-                          value=value)
-    return float(match.group(1)) * _UNITS[match.group(2)]
+    seconds = float(match.group(1)) * _UNITS[match.group(2)] if match is not None else None
+    if seconds is None or not 0.001 <= seconds <= figures.MAX_SECONDS:
+        shown = value if len(value) <= 40 else f"{value[:30]}... ({len(value)} characters)"
+        raise ConfigError(f"{what} {shown!r}: a duration above 0 (1 ms to 100 years), in seconds or with a unit: "
+                          "90, 90s, 10m, 1.5h, 2d", value=value)
+    return seconds
 
 
 def parse_weights(value: str | None) -> dict[str, float]:
