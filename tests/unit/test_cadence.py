@@ -225,3 +225,20 @@ def test_a_local_tier_that_fails_to_save_leaves_the_answers_to_the_shared_tier(m
             answers.append(tier)
             c.saved(tier, 2.0, ok=tier == "shared")  # every local save fails (its directory is missing, say)
     assert answers[:2] == ["shared", "local"] and set(answers[2:]) == {"shared"}, answers  # asked once, no more
+
+
+def test_a_step_that_starts_at_0_each_epoch_keeps_saving(monkeypatch: pytest.MonkeyPatch,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    """A user loop `for step in range(len(loader))` inside `for epoch in ...`: the step goes back to 0 each epoch.
+    The saves go on at the same interval as with a step that counts on (they once stopped after the first epoch,
+    silently), and rank 0 says once what it does."""
+    clock = Clock(monkeypatch)
+    counted, per_epoch = cadence(node_h=50.0, nodes=4), cadence(node_h=50.0, nodes=4)
+    expected = train(counted, Clock(monkeypatch), 2000, stall={"shared": 10.0})
+    monkeypatch.setattr(_clock, "mono", lambda: clock.now)
+    saves = []
+    with caplog.at_level("INFO", logger="slurmrt.checkpoint.cadence"):
+        for epoch in range(10):  # 10 epochs of 200 steps, each much shorter than the save interval
+            saves += [(epoch * 200 + s, tier) for s, tier in train(per_epoch, clock, 200, stall={"shared": 10.0})]
+    assert len(expected) >= 3 and saves == expected
+    assert sum("the step went back from 199 to 0" in r.message for r in caplog.records) == 1

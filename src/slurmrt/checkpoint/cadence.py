@@ -125,18 +125,33 @@ class Cadence:
         self._rank, self._comm, self._events, self._current = rank, comm, events, current
         self._nodes, self._node_h, self._local, self._step_s = nodes, node_h, local, step_s
         self._check: int | None = None  # the next check step: the same on every rank
+        self._last: int | None = None  # the last step asked about, counted on (:meth:`_counted`)
+        self._base = 0  # what the steps of the epochs before this one add
         self._history: History | None = None
         self._cost: dict[str, float | None] = {"shared": costs[0], "local": costs[1]}
         self._since: dict[str, float] = {}  # rank 0: when each tier's newest save of this run ended
         self.plan: Intervals | None = None  #: rank 0's intervals at the last check
 
     def due(self, step: int) -> str | None:
-        """The tier to save ``step`` to ("shared", "local"), or None. Collective at check steps."""
+        """The tier to save ``step`` to ("shared", "local"), or None. Collective at check steps. A step lower than
+        the last one (a loop whose step starts at 0 each epoch) counts on from the last: every rank sees the same
+        steps, so every rank counts the same."""
+        step = self._counted(step)
         if self._check is not None and step < self._check:
             return None
         decided = self._decide(step) if self._rank == 0 else None
         answer, self._check = self._comm().broadcast(decided)
         return answer
+
+    def _counted(self, step: int) -> int:
+        """``step`` on a count that never goes back."""
+        if self._last is not None and step + self._base <= self._last:
+            if self._base == 0 and self._rank == 0:
+                logger.info("rt.should_save: the step went back from %d to %d (a step counted per epoch?): counting "
+                            "on from %d", self._last, step, self._last)
+            self._base = self._last + 1 - step
+        self._last = step + self._base
+        return self._last
 
     def saved(self, tier: str, stall_s: float, *, ok: bool = True) -> None:
         """A save of ``tier`` returned after blocking training ``stall_s`` seconds (rank 0's count); ``ok``: it was

@@ -146,7 +146,8 @@ class Runtime(TopologyView):
     def should_save(self, step: int) -> str | None:
         """The tier to save ``step`` to now ("shared", or "local" with a local tier), or None: the interval that
         balances the measured save stall against the job's failure rate (slurmrt.checkpoint.cadence). Call it on
-        every rank at every step; at its check steps, about one per save, it is a collective."""
+        every rank at every step; at its check steps, about one per save, it is a collective. A step that starts
+        again at 0 each epoch is counted on from the last one."""
         return self._cadence.due(step)
 
     def save(self, state: dict[str, Any] | SaveFn | Staged, *, step: int, blocking: bool = True,
