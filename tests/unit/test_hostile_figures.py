@@ -151,3 +151,33 @@ def test_an_option_out_of_bounds_is_refused_in_one_line(given_: dict[str, Any]) 
 def test_a_400_digit_mtbf_is_refused_in_one_line() -> None:
     code, _ = _run_cli(["sim", "--mtbf", "1" * 400, "--", "true"])
     assert code == 2
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(jumps=st.lists(st.floats(min_value=-120.0, max_value=60.0), min_size=len(TEMPLATES) * 2,
+                      max_size=len(TEMPLATES) * 2))
+@pytest.mark.stragglers  # its logs hold straggler events on purpose
+def test_a_clock_that_steps_back_never_gives_a_negative_second(tmp_path: Path, jumps: list[float]) -> None:
+    """Issue 53, class 3: the events of two runs, each dated by a wall clock that may step back (NTP, a VM resumed,
+    a node whose clock is behind). The ledger has no negative category, and `status` (its chart too) does not
+    raise."""
+    directory = tmp_path / "logs"
+    directory.mkdir(exist_ok=True)
+    start, offset, lines = datetime(2026, 11, 27, 1, 0, tzinfo=timezone.utc), 0.0, []
+    for restart in range(2):
+        for n, (name, fields, _) in enumerate(TEMPLATES):
+            offset += jumps[restart * len(TEMPLATES) + n]
+            lines.append(json.dumps({"time": (start + timedelta(seconds=offset)).isoformat(), "event": name,
+                                     "job": "5", "restart": restart, "rank": 0, **fields}))
+    log = directory / "events-5.jsonl"
+    log.write_text("\n".join(lines) + "\n")
+    logging.disable(logging.WARNING)
+    try:
+        events = list(read_events(log))
+        ledger = goodput.account(events, timeline.build(events))
+        assert all(v >= 0 for v in ledger.seconds.values()), ledger.seconds
+        assert all(v >= 0 for r in ledger.runs for v in r.seconds.values())
+        code, out = _run_cli(["status", str(directory)])
+        assert code == 0, out
+    finally:
+        logging.disable(logging.NOTSET)

@@ -126,6 +126,7 @@ def read_events(path: Path) -> Iterator[dict[str, Any]]:
     """The well-formed events of the log at ``path``, in order. A line that is not JSON (a write cut short), not an
     object, or whose fields have the wrong types (:func:`malformed`) is skipped with a warning: every reader
     (``slurmrt status``, ``doctor``, the simulator's summary, the loop guard) may then trust the fields it reads."""
+    clock = _Monotonic(path)
     with os.fdopen(open_regular(path), "rb") as f:
         for number, raw in enumerate(iter(lambda: f.readline(MAX_LINE), b""), 1):
             if len(raw) >= MAX_LINE and not raw.endswith(b"\n"):
@@ -146,7 +147,32 @@ def read_events(path: Path) -> Iterator[dict[str, Any]]:
             if problem:
                 logger.warning("%s:%d is not a slurmrt event (%s); skipped", path, number, problem)
                 continue
-            yield event
+            yield clock.ordered(event, number)
+
+
+class _Monotonic:
+    """The events of a log in the order they were appended (under its lock), with times that never run backwards:
+    a wall clock that stepped back (NTP, a VM resumed, a node whose clock is behind) would give negative durations.
+    An event dated before the one written before it takes that one's time; the first step back of more than a
+    second is said once."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.latest, self.said = path, float("-inf"), False
+
+    def ordered(self, event: dict[str, Any], number: int) -> dict[str, Any]:
+        if "time" not in event:
+            return event
+        when = datetime.fromisoformat(event["time"])
+        stamp = when.timestamp()
+        if stamp >= self.latest:
+            self.latest = stamp
+            return event
+        if self.latest - stamp > 1.0 and not self.said:
+            self.said = True
+            logger.warning("%s:%d is dated %.0f s before the event written before it (a clock that stepped back?): "
+                           "taken at that event's time", self.path, number, self.latest - stamp)
+        later = datetime.fromtimestamp(self.latest, tz=when.tzinfo)  # naive stays naive (local time)
+        return {**event, "time": later.isoformat()}
 
 
 def _reasons(value: Any) -> bool:

@@ -255,11 +255,13 @@ class _Canvas:
         self.grid = [[" "] * width for _ in range(height)]
 
     def col(self, t: float) -> int:
-        return min(self.width - 1, int((t - self.t0) / max(self.t1 - self.t0, 1e-9) * (self.width - 1) + 0.5))
+        """The column of wall time ``t``, within the grid (a time outside the chart's is drawn at its edge)."""
+        return max(0, min(self.width - 1, int((t - self.t0) / max(self.t1 - self.t0, 1e-9) * (self.width - 1) + 0.5)))
 
     def row(self, step: int) -> int:
-        return self.height - 1 - min(self.height - 1,
-                                     int((step - self.s0) / max(self.s1 - self.s0, 1) * (self.height - 1) + 0.5))
+        """The row of ``step``, within the grid (a step outside the chart's is drawn at its edge)."""
+        return self.height - 1 - max(0, min(self.height - 1, int((step - self.s0) / max(self.s1 - self.s0, 1) *
+                                                                 (self.height - 1) + 0.5)))
 
     def put(self, t: float, step: int, mark: str) -> None:
         self.grid[self.row(step)][self.col(t)] = mark
