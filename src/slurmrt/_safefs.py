@@ -24,9 +24,9 @@ from pathlib import Path
 
 from ._errors import UnsafePathError
 
-__all__ = ["fsync_dir", "group_id", "leftover_tmp_files", "lock", "locked_file", "open_append", "open_new",
-           "open_regular", "private_dir", "process_start_time", "process_stopped", "read_capped", "remove_entry",
-           "replace_text", "runtime_base", "write_text"]
+__all__ = ["NotOwnError", "fsync_dir", "group_id", "leftover_tmp_files", "lock", "locked_file", "open_append",
+           "open_new", "open_regular", "private_dir", "process_start_time", "process_stopped", "read_capped",
+           "remove_entry", "replace_text", "runtime_base", "write_text"]
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -96,17 +96,19 @@ def open_new(path: Path, mode: int = 0o600) -> int:
     return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, mode)
 
 
-def open_append(path: Path, mode: int = 0o644) -> int:
+def open_append(path: Path, mode: int = 0o644, *, own: bool = False) -> int:
     """``path`` opened for appending, created if absent; a symlink there is refused (never followed), and so is
     anything but a regular file (a FIFO would block the writer until someone reads it): UnsafePathError, an
     OSError."""
-    return open_regular(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, mode)
+    return open_regular(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, mode, own=own)
 
 
-def open_regular(path: Path | str, flags: int = os.O_RDONLY, mode: int = 0o644) -> int:
+def open_regular(path: Path | str, flags: int = os.O_RDONLY, mode: int = 0o644, *, own: bool = False) -> int:
     """``path`` opened as a regular file and nothing else: a symlink is refused, never followed; a FIFO, socket or
-    device planted under the name is refused without blocking on it (O_NONBLOCK, then fstat). The descriptor is
-    blocking again when returned. :class:`~slurmrt.UnsafePathError` names the file and what it is."""
+    device planted under the name is refused without blocking on it (O_NONBLOCK, then fstat). ``own``: the file
+    must be this user's too (checked on the open descriptor): a record another user left where the job writes (a
+    sticky, world-writable directory) is refused, :class:`NotOwnError`. The descriptor is blocking again when
+    returned. :class:`~slurmrt.UnsafePathError` names the file and what it is."""
     try:
         fd = os.open(path, flags | _NOFOLLOW | _CLOEXEC | _NONBLOCK, mode)
     except OSError as err:
@@ -121,8 +123,26 @@ def open_regular(path: Path | str, flags: int = os.O_RDONLY, mode: int = 0o644) 
         raise UnsafePathError(f"{path} is not a regular file (it is a {_kind(st.st_mode)}); slurmrt never opens "
                               "anything else there, since reading a FIFO or a device may block for ever or never "
                               "end: remove it", path=str(path))
+    if own and st.st_uid != os.geteuid():
+        os.close(fd)
+        raise NotOwnError(f"{path} belongs to {_owner(st.st_uid)}, not to you: slurmrt believes only its own "
+                          "records (another user may have left it where your job writes): ignored. Remove it, or "
+                          "point the job at a directory of your own", path=str(path))
     os.set_blocking(fd, True)
     return fd
+
+
+class NotOwnError(UnsafePathError):
+    """A record (an event log, the bad-node ledger) that another user owns: never believed."""
+
+
+def _owner(uid: int) -> str:
+    try:
+        import pwd
+
+        return f"user {pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except (ImportError, KeyError):
+        return f"uid {uid}"
 
 
 def _kind(mode: int) -> str:
@@ -133,11 +153,11 @@ def _kind(mode: int) -> str:
     return "special file"
 
 
-def read_capped(path: Path | str, limit: int) -> bytes:
+def read_capped(path: Path | str, limit: int, *, own: bool = False) -> bytes:
     """The whole of the regular file ``path`` (:func:`open_regular`), which must hold at most ``limit`` bytes: a
     file that grows without end (a link to /dev/zero is refused already) or was made huge is refused with
     :class:`~slurmrt.UnsafePathError`, not read into memory."""
-    fd = open_regular(path)
+    fd = open_regular(path, own=own)
     try:
         with os.fdopen(fd, "rb", closefd=False) as f:
             data = f.read(limit + 1)

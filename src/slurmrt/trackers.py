@@ -141,7 +141,7 @@ def goodput_metrics(rt: Any, prefix: str = "slurmrt/") -> dict[str, float]:
     path = getattr(rt, "event_log", None)
     if path is None or not Path(path).exists():
         return {}
-    ledger = account(read_events(Path(path)))
+    ledger = account(read_events(Path(path), own=True))
     metrics = {f"{prefix}seconds/{category}": round(seconds, 3) for category, seconds in ledger.seconds.items()}
     if ledger.ettr is not None:
         metrics[f"{prefix}goodput"] = round(ledger.ettr, 6)

@@ -202,7 +202,7 @@ class Cadence:
             from ..record.events import read_events
 
             try:
-                self._history = History.of(read_events(self._events), current=self._current) \
+                self._history = History.of(read_events(self._events, own=True), current=self._current) \
                     if self._events is not None else History()
             except OSError as err:
                 logger.warning("cannot read the event log for the failure history (%s): the prior alone is used", err)

@@ -128,7 +128,7 @@ class HangResponse:
                 return f"rank {s.rank} ended on {s.crashed}"
         path = self.executor.events.path
         if path is not None and path.exists():
-            for e in read_events(path):
+            for e in read_events(path, own=True):
                 if e.get("event") == Event.CRASH.value and e.get("restart") == self.topology.restart_count:
                     return f"rank {e.get('rank')} ended on {e.get('error')}"
         return None

@@ -21,7 +21,7 @@ from typing import Any, TypeGuard
 from .. import _clock
 from .. import _figures as figures
 from .._errors import UnsafePathError
-from .._safefs import lock, open_append, open_regular
+from .._safefs import NotOwnError, lock, open_append, open_regular
 
 __all__ = ["COPY_ENV", "Event", "EventFollower", "EventLog", "Measured", "Run", "measured", "measured_earlier",
            "read_events", "runs", "runs_of"]
@@ -102,7 +102,7 @@ class EventLog:
                 if path.parent not in self._made:
                     path.parent.mkdir(parents=True, exist_ok=True)
                     self._made.add(path.parent)
-                fd = open_append(path)  # a symlink planted in a shared directory is refused, not followed
+                fd = open_append(path, own=True)  # a symlink or another user's file is refused, not followed
                 try:
                     # Anyone who can read the file can lock it: a bounded wait, then the line goes in unlocked
                     # (one O_APPEND write) rather than the training waiting on another user's lock.
@@ -122,12 +122,19 @@ class EventLog:
                 logger.warning("cannot write event log %s: %s", path, err)
 
 
-def read_events(path: Path) -> Iterator[dict[str, Any]]:
+def read_events(path: Path, *, own: bool = False) -> Iterator[dict[str, Any]]:
     """The well-formed events of the log at ``path``, in order. A line that is not JSON (a write cut short), not an
     object, or whose fields have the wrong types (:func:`malformed`) is skipped with a warning: every reader
-    (``slurmrt status``, ``doctor``, the simulator's summary, the loop guard) may then trust the fields it reads."""
+    (``slurmrt status``, ``doctor``, the simulator's summary, the loop guard) may then trust the fields it reads.
+    ``own``: a reader that decides from the log (the loop guard, the deadline, the cadence) believes only a log of
+    this user's own; another user's is ignored, with one warning that names it."""
     clock = _Monotonic(path)
-    with os.fdopen(open_regular(path), "rb") as f:
+    try:
+        fd = open_regular(path, own=own)
+    except NotOwnError as err:
+        logger.warning("%s", err)
+        return
+    with os.fdopen(fd, "rb") as f:
         for number, raw in enumerate(iter(lambda: f.readline(MAX_LINE), b""), 1):
             if len(raw) >= MAX_LINE and not raw.endswith(b"\n"):
                 logger.warning("%s:%d is longer than %d bytes, far longer than any event: skipped", path, number,
@@ -308,7 +315,7 @@ def runs_of(path: Path | None) -> list[Run]:
     if path is None or not path.exists():
         return []
     try:
-        return runs(read_events(path))
+        return runs(read_events(path, own=True))
     except OSError:
         return []
 
@@ -318,10 +325,13 @@ def _tail(path: Path | None, tail_bytes: int) -> list[dict[str, Any]]:
     if path is None:
         return []
     try:
-        with os.fdopen(open_regular(path), "rb") as f:
+        with os.fdopen(open_regular(path, own=True), "rb") as f:
             start = max(0, f.seek(0, os.SEEK_END) - tail_bytes)
             f.seek(start)
             lines = f.read().decode("utf-8", errors="replace").splitlines()
+    except NotOwnError as err:
+        logger.warning("%s", err)
+        return []
     except OSError:
         return []
     out = []

@@ -222,7 +222,7 @@ def write_metrics(path: Path, events: Path | None, *, job: str, experiment: str 
         logger.warning("metrics_file=%s: no event log to account from (set checkpoint_dir or event_log)", path)
         return
     try:
-        replace_text(path, openmetrics(account(read_events(events)), job=job, experiment=experiment))
+        replace_text(path, openmetrics(account(read_events(events, own=True)), job=job, experiment=experiment))
     except OSError as err:
         logger.warning("the goodput metrics could not be written to %s: %s", path, err)
 

@@ -122,7 +122,7 @@ class Ledger:
 
     def _read(self) -> dict[str, Entry]:
         try:
-            data = json.loads(read_capped(self.path, _MAX_BYTES))
+            data = json.loads(read_capped(self.path, _MAX_BYTES, own=True))
         except FileNotFoundError:
             return {}
         except (OSError, ValueError, RecursionError) as err:

@@ -93,7 +93,7 @@ def armed(path: Path | None, job: str) -> list[str]:
     if path is None or not path.exists():
         return []
     try:
-        found = [e.get("guard") for e in read_events(path) if e.get("event") == Event.GUARD.value
+        found = [e.get("guard") for e in read_events(path, own=True) if e.get("event") == Event.GUARD.value
                  and e.get("job") == job and e.get("rank") == -1]
     except OSError:
         return []
