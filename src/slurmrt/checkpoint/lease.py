@@ -265,6 +265,9 @@ class Lease:
     def acquire(self) -> None:
         """Take the lease (rank 0, at init), under the directory's lock so that two jobs starting together cannot
         both win."""
+        if self.directory.exists() and not self.directory.is_dir():
+            raise LeaseError(f"checkpoint directory {self.directory} is a file, not a directory: give a directory "
+                             "(it is created if absent), or move the file away", directory=str(self.directory))
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             self._settle()

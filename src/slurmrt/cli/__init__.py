@@ -26,9 +26,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: Options whose value is itself a command line, which starts with a dash: argparse would take it for an option.
+_COMMAND_LINES = ("--srun-args", "--megatron-args")
+
+
+def _joined(argv: Sequence[str]) -> list[str]:
+    """``--srun-args '--gpus-per-task=1'`` as ``--srun-args=--gpus-per-task=1`` (the form argparse takes), before
+    the ``--`` that starts the training's own command."""
+    out, rest = list(argv), len(argv)
+    if "--" in out:
+        rest = out.index("--")
+    i = 0
+    while i < rest - 1:
+        if out[i] in _COMMAND_LINES:
+            out[i:i + 2] = [f"{out[i]}={out[i + 1]}"]
+            rest -= 1
+        i += 1
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_joined(sys.argv[1:] if argv is None else argv))
     if args.command is None:  # `slurmrt` alone: what it can do, not an error
         parser.print_help()
         return 0

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from .._errors import ConfigError
 from ..launch.parallel import ParallelConfig
 
 
@@ -28,8 +29,14 @@ def add_parallel(p: argparse.ArgumentParser) -> None:
 
 def parallel(args: argparse.Namespace, env: Mapping[str, str]) -> ParallelConfig:
     """The flags of :func:`add_parallel`, with NNODES / GPUS_PER_NODE from ``env`` (as init() reads them)."""
-    return ParallelConfig.declared(env, megatron_args=shlex.split(args.megatron_args) if args.megatron_args else None,
-                                   tp=args.tp, pp=args.pp, cp=args.cp, fsdp=args.fsdp, moe_overlap=args.moe_overlap)
+    try:
+        megatron = shlex.split(args.megatron_args) if args.megatron_args else None
+    except ValueError as err:  # an unbalanced quote
+        raise ConfigError(f"--megatron-args {args.megatron_args!r}: {err}: give Megatron's command line as one "
+                          "string, quoted as in a shell (--megatron-args \"--tensor-model-parallel-size 2 ...\")"
+                          ) from None
+    return ParallelConfig.declared(env, megatron_args=megatron, tp=args.tp, pp=args.pp, cp=args.cp, fsdp=args.fsdp,
+                                   moe_overlap=args.moe_overlap)
 
 
 def add_events(p: argparse.ArgumentParser, what: str) -> None:

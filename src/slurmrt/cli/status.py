@@ -71,6 +71,11 @@ def status_data(dirs: Iterable[Path]) -> list[dict[str, Any]]:
 
 
 def _files(dirs: list[Path]) -> list[Path]:
+    for d in dirs:
+        if not d.exists():
+            raise SlurmrtError(f"{d} does not exist: give the checkpoint directory (or the event log's)")
+        if d.is_dir() and not os.access(d, os.R_OK | os.X_OK):
+            raise SlurmrtError(f"{d}: permission denied (its event logs cannot be listed)")
     files = event_files(dirs)
     if not files:
         raise SlurmrtError(f"no event log (events-*.jsonl) in {', '.join(str(d) for d in dirs)}")

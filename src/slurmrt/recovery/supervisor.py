@@ -101,7 +101,9 @@ class Supervisor:
         self.job = job
         self.allocation = hostlist.expand(raw)
         self.wanted = len(self.allocation) - self.spare_nodes
-        if self.spare_nodes < 0 or self.wanted < 1:
+        if self.spare_nodes < 0:
+            raise ConfigError(f"--spare-nodes {self.spare_nodes}: a number of nodes held back, 0 or more")
+        if self.wanted < 1:
             raise ConfigError(f"--spare-nodes {self.spare_nodes} with {len(self.allocation)} node(s) in the job "
                               f"({hostlist.compress(self.allocation)}): at least one node must train. Allocate "
                               f"{max(self.spare_nodes, 0) + 1} or more (#SBATCH --nodes)")

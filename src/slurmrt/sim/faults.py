@@ -119,6 +119,11 @@ def read_trace(path: Path) -> list[Fault]:
     except (OSError, UnicodeDecodeError) as err:
         raise ConfigError(f"--trace {path}: cannot be read: {err}", path=str(path)) from None
     faults = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.count('"') % 2:
+            raise ConfigError(f"--trace {path}:{number}: {line!r}: a double quote with no closing one (it would join "
+                              "the lines after it into one field): remove it; each line is time,kind[,node]",
+                              path=str(path))
     for number, row in enumerate(csv.reader(text.splitlines()), 1):
         fault = _fault(row, f"--trace {path}:{number}", header=number == 1)
         if fault is not None:

@@ -1,0 +1,56 @@
+"""Inputs that a user types (issue 53, class 4): every parse error is one line that names the value, the rule and
+the fix, with exit code 2, never a traceback; the forms the help shows are taken."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from pathlib import Path
+
+import pytest
+
+from slurmrt._errors import LeaseError
+from slurmrt.cli import _joined, build_parser, main
+
+SLURM = {"SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": "n[1-2]"}
+
+
+def _stray_quote(tmp_path: Path) -> str:
+    trace = tmp_path / "trace.csv"
+    trace.write_text('10,hang\n"20,hang\n30,hang\n')
+    return str(trace)
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["env", "--json", "--megatron-args", "--tensor-model-parallel-size 2 'x"], "No closing quotation"),
+    (["sim", "--trace", "TRACE", "--", "true"], "a double quote with no closing one"),
+    (["run", "--spare-nodes", "-1", "--", "true"], "--spare-nodes -1: a number of nodes held back, 0 or more"),
+    (["run", "--srun-args", "--x='y", "--", "true"], "No closing quotation"),
+    (["status", "MISSING"], "does not exist"),
+])
+def test_a_typed_value_that_does_not_parse_is_refused_in_one_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, argv: list[str], said: str) -> None:
+    for k, v in SLURM.items():
+        monkeypatch.setenv(k, v)
+    argv = [_stray_quote(tmp_path) if a == "TRACE" else str(tmp_path / "nope") if a == "MISSING" else a for a in argv]
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = main(argv)
+    lines = err.getvalue().strip().splitlines()
+    assert code == 2 and len(lines) == 1 and said in lines[0], err.getvalue()
+
+
+def test_a_command_line_option_takes_a_value_that_starts_with_a_dash() -> None:
+    """`slurmrt run --srun-args '--gpus-per-task=1'`, as its own --help shows it (argparse alone refuses it)."""
+    args = build_parser().parse_args(_joined(["run", "--srun-args", "--gpus-per-task=1", "--spare-nodes", "1", "--",
+                                              "python", "train.py", "--srun-args", "x"]))
+    assert args.srun_args == "--gpus-per-task=1" and args.spare_nodes == 1
+    assert args.command[-2:] == ["--srun-args", "x"]  # the training's own, untouched
+
+
+def test_a_checkpoint_directory_that_is_a_file_says_so(tmp_path: Path) -> None:
+    from slurmrt.checkpoint.lease import Lease
+
+    (tmp_path / "ckpt").write_text("")
+    with pytest.raises(LeaseError, match="is a file, not a directory"):
+        Lease(tmp_path / "ckpt", owner="me").acquire()
