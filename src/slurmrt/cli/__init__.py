@@ -6,6 +6,7 @@ Exit codes: 0 success, 1 a check failed, 2 bad usage or input.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -55,12 +56,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.parser = parser  # `slurmrt completion` writes its scripts from it
     try:
         return int(args.func(args))
+    except BrokenPipeError:  # the reader went away (`slurmrt doctor | head -n 3`): what it wanted, it has
+        _quiet_stdout()
+        return 0
     except SlurmrtError as err:
         print(f"slurmrt {name}: {err}", file=sys.stderr)
         return 2
     except OSError as err:  # a file named on the command line that cannot be read: one line, not a traceback
         print(f"slurmrt {name}: {err}", file=sys.stderr)
         return 1
+
+
+def _quiet_stdout() -> None:
+    """Standard output to /dev/null: the interpreter's last flush must not fail on the closed pipe again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 if __name__ == "__main__":
