@@ -13,8 +13,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["MAX_COUNT", "MAX_EPOCH", "MAX_HOURS", "MAX_RATIO", "MAX_SECONDS", "count", "epoch", "finite_json", "hours",
-           "ratio", "seconds"]
+__all__ = ["MAX_COUNT", "MAX_EPOCH", "MAX_HOURS", "MAX_RATIO", "MAX_SECONDS", "count", "epoch", "finite_json", "ratio",
+           "seconds"]
 
 #: The longest duration any figure may be: a hundred years (a save, a step, a wait; 1e9 s is how an option says
 #: "never").
@@ -25,42 +25,34 @@ MAX_EPOCH = 7_258_118_400.0
 MAX_COUNT = 2**53
 #: A ratio or a share.
 MAX_RATIO = 1e6
-#: A mean time between failures, in hours: at most a million (114 years), at least a thousandth.
+#: A mean time between failures, in hours (the ``mtbf_node_h`` option): at most a million (114 years).
 MAX_HOURS = 1e6
 
 
-def _number(value: Any) -> float | None:
+def _between(value: Any, low: float, high: float) -> float | None:
+    """``value`` as a float when it is a finite number from ``low`` to ``high`` (not a flag, not a 400-digit int)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     try:
         number = float(value)
     except OverflowError:  # an int of 400 digits
         return None
-    return number if math.isfinite(number) else None
+    return number if math.isfinite(number) and low <= number <= high else None
 
 
 def seconds(value: Any) -> float | None:
     """A duration: a finite number from 0 to :data:`MAX_SECONDS`; None otherwise."""
-    number = _number(value)
-    return number if number is not None and 0.0 <= number <= MAX_SECONDS else None
+    return _between(value, 0.0, MAX_SECONDS)
 
 
 def epoch(value: Any) -> float | None:
     """A wall time in seconds since the epoch, up to :data:`MAX_EPOCH`; None otherwise."""
-    number = _number(value)
-    return number if number is not None and 0.0 <= number <= MAX_EPOCH else None
-
-
-def hours(value: Any) -> float | None:
-    """A mean time between failures: from 0.001 to :data:`MAX_HOURS` hours; None otherwise."""
-    number = _number(value)
-    return number if number is not None and 0.001 <= number <= MAX_HOURS else None
+    return _between(value, 0.0, MAX_EPOCH)
 
 
 def ratio(value: Any) -> float | None:
     """A ratio or a share (a straggler's slowness, a cost in steps): finite, from 0 to :data:`MAX_RATIO`."""
-    number = _number(value)
-    return number if number is not None and 0.0 <= number <= MAX_RATIO else None
+    return _between(value, 0.0, MAX_RATIO)
 
 
 def count(value: Any, low: int = 0) -> int | None:
