@@ -269,6 +269,17 @@ def _executor(topo: Any, log: Any) -> Any:
     return Executor(resolve(Options(), topo, {}), EventLog(log, job="7", restart=0, rank=0), node=topo.hostname)
 
 
+def _in_job_executor(topo: Any, log: Any, run_dir: Any) -> Any:
+    """:func:`_executor` of a step that `slurmrt run` started (run directory ``run_dir``, attempt 0, spare n3)."""
+    import dataclasses
+
+    from slurmrt.recovery.executor import Executor
+    from slurmrt.recovery.facts import InJob
+
+    base = _executor(topo, log)
+    return Executor(dataclasses.replace(base.facts, in_job=InJob(run_dir, 0, ("n3",), 3)), base.events, node="n1")
+
+
 def test_without_a_census_a_rank_names_nobody_and_excludes_no_node(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two ranks, but no rendezvous store to meet in: the rank knows only itself, which must not make every other
     rank a suspect (it once did: they all "did not answer")."""
@@ -390,7 +401,6 @@ def test_a_rank_srun_saw_end_is_not_waited_for(tmp_path, monkeypatch: pytest.Mon
     """Under `slurmrt run`, srun's line for a task that ended reaches the run directory (ended-<attempt>.json): the
     census stops waiting for that rank at once (here its wait is an hour, and Slurm has not sent SIGTERM), names it,
     and says what srun saw."""
-    import dataclasses
     import json
     import threading
 
@@ -400,8 +410,6 @@ def test_a_rank_srun_saw_end_is_not_waited_for(tmp_path, monkeypatch: pytest.Mon
     from slurmrt.hang import response as _hang
     from slurmrt.hang.census import Census
     from slurmrt.recovery import injob
-    from slurmrt.recovery.executor import Executor
-    from slurmrt.recovery.facts import InJob
 
     topo = _rank0_of_two()
     store = HashStore()
@@ -410,9 +418,7 @@ def test_a_rank_srun_saw_end_is_not_waited_for(tmp_path, monkeypatch: pytest.Mon
     log, run_dir = tmp_path / "events.jsonl", private_dir(tmp_path / "run")
     injob.write_ended(run_dir, 0, {1: ("n2", "Killed")})
     exits = _no_exit(monkeypatch)
-    base = _executor(topo, log)
-    executor = Executor(dataclasses.replace(base.facts, in_job=InJob(run_dir, 0, ("n3",), 3)), base.events,
-                        node="n1")
+    executor = _in_job_executor(topo, log, run_dir)
     response = _hang.HangResponse(topo, executor, kill_switch_seen=lambda: False, last_step=lambda: 5,
                                   census=lambda: census, census_wait_s=3600.0, terminating=lambda: False)
 
@@ -457,7 +463,6 @@ def test_a_stalled_rank_told_that_a_peer_ended_responds_at_once(tmp_path, monkey
     """NCCL's collectives wait on the GPU and need not fail when a peer dies: the stalled survivor learns it from
     srun's line (through `slurmrt run`), not from its own allowance. A peer that ended on slurmrt's own answer (exit
     3: a requeue every rank takes) is no lost peer."""
-    import dataclasses
     import json
     import threading
 
@@ -467,16 +472,12 @@ def test_a_stalled_rank_told_that_a_peer_ended_responds_at_once(tmp_path, monkey
     from slurmrt.hang import response as _hang
     from slurmrt.hang.census import Census
     from slurmrt.recovery import injob
-    from slurmrt.recovery.executor import Executor
-    from slurmrt.recovery.facts import InJob
 
     topo = _rank0_of_two()
     census = Census(HashStore(), prefix="c/", rank=0, world=2)
     log, run_dir = tmp_path / "events.jsonl", private_dir(tmp_path / "run")
     exits = _no_exit(monkeypatch)
-    base = _executor(topo, log)
-    executor = Executor(dataclasses.replace(base.facts, in_job=InJob(run_dir, 0, ("n3",), 3)), base.events,
-                        node="n1")
+    executor = _in_job_executor(topo, log, run_dir)
 
     def response() -> Any:
         return _hang.HangResponse(topo, executor, kill_switch_seen=lambda: False, last_step=lambda: 5,
