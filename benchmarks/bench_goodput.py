@@ -75,7 +75,7 @@ def _script(directory: Path, policy: Policy, steps: int) -> Path:
     if policy.spare:
         body = f"exec {sys.executable} -m slurmrt run --spare-nodes 1 -- {command}"
     else:  # as users write it: requeue on a failure slurmrt could not answer itself (a killed rank 0)
-        body = f"srun --kill-on-bad-exit=1 {command}\nrc=$?\ncase $rc in 0|1|2|3|4) ;; *) scontrol requeue " \
+        body = f"srun --kill-on-bad-exit=1 {command}\nrc=$?\ncase $rc in 0|1|2|3|4|78) ;; *) scontrol requeue " \
                '"$SLURM_JOB_ID" ;; esac\nexit $rc'
     script = directory / "job.sbatch"
     script.write_text(f"#!/bin/bash\n{env}{body}\n")

@@ -136,7 +136,7 @@ def batch_script(directory: Path, trial: Trial, steps: int = STEPS) -> Path:
             body = f"mkdir -p {directory}/local\nexport SLURMRT_LOCAL_CHECKPOINT_DIR={directory}/local\n{body}"
     else:
         body = "\n".join([f"srun --kill-on-bad-exit=1 --wait=60 {command}", "rc=$?",
-                          'case $rc in 0|1|2|3|4) ;; *) scontrol requeue "$SLURM_JOB_ID" ;; esac', "exit $rc"])
+                          'case $rc in 0|1|2|3|4|78) ;; *) scontrol requeue "$SLURM_JOB_ID" ;; esac', "exit $rc"])
     script.write_text(f"#!/bin/bash\nexport SLURMRT_CHECKPOINT_DIR={directory}/ckpt\n{body}\n")
     return script
 

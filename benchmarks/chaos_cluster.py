@@ -64,7 +64,7 @@ def start_job(directory: Path, number: int, steps: int) -> Job:
         args: tuple[str, ...] = ("-N3", "--no-kill")
     else:
         body = "\n".join([f"srun --kill-on-bad-exit=1 --wait=60 {worker(steps)}", "rc=$?",
-                          'case $rc in 0|1|2|3|4) ;; *) scontrol requeue "$SLURM_JOB_ID" ;; esac', "exit $rc"])
+                          'case $rc in 0|1|2|3|4|78) ;; *) scontrol requeue "$SLURM_JOB_ID" ;; esac', "exit $rc"])
         args = ("-N2",)
     return submit(directory, body, *args, "--ntasks-per-node=1", "--requeue", "--signal=USR1@10",
                   exports=exports, name=f"chaos-{number}")

@@ -57,9 +57,25 @@ def test_batch_shell_without_srun_warns_that_other_tasks_never_start(tmp_path: P
 def test_nnodes_mismatch_fails_every_rank_within_seconds_before_any_rendezvous(tmp_path: Path) -> None:
     procs = start(4, tmp_path, ["--steps", "5"], script=QUICKSTART, extra={"NNODES": "2"})
     codes = wait_all(procs, timeout=600)  # a rendezvous would wait 30 minutes; wait_all kills and fails past 600 s
-    assert codes == [1] * 4
-    for r in range(4):
-        assert "NodeCountError: NNODES=2 but this step runs on 1 nodes" in (tmp_path / f"rank{r}.log").read_text()
+    assert codes == [78] * 4  # ExitCode.CONFIG: no batch script requeues it
+    logs = [(tmp_path / f"rank{r}.log").read_text() for r in range(4)]
+    said = "slurmrt: NodeCountError: NNODES=2 but this step runs on 1 nodes"
+    assert said in logs[0] and "Traceback" not in logs[0], logs[0]  # one line, once per node: its local rank 0
+    assert logs[1:] == ["", "", ""], logs[1:]
+
+
+def test_a_misconfiguration_that_the_script_catches_is_its_own_to_handle(tmp_path: Path) -> None:
+    """Only an uncaught ConfigError ends the script with 78: code that catches it goes on, and any other uncaught
+    error after it is Python's ordinary traceback and exit 1."""
+    script = tmp_path / "catches.py"
+    script.write_text("import slurmrt\n"
+                      "try:\n    slurmrt.init(nnodes=2)\nexcept slurmrt.NodeCountError as err:\n"
+                      "    print('caught:', err.details)\n"
+                      "raise RuntimeError('the script failed on its own')\n")
+    codes = wait_all(start(1, tmp_path, [], script=script), timeout=600)
+    log = (tmp_path / "rank0.log").read_text()
+    assert codes == [1], log
+    assert "caught: {'declared': 2, 'actual': 1}" in log and "RuntimeError: the script failed on its own" in log
 
 
 def test_an_exception_during_the_agreement_rounds_exits_1_after_the_earlier_atexit_handlers(tmp_path: Path) -> None:

@@ -162,7 +162,8 @@ def test_7_nnodes_mismatch_fails_every_rank_within_seconds(cluster: Path, tmp_pa
     info = job.wait(300)
     assert info["JobState"] == "FAILED"
     assert _seconds(info["EndTime"]) - _seconds(info["StartTime"]) <= 300  # a rendezvous would wait 30 minutes
-    assert job.output().count("NodeCountError: NNODES=4 but this step runs on 2 nodes") == 2  # both ranks
+    assert job.output().count("slurmrt: NodeCountError: NNODES=4 but this step runs on 2 nodes") == 2  # each node
+    assert "Traceback" not in job.output() and info["ExitCode"] == "78:0"  # ExitCode.CONFIG: nothing requeues it
 
 
 def test_7_early_interpolated_slurm_procid_fails_within_seconds(cluster: Path, tmp_path: Path) -> None:

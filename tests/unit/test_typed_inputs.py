@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
+import re
+import time
 from pathlib import Path
 
 import pytest
@@ -54,3 +57,30 @@ def test_a_checkpoint_directory_that_is_a_file_says_so(tmp_path: Path) -> None:
     (tmp_path / "ckpt").write_text("")
     with pytest.raises(LeaseError, match="is a file, not a directory"):
         Lease(tmp_path / "ckpt", owner="me").acquire()
+
+
+def _planted_lease(directory: Path, heartbeat: object) -> None:
+    directory.mkdir()
+    (directory / ".slurmrt-lease.json").write_text(json.dumps(
+        {"owner": "999", "host": "elsewhere", "pid": 1, "start": None, "heartbeat": heartbeat, "job": "999"}))
+
+
+def test_a_lease_whose_heartbeat_lies_in_the_future_says_so_and_what_to_do(tmp_path: Path) -> None:
+    from slurmrt.checkpoint.lease import Lease
+
+    _planted_lease(tmp_path / "ckpt", time.time() + 3600)
+    with pytest.raises(LeaseError) as refused:
+        Lease(tmp_path / "ckpt", owner="5", host="here").check()
+    said = str(refused.value)
+    assert re.search(r"heartbeat 3[56]\d\d s in the future", said), said  # not "0 s ago"
+    assert "clock" in said and "remove " + str(tmp_path / "ckpt" / ".slurmrt-lease.json") in said
+
+
+@pytest.mark.parametrize("heartbeat", [float("nan"), float("inf"), 1e300, -5.0, "soon", True])
+def test_a_lease_whose_heartbeat_is_no_time_is_damaged_and_replaced(tmp_path: Path, heartbeat: object,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    from slurmrt.checkpoint.lease import Lease
+
+    _planted_lease(tmp_path / "ckpt", heartbeat)  # json.dumps writes NaN and Infinity, which Python reads back
+    assert Lease(tmp_path / "ckpt", owner="5", host="here").check() is None
+    assert "is damaged (not a slurmrt lease): it is replaced" in caplog.text

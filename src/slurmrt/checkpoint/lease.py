@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import _clock, _slurm
+from .. import _clock, _figures, _slurm
 from .._errors import CheckpointError, LeaseError, UnsafePathError
 from .._safefs import locked_file, process_start_time, read_capped
 from ..launch.topology import Topology
@@ -60,6 +60,8 @@ STALE_S = 600.0
 #: Slurm's "that job ended" counts only once the holder's heartbeat has not moved for this long: two refreshes
 #: missed. A heartbeat that moves contradicts Slurm (another cluster's job, a purged record): the holder lives.
 QUIET_S = 2 * REFRESH_S + 15.0
+#: Two hosts' clocks may differ by this much before a heartbeat "in the future" is worth saying.
+_AHEAD_S = 60.0
 _LOCK_WAIT_S = 10.0
 _MAX_BYTES = 64 << 10  #: a lease is a few hundred bytes
 #: How long the other ranks wait for rank 0 to take over a lease they found live, before they refuse too (rank 0
@@ -94,7 +96,8 @@ class Holder:
         try:
             holder = cls(owner=str(data["owner"]), host=str(data["host"]), pid=int(data["pid"]),
                          start=None if data.get("start") is None else int(data["start"]),
-                         heartbeat=float(data["heartbeat"]), job=data.get("job"), array_task=data.get("array_task"),
+                         heartbeat=_heartbeat(data["heartbeat"]), job=data.get("job"),
+                         array_task=data.get("array_task"),
                          uid=data.get("uid"), cluster=_text_or_none(data.get("cluster")),
                          step=_text_or_none(data.get("step")), run=_text_or_none(data.get("run")))
         except (KeyError, TypeError, ValueError):
@@ -104,7 +107,19 @@ class Holder:
     def describe(self, now: float) -> str:
         where = f"on {self.host}, pid {self.pid}"
         job = (f"job {self.owner}" + (f" (step {self.step})" if self.step else "")) if self.job else f"run {self.owner}"
-        return f"{job} ({where}, heartbeat {max(0.0, now - self.heartbeat):.0f} s ago)"
+        ahead = self.heartbeat - now
+        if ahead > _AHEAD_S:  # a live holder cannot be told from a lease written with a wrong clock, or by hand
+            return (f"{job} ({where}, heartbeat {ahead:.0f} s in the future: its host's clock is ahead of this one's, "
+                    "or the lease was not written by slurmrt; it holds until that time has passed)")
+        return f"{job} ({where}, heartbeat {max(0.0, -ahead):.0f} s ago)"
+
+
+def _heartbeat(value: Any) -> float:
+    """A heartbeat is a wall time within the figures' bounds; anything else makes the lease damaged."""
+    heartbeat = _figures.epoch(value)
+    if heartbeat is None:
+        raise ValueError(f"heartbeat {value!r} is not a time")
+    return heartbeat
 
 
 def _text_or_none(value: Any) -> str | None:

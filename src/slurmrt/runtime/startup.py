@@ -8,6 +8,7 @@ import os
 from typing import Any
 
 from .. import log
+from .._errors import ConfigError
 from ..checkpoint import lease as leases
 from ..hang.response import unhealthy
 from ..launch import cuda, health, preflight
@@ -22,7 +23,7 @@ from ..recovery import injob
 from ..recovery.conclude import exit_at_init
 from ..recovery.executor import Executor
 from ..stop import killswitch
-from . import logs
+from . import logs, misconfigured
 from .facade import Runtime
 
 __all__ = ["init"]
@@ -35,8 +36,18 @@ def init(options: Options | None = None, **overrides: Any) -> Runtime:
 
     Call it first thing in the script, before anything touches CUDA. ``options`` (a :class:`slurmrt.Options`) and
     keyword ``overrides`` (its field names: ``checkpoint_dir=...``) win over the ``SLURMRT_*`` variables, which win
-    over the defaults. Exits the process with code 0 when the kill switch already exists.
+    over the defaults. Exits the process with code 0 when the kill switch already exists. A
+:class:`~slurmrt.ConfigError` that the script does not catch ends it with one line per node and exit code 78
+(:mod:`.misconfigured`).
     """
+    try:
+        return _init(options, overrides)
+    except ConfigError as err:
+        misconfigured.arm(err, os.environ)
+        raise
+
+
+def _init(options: Options | None, overrides: dict[str, Any]) -> Runtime:
     env = os.environ
     opts = Options.resolve(overrides, env, base=options)
     topo = from_environ(env, launcher_argv=launcher_argv() if "RANK" in env else None)
