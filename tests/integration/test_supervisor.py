@@ -145,6 +145,20 @@ def test_the_tasks_srun_saw_end_reach_the_steps_ranks_while_the_step_runs(
     assert "srun: error: n2: tasks 2-3: Killed\n" in capfd.readouterr().err
 
 
+def test_a_task_that_init_found_misconfigured_ends_the_job_with_78_and_no_restart(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """init() refused the launch in task 0 (exit 78, before any event log) and srun then killed the others: the
+    step's code (137) would read as a killed rank, restarted and requeued in a loop; srun's line says otherwise."""
+    env = {**os.environ, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-3]", "FAKE_LOG": str(tmp_path / "log"),
+           "FAKE_TASK_ENDED": "n1: task 0: Exited with exit code 78"}
+    sup = Supervisor(["x"], spare_nodes=1, max_restarts=3, env=env, directory=tmp_path / "d",
+                     srun=str(fake_srun(tmp_path)))
+    assert sup.run() == ExitCode.CONFIG
+    steps = [line for line in (tmp_path / "log").read_text().splitlines() if '"argv"' in line]
+    assert len(steps) == 1, steps
+    assert "task(s) 0 exited 78: init() found the launch or an option misconfigured" in capfd.readouterr().err
+
+
 def _answered(tmp_path: Path, *, code: int, outcome: str, rank: int, step_code: str,
               extra_env: dict[str, str] | None = None, **chosen: object) -> Supervisor:
     """A supervisor whose step ends with ``step_code`` after rank ``rank`` recorded ``outcome`` (``code``) for its

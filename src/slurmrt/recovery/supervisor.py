@@ -254,12 +254,24 @@ class Supervisor:
         run = self._run(attempt)
         answer = code if code in {int(c) for c in ExitCode} else self._answer(run)
         if answer is None:
-            return None
+            return self._misconfigured(attempt)
         if answer != code:
             self._say(f"the step ended with exit code {code} after slurmrt in it had answered {answer}: "
                       "that answer stands")
         made = self._executor(attempt, ()).complete_requeue(run)  # it says so
         return made.code if made is not None else answer
+
+    def _misconfigured(self, attempt: int) -> int | None:
+        """:attr:`ExitCode.CONFIG` when srun saw a task exit with it: ``init()`` refused the launch before any event
+        log or rendezvous (its one line is in the output), and srun then ended the others. Every step would do the
+        same: not restarted, not requeued."""
+        said = f"Exited with exit code {int(ExitCode.CONFIG)}"
+        tasks = sorted(t for t, (_, how) in injob.read_ended(self.directory, attempt).items() if how == said)
+        if not tasks:
+            return None
+        self._say(f"step {attempt}: task(s) {', '.join(map(str, tasks))} exited {int(ExitCode.CONFIG)}: init() found "
+                  "the launch or an option misconfigured (the line above says what to fix); not restarted or requeued")
+        return int(ExitCode.CONFIG)
 
     def _run(self, attempt: int) -> Run | None:
         """Step ``attempt`` of this run, as the event log tells it (rank 0's and the leading rank's events)."""
