@@ -66,3 +66,18 @@ def test_the_users_own_records_are_still_believed(tmp_path: Path) -> None:
     path = tmp_path / "bad-nodes.json"
     Ledger(path).record(["n2"], reason="lost", job="5")
     assert Ledger(path).nodes() == ["n2"]
+
+
+@pytest.mark.parametrize("name", ["experiment.json", "trackers.json"])
+def test_an_experiment_or_tracker_file_another_user_planted_is_refused_naming_it(tmp_path: Path, name: str) -> None:
+    """A neighbour's experiment id or tracker run id would send this job's curves into their run: refused at init()
+    with one line that names the file and the fix, never read."""
+    from slurmrt import ConfigError
+    from slurmrt.record import experiment
+
+    assert name in (experiment.EXPERIMENT_FILE, experiment.TRACKERS_FILE)
+    planted = _planted(tmp_path / "ckpt" / name, json.dumps({"id": "theirs-1", "wandb": "theirs"}))
+    read = (lambda: experiment.establish(planted.parent, job="5")) if name == experiment.EXPERIMENT_FILE \
+        else (lambda: experiment.read_trackers(planted.parent))
+    with pytest.raises(ConfigError, match=rf"{planted}.*belongs to .*uid {OTHER_UID}.*not to you.*fix or remove it"):
+        read()

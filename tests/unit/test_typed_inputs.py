@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from slurmrt._errors import LeaseError
+from slurmrt._errors import LeaseError, SlurmrtError
 from slurmrt.cli import _joined, build_parser, main
 
 SLURM = {"SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": "n[1-2]"}
@@ -84,3 +84,14 @@ def test_a_lease_whose_heartbeat_is_no_time_is_damaged_and_replaced(tmp_path: Pa
     _planted_lease(tmp_path / "ckpt", heartbeat)  # json.dumps writes NaN and Infinity, which Python reads back
     assert Lease(tmp_path / "ckpt", owner="5", host="here").check() is None
     assert "is damaged (not a slurmrt lease): it is replaced" in caplog.text
+
+
+def test_status_on_a_directory_it_cannot_list_says_permission_denied(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Root reads every directory, so the refusal comes from the access check at the process boundary."""
+    import slurmrt.cli.status as status_cli
+
+    (tmp_path / "events-5.jsonl").write_text("")
+    monkeypatch.setattr(status_cli.os, "access", lambda path, mode: Path(path) != tmp_path)
+    with pytest.raises(SlurmrtError, match=rf"^{tmp_path}: permission denied \(its event logs cannot be listed\)$"):
+        status_cli.status([tmp_path])

@@ -83,7 +83,7 @@ def _read_id(path: Path) -> str | None:
 def _read_json(path: Path, fix: str) -> dict[str, Any] | None:
     """A JSON object, or None when the file does not exist; a clear error naming the file when it is damaged."""
     try:
-        data = json.loads(read_capped(path, MAX_BYTES))
+        data = json.loads(read_capped(path, MAX_BYTES, own=True))  # a neighbour's id would join their runs
     except (FileNotFoundError, NotADirectoryError):
         return None
     except (OSError, ValueError) as err:
