@@ -137,3 +137,14 @@ def test_the_metrics_file_parses_with_prometheus_own_parsers(tmp_path: Path) -> 
         assert samples[("slurmrt_goodput_ratio", None)] == pytest.approx(368.0 / 620.0, abs=1e-6)
         assert samples[("slurmrt_time_seconds", "lost_work")] == pytest.approx(60.0)
         assert sum(v for (name, c), v in samples.items() if name == "slurmrt_time_seconds") == pytest.approx(620.0)
+
+
+def test_a_run_that_never_loads_a_checkpoint_is_productive_from_its_first_step() -> None:
+    """No load_latest() (no checkpoint directory, or a script that only saves): start-up ends at the first step,
+    not at a load that never comes (which counted the whole run as start-up, 0 % productive)."""
+    events = [ev(0, 0, "init", nnodes=1), ev(4, 0, "progress", step=0), ev(50, 0, "progress", step=90),
+              ev(60, 0, "exit", outcome="FINISHED")]
+    ledger = account(events)
+    assert ledger.seconds["startup"] == pytest.approx(4.0)
+    assert ledger.seconds["productive"] == pytest.approx(46.0)
+    assert ledger.seconds["stopping"] == pytest.approx(10.0)  # from its last step event to its end

@@ -4,7 +4,7 @@ Every second from the first run's start to the last run's end falls in one categ
 
 - ``productive``: training whose steps were kept;
 - ``startup``: a run's start (process start, init, rendezvous) to the end of its checkpoint load, the load apart (a
-  run that ended before its load: up to its fault):
+  run that never loads: to its first step; a run that ended before either: up to its fault);
 - ``load``: reading the checkpoint it resumed from;
 - ``checkpoint_stall``: saves that blocked training (blocking saves; a background save's write does not block);
 - ``lost_work``: steps trained after the last checkpoint that survived the run, redone by the next one;
@@ -132,7 +132,7 @@ def _run(run: Run, life: RunLife) -> RunGoodput:
     blocking = [(timestamp(e), _number(e, "seconds")) for e in run.all(Event.SAVE) if e.get("blocking")]
     cut = life.cut_short or bool(life.left)
     last = _fault_at(run, ready) if cut else _last_step_at(life, ready)
-    if not life.loaded:  # it ended in its start-up: nothing trained, all of it up to the fault is start-up
+    if not life.loaded and not life.points:  # it ended in its start-up: nothing trained, all of it up to the fault
         ready = last
     tail = _tail(life, last, blocking)
     seconds = {"startup": ready - life.start - load, "load": load, "checkpoint_stall": sum(s for _, s in blocking),
@@ -163,10 +163,11 @@ def _lost(life: RunLife, last: float) -> float:
 
 
 def _started(run: Run, life: RunLife) -> tuple[float, float]:
-    """When the run was ready to train (its resume or fresh start, within the run), and how long its load took."""
+    """When the run was ready to train (its resume or fresh start, within the run; a run that never loads: its
+    first step), and how long its load took."""
     started = run.first(Event.RESUME) or run.first(Event.FRESH_START)
     if started is None:
-        return life.start, 0.0
+        return (min(max(life.points[0][0], life.start), life.end) if life.points else life.start), 0.0
     ready = min(max(timestamp(started), life.start), life.end)
     return ready, min(_number(started, "seconds"), ready - life.start)
 

@@ -1,8 +1,10 @@
-"""``scontrol``, ``squeue``, ``scancel``, ``sbatch`` and ``srun`` for ``slurmrt sim``: small scripts on the job's PATH.
+"""``scontrol``, ``squeue``, ``scancel``, ``sbatch``, ``sinfo`` and ``srun`` for ``slurmrt sim``: small scripts on
+the job's PATH, in front of any Slurm of the machine's own, which the simulator never asks.
 
 They understand what a training job asks of Slurm: requeue itself, its end time, cancel itself, expand a hostlist,
 start a step, arm a guard job on itself (``sbatch --dependency=afternotok:JOB --wrap ...``: the simulator runs it
-when the job ends not COMPLETED, :mod:`.guards`). Anything else fails loudly rather than pretending.
+when the job ends not COMPLETED, :mod:`.guards`), the size of its partition. Anything else fails loudly rather than
+pretending. ``tests/unit/test_sim_shims.py`` fails when slurmrt calls a Slurm command that has no shim here.
 """
 
 from __future__ import annotations
@@ -20,13 +22,16 @@ from . import guards
 from .spec import JobSpec
 from .state import SimState
 
-_SHIMS = ("srun", "scontrol", "squeue", "scancel", "sbatch")
+SHIMS = ("srun", "scontrol", "squeue", "scancel", "sbatch", "sinfo")
+
+#: The simulated partition's size: it makes up a node for each one excluded, up to this many.
+PARTITION_NODES = 64
 
 
 def install(bin_dir: Path) -> Path:
     bin_dir.mkdir(parents=True, exist_ok=True)
     python = shlex.quote(sys.executable)
-    for name in _SHIMS:
+    for name in SHIMS:
         module = "slurmrt.sim.srun" if name == "srun" else "slurmrt.sim.shims"
         args = "" if name == "srun" else f" {name}"
         path = bin_dir / name
@@ -152,9 +157,21 @@ def sbatch(args: Sequence[str]) -> int:
     return 0
 
 
+def sinfo(args: Sequence[str]) -> int:
+    """Only the node count of the job's partition: ``sinfo -h -p PARTITION -o %D``."""
+    spec, _ = SimState.from_env().read_job()
+    partition = args[args.index("-p") + 1] if "-p" in args and args.index("-p") + 1 < len(args) else None
+    fmt = args[args.index("-o") + 1] if "-o" in args and args.index("-o") + 1 < len(args) else None
+    if partition != "sim" or fmt != "%D":
+        print(f"sinfo (slurmrt sim): unsupported: {shlex.join(args)} (only -p sim -o %D)", file=sys.stderr)
+        return 1
+    print(max(PARTITION_NODES, 2 * spec.nodes))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    commands = {"scontrol": scontrol, "squeue": squeue, "scancel": scancel, "sbatch": sbatch}
+    commands = {"scontrol": scontrol, "squeue": squeue, "scancel": scancel, "sbatch": sbatch, "sinfo": sinfo}
     return commands[args[0]](args[1:])
 
 
