@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 
 from slurmrt import trackers
+from slurmrt.record.chart import duration
 from slurmrt.record.events import Event, read_events, runs
 from slurmrt.record.experiment import EXPERIMENT_FILE, establish
-from slurmrt.record.timeline import duration
 
 from .launch import ROOT
 from .test_sim import sim

@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 
 from slurmrt import ConfigError, trackers
+from slurmrt.record.chart import draw, render, totals
 from slurmrt.record.experiment import EXPERIMENT_FILE, establish
-from slurmrt.record.timeline import build, draw, render, totals
+from slurmrt.record.timeline import build
 
 # -- the experiment id ---------------------------------------------------------------------------------------------
 

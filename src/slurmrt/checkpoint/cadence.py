@@ -251,7 +251,7 @@ def advice(events: list[dict[str, Any]], *, node_h: float) -> list[str]:
     """What ``rt.should_save`` would answer for a job, in words (``slurmrt status``): the intervals for its measured
     saves and its failure history; none when it measured no save. For a loop that cannot ask (Megatron-LM's
     ``--save-interval``), the steps to set."""
-    from ..record.timeline import duration as _duration
+    from ..record.chart import duration as _duration
 
     s = saving(events, node_h=node_h)
     if s is None:

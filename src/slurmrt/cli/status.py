@@ -18,9 +18,10 @@ from typing import Any
 from .._errors import SlurmrtError
 from ..checkpoint.cadence import advice, saving
 from ..options import Options
+from ..record.chart import draw, duration, render, totals
 from ..record.events import read_events
 from ..record.goodput import Goodput, account, draw_bar
-from ..record.timeline import JobLife, RunLife, build, draw, duration, render, totals
+from ..record.timeline import JobLife, RunLife, build
 from ._common import add_command, default_dirs, event_files
 from ._json import add_flag, emit
 

@@ -29,8 +29,9 @@ from typing import Any
 
 from .. import _figures as figures
 from .._safefs import replace_text
+from .chart import duration
 from .events import Event, Run, read_events, runs, timestamp
-from .timeline import JobLife, RunLife, build, duration
+from .timeline import JobLife, RunLife, build
 
 __all__ = ["CATEGORIES", "Goodput", "RunGoodput", "account", "draw_bar", "openmetrics", "write_metrics"]
 
