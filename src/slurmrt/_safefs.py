@@ -221,6 +221,18 @@ def process_start_time(pid: int) -> int | None:
         return None
 
 
+def process_age(pid: int) -> float | None:
+    """How long ago process ``pid`` started, in seconds (boot-time clock: no wall clock step moves it); None when
+    it cannot be read (no /proc)."""
+    start = process_start_time(pid)
+    try:
+        with open("/proc/uptime", "rb") as f:
+            uptime = float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None if start is None else max(0.0, uptime - start / os.sysconf("SC_CLK_TCK"))
+
+
 def process_stopped(pid: int) -> bool:
     """Whether process ``pid`` is stopped (state T or t: SIGSTOP, a debugger)."""
     fields = _proc_stat(pid)

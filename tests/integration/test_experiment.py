@@ -128,7 +128,9 @@ def test_status_tells_the_jobs_life_with_the_figures_of_its_event_log(job: Path,
                      if isinstance(e.get("step"), int))
     lost = last_step0 - run1.resumed_from
     assert run1.resumed_from == SAVE_EVERY - 1 and lost >= KILL_AT - SAVE_EVERY
-    gap = run1.start - run0.end
+    before = [(r.first(Event.INIT) or {}).get("process_s") or 0.0 for r in (run0, run1)]  # each, before init()
+    assert all(0.0 < b < 600.0 for b in before), before
+    gap = run1.start - before[1] - run0.end
     saving = sum(e["seconds"] for e in events if e["event"] == "save" and e["rank"] == 0)
     status = subprocess.run([sys.executable, "-m", "slurmrt", "status", str(job / "ckpt"), "--plot",
                              str(tmp_path / "life.png")], capture_output=True, text=True,
@@ -141,7 +143,7 @@ def test_status_tells_the_jobs_life_with_the_figures_of_its_event_log(job: Path,
     assert f"(at least {lost} step(s))" in text
     assert f"run 1: resumed after step {SAVE_EVERY - 1}; no stop; last checkpoint step {STEPS - 1}; exit FINISHED; " \
         f"reached step {STEPS - 1}" in text
-    assert (f"reached step {STEPS - 1} in {duration(run1.end - run0.start)}; work lost {lost} step(s)" in text)
+    assert (f"reached step {STEPS - 1} in {duration(run1.end - (run0.start - before[0]))}; work lost {lost} step(s)" in text)
     saves = sum(1 for e in events if e["event"] == "save" and e["rank"] == 0)  # a step saved twice counts once
     assert f"waiting between runs {duration(gap)}; saving {duration(saving)} ({saves} checkpoint(s))" in text
     assert "!" in text.split("timeline")[1], "the lost steps are drawn"

@@ -35,8 +35,8 @@ EVENTS = [
 def test_each_second_falls_in_one_category_and_they_add_up_to_the_wall_time() -> None:
     ledger = account(EVENTS)
     assert ledger.seconds == pytest.approx({
-        "productive": 88.0 + 280.0, "startup": 10.0 + 25.0, "load": 5.0, "checkpoint_stall": 2.0 + 8.0,
-        "lost_work": 60.0, "recovery": 70.0, "stopping": 12.0, "waiting": 60.0})
+        "productive": 88.0 + 280.0, "process_start": 0.0, "startup": 10.0 + 25.0, "load": 5.0,
+        "checkpoint_stall": 2.0 + 8.0, "lost_work": 60.0, "recovery": 70.0, "stopping": 12.0, "waiting": 60.0})
     assert list(ledger.seconds) == list(CATEGORIES)
     assert ledger.wall_s == pytest.approx(620.0, rel=0.01)  # the first run's start to the last run's end
     assert ledger.ettr == pytest.approx(368.0 / 620.0)
@@ -148,3 +148,19 @@ def test_a_run_that_never_loads_a_checkpoint_is_productive_from_its_first_step()
     assert ledger.seconds["startup"] == pytest.approx(4.0)
     assert ledger.seconds["productive"] == pytest.approx(46.0)
     assert ledger.seconds["stopping"] == pytest.approx(10.0)  # from its last step event to its end
+
+
+def test_the_time_before_init_is_process_start_not_waiting_and_no_second_counts_twice() -> None:
+    """Each init event says how long its process ran before it (interpreter, imports): the job's wall time starts
+    that much earlier, and the wait before a run is that much shorter. A process start that would reach back into
+    the run before (two hosts' clocks) is cut at that run's end."""
+    events = [{**e, "process_s": 3.0} if e["event"] == "init" and e["restart"] == 0 else
+              {**e, "process_s": 5.0} if e["event"] == "init" else e for e in EVENTS]
+    ledger = account(events)
+    assert ledger.seconds["process_start"] == pytest.approx(8.0)
+    assert ledger.seconds["waiting"] == pytest.approx(55.0) and ledger.seconds["startup"] == pytest.approx(35.0)
+    assert ledger.wall_s == pytest.approx(623.0) and sum(ledger.seconds.values()) == pytest.approx(623.0)
+    events = [{**e, "process_s": 100.0} if e["event"] == "init" and e["restart"] == 1 else e for e in EVENTS]
+    ledger = account(events)
+    assert ledger.seconds["process_start"] == pytest.approx(60.0) and ledger.seconds["waiting"] == 0.0
+    assert ledger.wall_s == pytest.approx(620.0)

@@ -193,7 +193,7 @@ _FIELDS: tuple[tuple[tuple[str, ...], Any, str], ...] = (
      f"a whole number from 0 to {figures.MAX_COUNT}"),
     (("rank",), lambda v: figures.count(v, -1) is not None, "a rank (-1 or more)"),
     (("code",), lambda v: figures.count(v, -255) is not None, "an exit code"),
-    (("seconds", "step_s", "save_s", "worst_step_s", "idle_s", "allowed_s"),
+    (("seconds", "step_s", "save_s", "worst_step_s", "idle_s", "allowed_s", "process_s"),
      lambda v: figures.seconds(v) is not None, f"a duration (finite, 0 to {figures.MAX_SECONDS:.0f} s)"),
     (("end_time",), lambda v: figures.epoch(v) is not None, "a time (seconds since the epoch, before 2200)"),
     (("ratio", "cost"), lambda v: figures.ratio(v) is not None, f"a ratio (finite, 0 to {figures.MAX_RATIO:g})"),

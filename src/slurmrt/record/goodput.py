@@ -3,7 +3,9 @@
 Every second from the first run's start to the last run's end falls in one category:
 
 - ``productive``: training whose steps were kept;
-- ``startup``: a run's start (process start, init, rendezvous) to the end of its checkpoint load, the load apart (a
+- ``process_start``: a run's process, from its start to ``init()`` (the interpreter, the imports, the script's own
+  set-up), as the ``init`` event measures it;
+- ``startup``: from ``init()`` (the launch checks, the rendezvous) to the end of its checkpoint load, the load apart (a
   run that never loads: to its first step; a run that ended before either: up to its fault);
 - ``load``: reading the checkpoint it resumed from;
 - ``checkpoint_stall``: saves that blocked training (blocking saves; a background save's write does not block);
@@ -38,10 +40,12 @@ __all__ = ["CATEGORIES", "Goodput", "RunGoodput", "account", "draw_bar", "openme
 logger = logging.getLogger(__name__)
 
 #: The categories, in the order they are shown; their names are the JSON keys.
-CATEGORIES = ("productive", "startup", "load", "checkpoint_stall", "lost_work", "recovery", "stopping", "waiting")
+CATEGORIES = ("productive", "process_start", "startup", "load", "checkpoint_stall", "lost_work", "recovery", "stopping",
+              "waiting")
 
 #: How each category is said in text.
-WORDS = {"productive": "productive", "startup": "start-up", "load": "load", "checkpoint_stall": "checkpoint stall",
+WORDS = {"productive": "productive", "process_start": "process start", "startup": "start-up", "load": "load",
+         "checkpoint_stall": "checkpoint stall",
          "lost_work": "lost work", "recovery": "fault detection and recovery", "stopping": "stopping and draining",
          "waiting": "waiting between runs"}
 
@@ -136,7 +140,8 @@ def _run(run: Run, life: RunLife) -> RunGoodput:
     if not life.loaded and not life.points:  # it ended in its start-up: nothing trained, all of it up to the fault
         ready = last
     tail = _tail(life, last, blocking)
-    seconds = {"startup": ready - life.start - load, "load": load, "checkpoint_stall": sum(s for _, s in blocking),
+    seconds = {"process_start": life.process_s, "startup": max(0.0, ready - life.start - life.process_s - load),
+               "load": load, "checkpoint_stall": sum(s for _, s in blocking),
                "lost_work": _lost(life, last), "recovery": tail if cut else 0.0, "stopping": 0.0 if cut else tail}
     seconds["productive"] = max(0.0, wall - sum(seconds.values()))
     return _with_nodes(run, life.label, seconds)
@@ -167,10 +172,11 @@ def _started(run: Run, life: RunLife) -> tuple[float, float]:
     """When the run was ready to train (its resume or fresh start, within the run; a run that never loads: its
     first step), and how long its load took."""
     started = run.first(Event.RESUME) or run.first(Event.FRESH_START)
+    begun = life.start + life.process_s  # init()
     if started is None:
-        return (min(max(life.points[0][0], life.start), life.end) if life.points else life.start), 0.0
-    ready = min(max(timestamp(started), life.start), life.end)
-    return ready, min(_number(started, "seconds"), ready - life.start)
+        return (min(max(life.points[0][0], begun), life.end) if life.points else begun), 0.0
+    ready = min(max(timestamp(started), begun), life.end)
+    return ready, min(_number(started, "seconds"), ready - begun)
 
 
 def _fault_at(run: Run, ready: float) -> float:
@@ -230,7 +236,8 @@ def write_metrics(path: Path, events: Path | None, *, job: str, experiment: str 
 
 
 #: The bar's colours: productive green, each badput its own.
-_COLORS = {"productive": "#2ca02c", "startup": "#7f7f7f", "load": "#bcbd22", "checkpoint_stall": "#1f77b4",
+_COLORS = {"productive": "#2ca02c", "process_start": "#17becf",
+           "startup": "#7f7f7f", "load": "#bcbd22", "checkpoint_stall": "#1f77b4",
            "lost_work": "#d62728", "recovery": "#9467bd", "stopping": "#8c564b", "waiting": "#c7c7c7"}
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
 
+from .. import _figures as figures
 from .events import Event, Run, runs, timestamp
 
 __all__ = ["JobLife", "RunLife", "build"]
@@ -45,6 +46,8 @@ class RunLife:
     #: (commit time, step, seconds the save took)
     checkpoints: list[tuple[float, int, float]] = field(default_factory=list)
     resumed_from: int | None = None
+    #: Seconds its process ran before init() recorded it (interpreter, imports); ``start`` is that much earlier.
+    process_s: float = 0.0
     #: The run reached its load (a resume or a fresh start); False: it ended in its start-up.
     loaded: bool = True
     stop_step: int | None = None
@@ -131,6 +134,9 @@ def build(events: Iterable[dict[str, Any]], job: str = "?") -> JobLife:
             job = str(init.get("job") or job)
             experiment = init.get("experiment") or experiment
         lives.append(_run_life(run))
+    for before, life in pairwise(lives):  # a process start that would reach back into the run before (clocks)
+        overlap = max(0.0, min(before.end - life.start, life.process_s))
+        life.start, life.process_s = life.start + overlap, life.process_s - overlap
     for n, life in enumerate(lives):  # what survived a run is what the next run that loaded resumed from
         _account_lost(life, next((later for later in lives[n + 1:] if later.loaded), None))
     return JobLife(job=job, experiment=experiment, runs=lives)
@@ -146,10 +152,11 @@ def _straggler(e: dict[str, Any]) -> str:
 
 def _run_life(run: Run) -> RunLife:
     moved = run.first(Event.IN_JOB_RESTART)
-    life = RunLife(restart=run.restart, start=run.start, end=run.end, resumed_from=run.resumed_from,
+    process_s = _process_s(run)
+    life = RunLife(restart=run.restart, start=run.start - process_s, end=run.end, resumed_from=run.resumed_from,
                    reasons=run.reasons, attempt=run.attempt,
                    left=tuple(str(n) for n in moved.get("nodes") or ()) if moved else (),
-                   left_why=str(moved.get("why") or "") if moved else "")
+                   left_why=str(moved.get("why") or "") if moved else "", process_s=process_s)
     _judgement(run, life)
     life.stragglers = tuple(_straggler(e) for e in run.all(Event.STRAGGLER))
     life.resumed_tier, life.from_peers = _resumed_where(run)
@@ -163,6 +170,13 @@ def _run_life(run: Run) -> RunLife:
     exit_event = run.first(Event.EXIT)
     life.outcome = exit_event.get("outcome") if exit_event else None
     return life
+
+
+def _process_s(run: Run) -> float:
+    """How long the run's process ran before its ``init`` event, when that event opens the run (a bounded
+    duration); else 0."""
+    init = run.first(Event.INIT)
+    return (figures.seconds(init.get("process_s")) or 0.0) if init is not None and init is run.events[0] else 0.0
 
 
 def _judgement(run: Run, life: RunLife) -> None:

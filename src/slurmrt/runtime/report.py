@@ -8,6 +8,7 @@ from typing import Any
 
 from .. import _clock
 from .._env import get_int
+from .._safefs import process_age
 from ..checkpoint.store import SaveResult
 from ..launch.topology import Topology
 from ..record.events import Event, EventLog
@@ -34,7 +35,7 @@ class Reporter:
                              nodelist=list(t.nodelist), master=f"{t.master_addr}:{t.master_port}",
                              restart_count=t.restart_count, cuda_device_max_connections=connections,
                              kill_switch=kill_switch, experiment=experiment,
-                             job_nodes=_job_nodes())
+                             job_nodes=_job_nodes(), process_s=_process_s())
 
     def new_signals(self, recorder: SignalRecorder) -> None:
         """Report the signals ``recorder`` saw since the last call; the caller compares ``len(first_seen)`` with
@@ -124,3 +125,10 @@ def _job_nodes() -> int | None:
         return get_int(os.environ, "SLURM_JOB_NUM_NODES", minimum=1)
     except ValueError:  # malformed: Slurm writes it; the launch checks judge the variables that matter
         return None
+
+
+def _process_s() -> float | None:
+    """How long this process ran before ``init()`` recorded it: the interpreter, the imports, the script's own
+    set-up (the goodput ledger's "process start")."""
+    age = process_age(os.getpid())
+    return None if age is None else round(age, 3)
