@@ -143,7 +143,8 @@ def test_status_tells_the_jobs_life_with_the_figures_of_its_event_log(job: Path,
     assert f"(at least {lost} step(s))" in text
     assert f"run 1: resumed after step {SAVE_EVERY - 1}; no stop; last checkpoint step {STEPS - 1}; exit FINISHED; " \
         f"reached step {STEPS - 1}" in text
-    assert (f"reached step {STEPS - 1} in {duration(run1.end - (run0.start - before[0]))}; work lost {lost} step(s)" in text)
+    wall = run1.end - (run0.start - before[0])
+    assert f"reached step {STEPS - 1} in {duration(wall)}; work lost {lost} step(s)" in text
     saves = sum(1 for e in events if e["event"] == "save" and e["rank"] == 0)  # a step saved twice counts once
     assert f"waiting between runs {duration(gap)}; saving {duration(saving)} ({saves} checkpoint(s))" in text
     assert "!" in text.split("timeline")[1], "the lost steps are drawn"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import _posixsubprocess
+import multiprocessing.util
 import os
 import subprocess
 import time
@@ -14,12 +16,14 @@ import pytest
 @pytest.fixture(autouse=True)
 def _no_process(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     def refuse(*args: object, **kwargs: object) -> None:
-        raise AssertionError("a unit test starts no process (subprocess, fork, spawn): it belongs in "
-                             "tests/integration")
+        raise AssertionError("a unit test starts no process (subprocess, fork, spawn, multiprocessing): it belongs "
+                             "in tests/integration")
 
     monkeypatch.setattr(subprocess.Popen, "_execute_child", refuse)
     monkeypatch.setattr(os, "fork", refuse)
     monkeypatch.setattr(os, "posix_spawn", refuse)
+    monkeypatch.setattr(_posixsubprocess, "fork_exec", refuse)  # what subprocess and multiprocessing's spawn call
+    monkeypatch.setattr(multiprocessing.util, "spawnv_passfds", refuse)
     yield
 
 
