@@ -77,7 +77,7 @@ def _conclude(tmp_path: Path, reasons: set[Reason], exclude: list[str]) -> tuple
     events = EventLog(tmp_path / "events.jsonl", job="7", restart=0, rank=0)
     decision = StopDecision(40, frozenset(reasons), True)
     executor = Executor(resolve(Options(), topo, os.environ), events, node=topo.hostname)
-    outcome = conclude(decision, executor=executor, comm=SoloComm(), failed_save=False, step=40, exclude=exclude)
+    outcome, _ = conclude(decision, executor=executor, comm=SoloComm(), failed_save=False, step=40, exclude=exclude)
     return outcome, list(read_events(events.path))
 
 

@@ -106,10 +106,16 @@ def test_the_guard_requeues_without_the_batch_node_and_remembers_it(slurm: Path,
     assert ledger.nodes() == ["n1"]
 
 
-def test_the_guard_leaves_a_run_that_recorded_its_end(slurm: Path, tmp_path: Path,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("code", "outcome", "action"), [(4, "STOPPED", "stop"), (0, "FINISHED", "finish"),
+                                                        (5, "HUNG", "fail")])  # a hang whose requeue was refused
+def test_the_guard_leaves_a_run_that_recorded_its_end_for_good(slurm: Path, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch, code: int,
+                                                               outcome: str, action: str) -> None:
+    """Ended for good is the exit event's action (Action.for_good), not its code: exit 5 with the requeue refused
+    (max_restarts, the loop guard) ended the job as surely as a stop."""
     monkeypatch.setenv("FAKE_JOB_INFO", FAILED)
-    EventLog(tmp_path / "events.jsonl", job="664", restart=1, rank=0).emit(Event.EXIT, code=4, outcome="STOPPED")
+    EventLog(tmp_path / "events.jsonl", job="664", restart=1, rank=0).emit(Event.EXIT, code=code, outcome=outcome,
+                                                                         action=action)
     assert _stand(tmp_path, Ledger(tmp_path / "ledger.json")) == 0
     assert "requeue" not in slurm.read_text()
 
@@ -127,7 +133,8 @@ def test_a_step_that_asked_for_an_in_job_restart_is_requeued_when_the_batch_node
         slurm: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Its exit event (5, an in-job restart asked) wanted the job to go on: not an answer that stands."""
     monkeypatch.setenv("FAKE_JOB_INFO", FAILED)
-    EventLog(tmp_path / "events.jsonl", job="664", restart=1, rank=0).emit(Event.EXIT, code=5, outcome="HUNG")
+    EventLog(tmp_path / "events.jsonl", job="664", restart=1, rank=0).emit(Event.EXIT, code=5, outcome="HUNG",
+                                                                         action="in_job_restart")
     assert _stand(tmp_path, Ledger(tmp_path / "ledger.json")) == 0
     assert "requeue 664" in slurm.read_text()
 

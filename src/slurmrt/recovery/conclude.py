@@ -16,7 +16,7 @@ from typing import NoReturn
 from .._comm import Comm
 from ..stop.decision import Reason, StopDecision
 from .executor import Executor
-from .plan import Trigger
+from .plan import Action, Trigger
 from .policy import Outcome
 
 logger = logging.getLogger(__name__)
@@ -32,8 +32,9 @@ def trigger_of(stop: StopDecision | None) -> Trigger:
 
 
 def conclude(stop: StopDecision | None, *, executor: Executor, comm: Comm, failed_save: bool,
-             step: int | None = None, exclude: Sequence[str] = (), progressed: bool = True) -> Outcome:
-    """How the run ends, the same on every rank; requeues the job when the plan says so. Collective. ``step`` is
+             step: int | None = None, exclude: Sequence[str] = (), progressed: bool = True) -> tuple[Outcome, Action]:
+    """How the run ends and what the job does next, the same on every rank; requeues the job when the plan says so.
+    Collective. ``step`` is
     the last step the run reached, for the record; ``exclude``: nodes a restart must leave out (a straggler's);
     ``progressed``: the run made at least one step (rank 0's count decides)."""
     comm.all_ok(True)  # every rank is here: rank 0 may requeue
@@ -41,8 +42,9 @@ def conclude(stop: StopDecision | None, *, executor: Executor, comm: Comm, faile
     if comm.rank == 0:
         done = executor.recover(trigger_of(stop), nodes=exclude, stop=stop, failed_save=failed_save, step=step,
                                 progressed=progressed)
-        chosen = done.outcome.name
-    return Outcome[comm.broadcast(chosen)]
+        chosen = [done.outcome.name, done.action.value]
+    outcome, action = comm.broadcast(chosen)
+    return Outcome[outcome], Action(action)
 
 
 def exit_at_init(switch: Path, executor: Executor, *, lead: bool) -> NoReturn:

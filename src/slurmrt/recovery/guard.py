@@ -35,8 +35,7 @@ from ..record.ledger import Ledger
 from .exclusion import JobNodes, read_job
 from .executor import Executor
 from .facts import Facts
-from .plan import Trigger
-from .policy import ExitCode
+from .plan import Action, Trigger
 
 __all__ = ["arm", "batch_host", "judge", "stand_guard"]
 
@@ -100,9 +99,6 @@ def armed(path: Path | None, job: str) -> list[str]:
     return [g for g in dict.fromkeys(found) if isinstance(g, str) and g.replace("_", "").isdigit()]
 
 
-#: Exit codes of a run that ended for good (finished, stopped, failed): its answer stands. The others (requeued,
-#: an in-job restart asked, a requeue still needed) wanted the job to go on, which the lost batch node stopped.
-FOR_GOOD = (int(ExitCode.FINISHED), int(ExitCode.FAILED), int(ExitCode.STOPPED))
 #: A node in one of these states has failed (``scontrol show node``: ``DOWN*``, ``IDLE+NOT_RESPONDING``, ...).
 _FAILED_NODE = ("DOWN", "FAIL", "NOT_RESPONDING")
 
@@ -134,7 +130,10 @@ def stand_guard(job: str, restart: int, host: str, *, facts: Facts, event_log: C
         return 1
     run_, attempt = _last_step(event_log(0).path, restart)
     ended = run_.first(Event.EXIT) if run_ is not None else None
-    refused = judge(info, restart=restart, host=host, answered=ended is not None and ended.get("code") in FOR_GOOD,
+    # A run that ended for good (its exit event's action: finished, stopped, failed) stands; one that wanted the job
+    # to go on (a requeue, an in-job restart) was stopped by the lost batch node.
+    action = Action.of(ended.get("action")) if ended is not None else None
+    refused = judge(info, restart=restart, host=host, answered=action is not None and action.for_good,
                     host_state=node_state(host))
     if refused is not None:
         print(f"slurmrt guard: job {job}: {refused}", file=sys.stderr)

@@ -53,6 +53,17 @@ class Action(enum.Enum):
     FINISH = "finish"  # ends for good, as wanted (all steps done, the kill switch)
     FAIL = "fail"  # ends for good on an error, or a fault that may not be retried
 
+    @property
+    def for_good(self) -> bool:
+        """The job ends here: slurmrt starts no other run of it and asks Slurm for none (Slurm may still requeue a
+        preempted job). The one definition: the facade, the guard and :attr:`Decision.restarts` read it."""
+        return self not in (Action.IN_JOB_RESTART, Action.REQUEUE)
+
+    @classmethod
+    def of(cls, value: object) -> Action | None:
+        """The action an ``exit`` event names (its ``action``), or None for a value that is none."""
+        return next((a for a in cls if a.value == value), None)
+
 
 #: The triggers whose nodes are only suspects (the census named them from inside the step): under ``slurmrt run``
 #: the supervisor judges them from evidence (:func:`classify`) before any node is left out or a spare spent.
@@ -82,7 +93,7 @@ class Decision:
     @property
     def restarts(self) -> bool:
         """The job goes on: in this allocation, or after the queue."""
-        return self.action in (Action.IN_JOB_RESTART, Action.REQUEUE)
+        return not self.action.for_good
 
 
 def plan(trigger: Trigger, facts: Facts, *, nodes: Sequence[str] = (), stop: StopDecision | None = None,

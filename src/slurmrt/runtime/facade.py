@@ -214,7 +214,7 @@ class Runtime(TopologyView):
         with self.stop.doing("save"):  # waits for saves, and for the other ranks
             failed_save = not self.checkpoints.wait()
             self.stop.end_rounds()
-            self.outcome = conclude(self.stop.decision, executor=self._executor, comm=self._hooks.groups().work,
+            self.outcome, action = conclude(self.stop.decision, executor=self._executor, comm=self._hooks.groups().work,
                                     failed_save=failed_save, step=self.stop.last_step,
                                     exclude=self.stop.exclude_nodes, progressed=self.stop.steps_done > 0)
         if self.options.metrics_file is not None and self.rank == 0:
@@ -222,7 +222,7 @@ class Runtime(TopologyView):
                           experiment=self.experiment_id)
         if self.outcome is Outcome.FINISHED:  # nothing will resume from this node's local tier
             self.checkpoints.clear_local()
-        if self.outcome in _FOR_GOOD and self.topology.rank == 0:  # no run of ours follows: its lock file goes
+        if action.for_good and self.topology.rank == 0:  # no run of ours follows: its lock file goes
             logs.remove_job_lock()
         self.close()
         return self.outcome.code
@@ -253,6 +253,3 @@ class Runtime(TopologyView):
         if self._lease is not None:
             self._lease.release()  # the next task of an --array=...%1 chain may take the directory now
 
-
-#: Outcomes after which slurmrt starts no other run of the job (Slurm may still requeue a preempted one).
-_FOR_GOOD = (Outcome.FINISHED, Outcome.KILL_SWITCH, Outcome.STOPPED, Outcome.FAILED)
