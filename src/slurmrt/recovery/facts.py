@@ -52,8 +52,8 @@ class Facts:
     #: resumed from. Only the rank that acts knows it, from the event log, when it acts (:meth:`with_futile`); 0
     #: before that, so that every rank asking "could a restart happen?" gets the same answer.
     futile: int = 0
-    max_futile_runs: int | None = 3
-    max_excluded_nodes: int = 4
+    max_futile_runs: int | None = Options.max_futile_runs  # the defaults are the options', said once
+    max_excluded_nodes: int = Options.max_excluded_nodes
     #: Set under ``slurmrt run``: an in-job restart is possible in principle.
     in_job: InJob | None = None
     #: The kill switch's path, for the words of a kill-switch stop.

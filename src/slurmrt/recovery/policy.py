@@ -12,9 +12,6 @@ from ..stop.decision import StopDecision
 
 __all__ = ["ExitCode", "Outcome", "at_time_limit", "futile_runs", "futile_why", "requeue"]
 
-#: Stop requeueing after this many runs in a row committed no newer checkpoint (``max_futile_runs``).
-MAX_FUTILE_RUNS = 3
-
 #: A SIGTERM within this many seconds of the end time (or after it) is the time limit, not scancel/preemption.
 TIME_LIMIT_TOLERANCE_S = 15.0
 
