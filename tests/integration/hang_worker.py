@@ -31,7 +31,7 @@ def write_to_stalled_fs(fifo: Path, directory: Path) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--mode", choices=["sleep", "kill", "fifo", "switch", "phase"], required=True)
+    p.add_argument("--mode", choices=["sleep", "kill", "fifo", "switch", "phase", "raise"], required=True)
     p.add_argument("--at", type=int, default=30)
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--eval-s", type=float, default=4.0)
@@ -47,6 +47,8 @@ def main() -> None:
         if step == a.at and rt.rank == 1 and a.mode in ("sleep", "switch"):
             (a.out / "stuck").touch()
             threading.Event().wait()  # never returns
+        if step == a.at and rt.rank == 1 and a.mode == "raise":
+            raise RuntimeError("a bug of the script's own")
         if step == a.at and rt.rank == 1 and a.mode == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
         if step == a.at and a.mode == "fifo":

@@ -98,6 +98,17 @@ def test_the_kill_switch_works_while_a_rank_is_stuck(workdir: Path) -> None:
     calls = _calls(workdir)
     assert "scancel 4242" in calls and not any(c.startswith("requeue") for c in calls)
     assert not _events(workdir, "suspects"), "the switch means stop: no census, no exclusion"
+    (ended,) = _events(workdir, "exit")  # recorded once, by the executor: status and the loop guard see the end
+    assert (ended["outcome"], ended["action"], ended["code"]) == ("KILL_SWITCH", "finish", 0), ended
+
+
+def test_a_rank_that_ends_on_its_own_exception_fails_the_job_once_without_blaming_a_node(workdir: Path) -> None:
+    codes = _run(workdir, "raise", 2)
+    assert codes == [1, 1], codes
+    (ended,) = _events(workdir, "exit")
+    assert (ended["outcome"], ended["action"], ended["exclude"]) == ("FAILED", "fail", []), ended
+    assert "a bug of the script's own" in (workdir / "rank0.log").read_text()
+    assert not any(c.startswith("requeue") for c in _calls(workdir))
 
 
 def test_a_long_marked_phase_is_not_a_hang(workdir: Path) -> None:

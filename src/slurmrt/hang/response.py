@@ -29,6 +29,7 @@ from ..recovery import injob
 from ..recovery.executor import Executor
 from ..recovery.plan import Trigger, plan
 from ..recovery.policy import ExitCode
+from ..stop.decision import Reason, StopDecision
 from .census import Census, CensusError, RankState, main_thread_state, name_suspects
 from .stacks import pattern, stacks_file, write
 from .watchdog import Hang
@@ -169,7 +170,7 @@ class HangResponse:
         since = time.time()
         state = self._record(what, step, idle, victim, detail)
         census, states, store_lost = self._gather(state)
-        self._exit_if_not_a_node(states, idle)
+        self._exit_if_not_a_node(states, idle, step)
         suspects, why, nodes, lead = self._suspects(census, states, store_lost)
         if not self._leads(lead):
             if census is not None and not store_lost:
@@ -205,16 +206,24 @@ class HangResponse:
                                   stacks=stacks, **detail)
         return RankState(t.rank, t.hostname, step, waiting, where, round(idle, 1), kill_switch=self.kill_switch_seen())
 
-    def _exit_if_not_a_node(self, states: dict[int, RankState], idle: float) -> None:
+    def _exit_if_not_a_node(self, states: dict[int, RankState], idle: float, step: int | None) -> None:
         """The kill switch was seen (cancel, exit 0), or a rank crashed on an error of its own (no bad node: the
-        plan's code for a software error)."""
+        plan's code for a software error). The lowest rank that answered the census records the run's end through
+        the executor, as every other end is recorded, unless a rank did already (one that lost the store hosted by
+        the one that answered first counts only itself); the others take the plan's code."""
+        lead = (not states or min(states) == self.topology.rank) and self._answered_already() is None
         if any(s.kill_switch for s in states.values()):
+            if lead:
+                self.executor.recover(Trigger.STOPPED, stop=StopDecision(step or 0, frozenset({Reason.KILL_SWITCH}),
+                                                                         save=False),
+                                      step=step, detail=f"the kill switch, seen while the loop was hung {idle:.0f} s")
             if self.cancel is not None and self.topology.local_rank == 0:
                 self.cancel(idle)
             self._exit(ExitCode.FINISHED)
         crash = self._crash_seen(states)
         if crash is not None:
-            decision = plan(Trigger.SOFTWARE_ERROR, self.executor.facts)
+            decision = self.executor.recover(Trigger.SOFTWARE_ERROR, step=step, detail=crash) if lead else \
+                plan(Trigger.SOFTWARE_ERROR, self.executor.facts)
             logger.error("%s: %s", crash, decision.why)
             self._exit(ExitCode(decision.code))
 
