@@ -164,3 +164,13 @@ def test_the_time_before_init_is_process_start_not_waiting_and_no_second_counts_
     ledger = account(events)
     assert ledger.seconds["process_start"] == pytest.approx(60.0) and ledger.seconds["waiting"] == 0.0
     assert ledger.wall_s == pytest.approx(620.0)
+
+
+def test_the_totals_and_the_ledger_give_one_account_of_the_work_lost() -> None:
+    """A run cut short loses the steps from its kept checkpoint to its fault (the hang less its idle time); from
+    there to its end is recovery. `slurmrt status`'s totals line and the ledger count the same seconds."""
+    from slurmrt.record.timeline import build
+
+    life = build(EVENTS)
+    assert life.lost_s == pytest.approx(account(EVENTS).seconds["lost_work"]) == pytest.approx(60.0)
+    assert life.runs[0].fault_at is not None and life.runs[1].fault_at is None

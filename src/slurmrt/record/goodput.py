@@ -135,14 +135,14 @@ def _run(run: Run, life: RunLife) -> RunGoodput:
     wall = max(0.0, life.end - life.start)
     ready, load = _started(run, life)
     blocking = [(timestamp(e), _number(e, "seconds")) for e in run.all(Event.SAVE) if e.get("blocking")]
-    cut = life.cut_short or bool(life.left)
-    last = _fault_at(run, ready) if cut else _last_step_at(life, ready)
+    cut = life.fault_at is not None
+    last = max(ready, life.fault_at) if life.fault_at is not None else _last_step_at(life, ready)
     if not life.loaded and not life.points:  # it ended in its start-up: nothing trained, all of it up to the fault
         ready = last
     tail = _tail(life, last, blocking)
     seconds = {"process_start": life.process_s, "startup": max(0.0, ready - life.start - life.process_s - load),
                "load": load, "checkpoint_stall": sum(s for _, s in blocking),
-               "lost_work": _lost(life, last), "recovery": tail if cut else 0.0, "stopping": 0.0 if cut else tail}
+               "lost_work": life.lost_s, "recovery": tail if cut else 0.0, "stopping": 0.0 if cut else tail}
     seconds["productive"] = max(0.0, wall - sum(seconds.values()))
     return _with_nodes(run, life.label, seconds)
 
@@ -162,12 +162,6 @@ def _last_step_at(life: RunLife, ready: float) -> float:
     return max(life.points[-1][0] if life.points else ready, ready)
 
 
-def _lost(life: RunLife, last: float) -> float:
-    """The lost work's wall time: for a cut run, up to the fault (the timeline counts it up to the run's end; the
-    rest is the recovery's)."""
-    return max(0.0, life.lost_s - (life.end - last)) if life.cut_short else life.lost_s
-
-
 def _started(run: Run, life: RunLife) -> tuple[float, float]:
     """When the run was ready to train (its resume or fresh start, within the run; a run that never loads: its
     first step), and how long its load took."""
@@ -177,19 +171,6 @@ def _started(run: Run, life: RunLife) -> tuple[float, float]:
         return (min(max(life.points[0][0], begun), life.end) if life.points else begun), 0.0
     ready = min(max(timestamp(started), begun), life.end)
     return ready, min(_number(started, "seconds"), ready - begun)
-
-
-def _fault_at(run: Run, ready: float) -> float:
-    """When a cut run's fault began: the first hang's time less the idle time it measured (a lost peer: when it was
-    found); without a hang event, its last recorded step before the exit."""
-    hangs = [timestamp(e) - _number(e, "idle_s") for e in run.all(Event.HANG)]
-    if hangs:
-        return max(ready, min(hangs))
-    steps = [timestamp(e) for e in run.events if e.get("event") in _STEPS and isinstance(e.get("step"), int)]
-    return max([ready, *steps])
-
-
-_STEPS = (Event.PROGRESS.value, Event.DECISION.value, Event.SAVE.value, Event.RESUME.value)
 
 
 def _number(event: dict[str, Any] | None, key: str) -> float:

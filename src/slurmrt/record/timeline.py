@@ -48,6 +48,10 @@ class RunLife:
     resumed_from: int | None = None
     #: Seconds its process ran before init() recorded it (interpreter, imports); ``start`` is that much earlier.
     process_s: float = 0.0
+    #: When the fault of a run cut short (or left by an in-job restart) began: its first hang less the idle time the
+    #: hang measured, else its last step. The lost work ends there, the recovery begins: the totals and the goodput
+    #: ledger both count from it. None for a run that stopped or finished.
+    fault_at: float | None = None
     #: The run reached its load (a resume or a fresh start); False: it ended in its start-up.
     loaded: bool = True
     stop_step: int | None = None
@@ -161,15 +165,34 @@ def _run_life(run: Run) -> RunLife:
     life.stragglers = tuple(_straggler(e) for e in run.all(Event.STRAGGLER))
     life.resumed_tier, life.from_peers = _resumed_where(run)
     life.loaded = run.first(Event.RESUME) is not None or run.first(Event.FRESH_START) is not None
+    _points(run, life)
+    exit_event = run.first(Event.EXIT)
+    life.outcome = exit_event.get("outcome") if exit_event else None
+    if life.cut_short or life.left:
+        life.fault_at = _fault_at(run, life)
+    return life
+
+
+def _fault_at(run: Run, life: RunLife) -> float:
+    """When the run's fault began: the first hang less the idle time it measured (a lost peer: when it was found);
+    without a hang event (a task killed), the training's last sign of life: its last event, ``slurmrt run``'s and
+    ``slurmrt guard``'s records apart; never before the run's ``init``."""
+    floor = life.start + life.process_s
+    hangs = [timestamp(e) - (figures.seconds(e.get("idle_s")) or 0.0) for e in run.all(Event.HANG)]
+    if hangs:
+        return min(max(floor, min(hangs)), life.end)
+    alive = [timestamp(e) for e in run.events if e.get("rank") != -1]
+    return min(max([floor, *alive]), life.end)
+
+
+def _points(run: Run, life: RunLife) -> None:
+    """The run's (time, step) points, the step only growing, and its last step."""
     top = -1
     for t, step in sorted(_steps(run, life)):
         if step > top:  # a background save commits after later steps ran: it adds no progress
             life.points.append((t, step))
             top = step
     life.last_step = top if life.points else None
-    exit_event = run.first(Event.EXIT)
-    life.outcome = exit_event.get("outcome") if exit_event else None
-    return life
 
 
 def _process_s(run: Run) -> float:
@@ -230,11 +253,11 @@ def _account_lost(life: RunLife, following: RunLife | None) -> None:
 def _lost_time(life: RunLife, kept: int) -> float:
     """The wall time of the steps after ``kept``."""
     # From the moment the run was at the kept step (the kept checkpoint's commit, when this run made it; else the
-    # first step of the run) to its last step; for a run that was killed, to its last event.
+    # first step of the run) to its last step; for a run cut short, to its fault.
     since = next((t for t, step, _ in life.checkpoints if step == kept), None)
     if since is None:
         since = next((t for t, step in life.points if step >= kept), life.start)
-    until = life.end if life.cut_short else life.points[-1][0]
+    until = life.fault_at if life.fault_at is not None else life.points[-1][0]
     return max(0.0, until - since)
 
 
