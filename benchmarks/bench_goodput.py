@@ -317,8 +317,28 @@ def _sensitivity() -> str:
     return table(header, body) + "\n\n" + said
 
 
+#: Where each input of the model comes from: measured (where, at what scale) or assumed (on what grounds).
+SOURCES = {
+    "detect_s": "measured on the test cluster, 2 CPU ranks: a hang found at a 5 s floor (section Recovery)",
+    "injob_restart_s": "measured on the test cluster, 2 CPU ranks, a small state: init to resumed training took "
+                       "2.3-2.8 s (section Recovery)",
+    "requeue_restart_s": "measured as the in-job restart (the same start-up); a large job's NCCL set-up and model "
+                         "build take longer: the sensitivity rows of 1, 5 and 10 minutes",
+    "requeue_wait_s": "assumed: Slurm holds a requeued job for its credential lifetime (120 s by default), then "
+                      "3 minutes in the queue",
+    "shared_gbps_per_node": "assumed: a parallel filesystem shared by the job's nodes",
+    "local_gbps_per_node": "assumed: /dev/shm or a node-local NVMe",
+    "staging_gbps_per_node": "assumed: PCIe Gen5, pinned host buffers",
+    "local_share": "assumed: the failures a partner's replica serves (a lost node whose partner lives, a crash, a "
+                   "hang)",
+    "failure_rate_factor": "Llama 3's rate (Meta, 2024: 466 interruptions in 54 days on 16,384 GPUs), times this",
+    "fixed_shared_s": "the fixed policies' choice", "fixed_local_s": "the fixed policies' choice",
+    "node_loss_share": "assumed: the share of failures that lose a node (Llama 3: most were hardware)",
+}
+
+
 def _inputs_said() -> str:
-    return ", ".join(f"{k} {v:g}" for k, v in INPUTS.items())
+    return "\n\n" + table(["input", "value", "source"], [[k, f"{v:g}", SOURCES[k]] for k, v in INPUTS.items()])
 
 
 def diagnose(keep: Path, steps: int, policies: list[int]) -> None:
@@ -364,7 +384,7 @@ def main(argv: list[str] | None = None) -> None:
 def model_section() -> str:
     """Part (b) alone: the model at scale, its inputs and its sensitivity table."""
     return (f"**Modelled at scale**, Llama 3's interruption rate (a job of N GPUs fails N / 16,384 times every "
-            f"{LLAMA3_JOB_MTBF_H_16K:.1f} h):\n\n{_model_table()}\n\nInputs: {_inputs_said()}\n\n{_sensitivity()}")
+            f"{LLAMA3_JOB_MTBF_H_16K:.1f} h):\n\n{_model_table()}\n\nInputs:{_inputs_said()}\n\n{_sensitivity()}")
 
 
 if __name__ == "__main__":

@@ -54,3 +54,8 @@ def test_help_prints_help_and_starts_nothing(capsys: pytest.CaptureFixture[str],
     assert done.value.code == 0 and "--model" in capsys.readouterr().out
     bench.main(["--model"])
     assert "| at 16,384 GPUs, if | 1 | 1* | 2 | 3 | 4 |" in capsys.readouterr().out
+
+
+def test_every_input_of_the_model_says_where_it_comes_from() -> None:
+    assert set(bench.SOURCES) == set(bench.INPUTS)
+    assert all(source.startswith(("measured", "assumed", "Llama 3", "the fixed")) for source in bench.SOURCES.values())
