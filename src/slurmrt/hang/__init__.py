@@ -2,6 +2,7 @@
 below ``runtime/``.
 
 - :mod:`.watchdog`: the allowances (learned step, save, load and phase times) and the check the watcher thread runs.
+- :mod:`.stacks`: where a failing rank's stacks and traceback go (a file beside the event log, named in one line).
 - :mod:`.census`: who is stuck, asked through the rendezvous store, not through a collective; the suspects.
 - :mod:`.response`: what a rank does when the watchdog fires or a peer is lost (stacks, census, the recovery
   executor, exit 5).

@@ -8,9 +8,10 @@ The Runtime forwards the training loop's calls to them; how a run ends is :func:
 coordinates (``hang/``, ``recovery/``, ``checkpoint/``, ``stop/``, ``launch/``, ``record/``); only the public
 package, the CLI, the simulator and the integrations stand above it.
 
-- :mod:`.startup`: ``init()``. :mod:`.facade`: the ``Runtime``.
+- :mod:`.startup`: ``init()``; :mod:`.misconfigured`: a ``ConfigError`` nobody catches, said once per node (exit
+  78). :mod:`.facade`: the ``Runtime``; :mod:`.view`: its read-only properties.
 - :mod:`.controller`: the stop controller. :mod:`.session`: one run's checkpoints. :mod:`.report`: what a run says.
-- :mod:`.hooks`: every process-global change, made and undone in one place.
+- :mod:`.hooks`: every process-global change, made and undone in one place; :mod:`.logs`: the default log handler.
 """
 
 from __future__ import annotations
