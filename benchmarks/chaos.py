@@ -162,6 +162,33 @@ def from_scratch(directory: Path) -> str | None:
     return None
 
 
+def continuity(directory: Path) -> str | None:
+    """What a deterministic training's final weights cannot name: a run that resumed from an older checkpoint than
+    the newest shared one committed before it, or whose first step was not the one after the checkpoint it loaded
+    (a step skipped or applied twice). Read from the event logs: rank 0's first ``progress`` event of a run is its
+    first step. None when every run went on where it should."""
+    from slurmrt.record.events import Event, runs_of
+
+    for log in sorted((directory / "ckpt").glob("events-*.jsonl")):
+        newest: int | None = None  # the newest shared checkpoint committed so far
+        for run in runs_of(log):
+            resumed = run.first(Event.RESUME)
+            loaded = resumed.get("step") if resumed is not None else None
+            if isinstance(loaded, int) and newest is not None and loaded < newest:
+                return f"{log.name}: run {run.restart}.{run.attempt} resumed from step {loaded}, older than " \
+                       f"the newest committed checkpoint, step {newest}"
+            first = next((e.get("step") for e in run.all(Event.PROGRESS) if isinstance(e.get("step"), int)), None)
+            began = loaded + 1 if isinstance(loaded, int) else 0
+            if first is not None and (resumed is not None or run.first(Event.FRESH_START) is not None) \
+                    and first != began:
+                return f"{log.name}: run {run.restart}.{run.attempt} loaded step {loaded} and trained first step " \
+                       f"{first}, not {began}: " + ("a step skipped" if first > began else "a step applied twice")
+            shared = [e.get("step") for e in run.all(Event.SAVE) if e.get("tier", "shared") != "local"]
+            newest = max([s for s in shared if isinstance(s, int)] + ([newest] if newest is not None else []),
+                         default=None)
+    return None
+
+
 def finished(directory: Path) -> bool:
     """The job's last run recorded that its training finished (exit code 0): a job that Slurm then ended otherwise
     (its batch node lost while it tore down) lost nothing, and nothing had to requeue it."""
@@ -233,18 +260,26 @@ def judge(trial: Trial, work: Path, expected: list[float], timeout_s: float, ste
         (directory / "sim.out").write_text(partial)
         return "timeout", f"no end within {timeout_s:.0f} s", injected(trial, partial)
     (directory / "sim.out").write_text(out.stdout + out.stderr)  # kept with --keep
-    faults = injected(trial, out.stdout)
-    left = leftovers(directory)
+    return (*verdict(directory, expected, out.returncode, out.stdout + out.stderr), injected(trial, out.stdout))
+
+
+def verdict(directory: Path, expected: list[float], returncode: int, output: str) -> tuple[str, str]:
+    """(verdict, detail) of a trial that ended, from what it left in ``directory``: dead (the job failed and its
+    training did not finish), lost (the final weights differ from the uninterrupted run's, a fresh start after a
+    committed checkpoint, a resume from an older checkpoint than the newest, a step skipped or applied twice),
+    leftover (a process outlived the job), or survived."""
+    if returncode != 0 and not finished(directory):
+        return "dead", output[-1500:]
     weights = final_weights(directory)
-    if out.returncode != 0 and not finished(directory):
-        return "dead", (out.stdout + out.stderr)[-1500:], faults
     if weights != expected:
-        return "lost", f"final weights {weights} != uninterrupted {expected}", faults
-    if (scratch := from_scratch(directory)) is not None:
-        return "lost", scratch, faults
+        return "lost", f"final weights {weights} != uninterrupted {expected}"
+    for wrong in (from_scratch(directory), continuity(directory)):
+        if wrong is not None:
+            return "lost", wrong
+    left = leftovers(directory)
     if left:
-        return "leftover", f"processes {left} outlived the job", faults
-    return "survived", "", faults
+        return "leftover", f"processes {left} outlived the job"
+    return "survived", ""
 
 
 def campaign(trials: list[Trial], run: Callable[[Trial], tuple[str, str, Counter[str]]], *, jobs: int,
@@ -297,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     faults: Counter[tuple[str, str]] = Counter()
     failures: list[str] = []
-    ran = 0
+    ran = quiet = 0
     try:
         expected = reference(work, steps)
         trials = [t for t in draw(args.seed, args.trials, args.mtbf) if not args.only or t.number in args.only]
@@ -305,11 +340,12 @@ def main(argv: list[str] | None = None) -> int:
                 trials, lambda t: judge(t, work, expected, args.timeout, steps), jobs=args.jobs,
                 faults_wanted=args.faults, budget_s=args.budget):
             ran += 1
+            quiet += not hit  # a trial that met no fault tests nothing: said apart, not counted as survived
             for kind, n in hit.items():
                 faults[(kind, verdict)] += n
             said = ", ".join(f"{n} {k}" for k, n in hit.items()) if trial.mtbf else \
                 f"step {trial.step}, at {trial.at_s:.2f} s, target {trial.target}"
-            print(f"trial {trial.number} {trial.kind} ({said}): {verdict}", flush=True)
+            print(f"trial {trial.number} {trial.kind} ({said or 'no fault'}): {verdict}", flush=True)
             if verdict != "survived":
                 failures.append(f"seed {args.seed} trial {trial.number} {trial.kind}: {verdict}: {detail}")
     finally:
@@ -318,7 +354,8 @@ def main(argv: list[str] | None = None) -> int:
     command = "python -m benchmarks.chaos " + " ".join(
         f"--{name} {getattr(args, name)}" for name in ("trials", "seed", "mtbf", "steps", "jobs", "faults", "budget")
         if getattr(args, name) is not None)
-    return summarize(f"seed {args.seed}, {ran} trials in {time.monotonic() - started:.0f} s; command: {command}",
+    return summarize(f"seed {args.seed}, {ran} trials ({quiet} met no fault) in {time.monotonic() - started:.0f} s; "
+                     f"command: {command}",
                      faults, failures)
 
 
