@@ -181,3 +181,21 @@ def test_a_clock_that_steps_back_never_gives_a_negative_second(tmp_path: Path, j
         assert code == 0, out
     finally:
         logging.disable(logging.NOTSET)
+
+
+def test_an_event_dated_in_the_future_is_skipped_and_stretches_no_ledger(tmp_path: Path,
+                                                                          caplog: pytest.LogCaptureFixture) -> None:
+    """A time must lie within the job's life: an event dated 2150 (a damaged line, a clock set by hand) would make
+    the ledger's wall time a century long."""
+    now = datetime.now(timezone.utc)
+    base = {"job": "5", "restart": 0, "rank": 0}
+    lines = [{"time": now.isoformat(), "event": "init", **base},
+             {"time": (now + timedelta(seconds=30)).isoformat(), "event": "exit", "outcome": "FINISHED", **base},
+             {"time": "2150-01-01T00:00:00+00:00", "event": "progress", "step": 9, **base}]
+    path = tmp_path / "events-5.jsonl"
+    path.write_text("\n".join(json.dumps(e) for e in lines) + "\n")
+    with caplog.at_level(logging.WARNING):
+        events = list(read_events(path))
+    assert [e["event"] for e in events] == ["init", "exit"]
+    assert "is not between 1970 and a day from now" in caplog.text
+    assert goodput.account(events).wall_s == pytest.approx(30.0, abs=1.0)

@@ -202,6 +202,11 @@ _FIELDS: tuple[tuple[tuple[str, ...], Any, str], ...] = (
 )
 
 
+#: An event dated further ahead than this was not written by a clock of this job (two hosts' clocks differ by
+#: seconds): it would stretch the ledger's wall time to its date.
+FUTURE_S = 86400.0
+
+
 def malformed(event: Any) -> str | None:
     """Why ``event`` is not one slurmrt wrote (the first field of the wrong type), or None when it is well formed."""
     if not isinstance(event, dict):
@@ -213,8 +218,8 @@ def malformed(event: Any) -> str | None:
             when = datetime.fromisoformat(event["time"]).timestamp()
         except (TypeError, ValueError, OverflowError, OSError):
             return f"time {event['time']!r} is not ISO 8601"
-        if figures.epoch(when) is None:
-            return f"time {event['time']!r} is not between 1970 and 2200"
+        if figures.epoch(when) is None or when > _clock.wall() + FUTURE_S:
+            return f"time {event['time']!r} is not between 1970 and a day from now"
     for names, test, what in _FIELDS:
         for name in names:
             if event.get(name) is not None and not test(event[name]):
