@@ -2,7 +2,11 @@
 the script uncaught, the first task of each node prints its one-line message (the value, the rule, the fix) in place
 of a traceback through slurmrt's modules, and every task exits with :attr:`ExitCode.CONFIG` (78), which neither
 ``slurmrt run`` nor the examples' batch scripts requeue. Code that catches the error sees it as before: only the
-interpreter's last word on an uncaught error changes."""
+interpreter's last word on an uncaught error changes.
+
+The other tasks of the node wait for the first to have said it (a marker in the node's private runtime directory)
+before they exit: with ``srun --kill-on-bad-exit``, the first task to exit ends the others, and the first task of
+the node could be ended before it said anything. A task that waited :data:`WAIT_S` in vain says it itself."""
 
 from __future__ import annotations
 
@@ -10,13 +14,19 @@ import atexit
 import contextlib
 import os
 import sys
+import time
 from collections.abc import Mapping
+from pathlib import Path
 from types import TracebackType
 
-from .._errors import ConfigError
+from .._errors import ConfigError, UnsafePathError
+from .._safefs import process_age, runtime_base
 from ..recovery.policy import ExitCode
 
-__all__ = ["arm"]
+__all__ = ["WAIT_S", "arm", "first_on_node"]
+
+#: How long a task that is not its node's first waits for the first to have said the error.
+WAIT_S = 30.0
 
 
 def arm(error: ConfigError, env: Mapping[str, str]) -> None:
@@ -27,11 +37,13 @@ def arm(error: ConfigError, env: Mapping[str, str]) -> None:
         if value is not error:
             previous(kind, value, trace)
             return
-        if first_on_node(env):
+        said = _said_path(env)
+        if first_on_node(env) or not _wait_for(said):
             print(f"slurmrt: {kind.__name__}: {value}", file=sys.stderr)
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(OSError, ValueError):  # a closed pipe: nothing more can be said there
-                stream.flush()
+            for stream in (sys.stdout, sys.stderr):
+                with contextlib.suppress(OSError, ValueError):  # a closed pipe: nothing more can be said there
+                    stream.flush()
+            _mark(said)
         atexit._run_exitfuncs()  # the script's own handlers run, as they would after a traceback
         os._exit(ExitCode.CONFIG)
 
@@ -46,3 +58,40 @@ def first_on_node(env: Mapping[str, str]) -> bool:
         if value:
             return not value.isdigit() or int(value) == 0
     return True
+
+
+def _said_path(env: Mapping[str, str]) -> Path | None:
+    """The marker of this launch on this node: its tasks share the job, step, run and parent (slurmstepd, torchrun's
+    agent); None when the node's runtime directory is not usable."""
+    launch = "-".join(env.get(name, "") for name in ("SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_RESTART_COUNT",
+                                                      "SLURMRT_RUN_ATTEMPT", "TORCHELASTIC_RESTART_COUNT"))
+    try:
+        return runtime_base(env) / f"misconfigured-{launch}-{os.getppid()}"
+    except (OSError, UnsafePathError):
+        return None
+
+
+def _mark(path: Path | None) -> None:
+    if path is None:
+        return
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        try:
+            os.utime(fd)  # now, also when an earlier launch left it
+        finally:
+            os.close(fd)
+
+
+def _wait_for(path: Path | None) -> bool:
+    """Whether the node's first task said the error: its marker, touched since this process started (less a
+    minute: the tasks start together, not to the second), appeared within :data:`WAIT_S`."""
+    if path is None:
+        return False
+    since = time.time() - (process_age(os.getpid()) or 0.0) - 60.0
+    deadline = time.monotonic() + WAIT_S  # a real wait for another process
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError):
+            if os.stat(path).st_mtime >= since:
+                return True
+        time.sleep(0.05)
+    return False
