@@ -211,9 +211,9 @@ class HangResponse:
         plan's code for a software error). The lowest rank that answered the census records the run's end through
         the executor, as every other end is recorded, unless a rank did already (one that lost the store hosted by
         the one that answered first counts only itself); the others take the plan's code."""
-        lead = (not states or min(states) == self.topology.rank) and self._answered_already() is None
+        first = not states or min(states) == self.topology.rank
         if any(s.kill_switch for s in states.values()):
-            if lead:
+            if first and self._answered_already() is None:  # the event log is read only for such an end
                 self.executor.recover(Trigger.STOPPED, stop=StopDecision(step or 0, frozenset({Reason.KILL_SWITCH}),
                                                                          save=False),
                                       step=step, detail=f"the kill switch, seen while the loop was hung {idle:.0f} s")
@@ -222,8 +222,8 @@ class HangResponse:
             self._exit(ExitCode.FINISHED)
         crash = self._crash_seen(states)
         if crash is not None:
-            decision = self.executor.recover(Trigger.SOFTWARE_ERROR, step=step, detail=crash) if lead else \
-                plan(Trigger.SOFTWARE_ERROR, self.executor.facts)
+            decision = self.executor.recover(Trigger.SOFTWARE_ERROR, step=step, detail=crash) \
+                if first and self._answered_already() is None else plan(Trigger.SOFTWARE_ERROR, self.executor.facts)
             logger.error("%s: %s", crash, decision.why)
             self._exit(ExitCode(decision.code))
 
