@@ -11,7 +11,7 @@ import pytest
 from slurmrt._errors import ConfigError, SlurmrtError
 from slurmrt.cli import build_parser
 from slurmrt.cli.sim import _traced
-from slurmrt.sim.faults import KINDS, Fault, draw, parse_duration, parse_weights, read_trace, write_trace
+from slurmrt.sim.faults import KINDS, Fault, draw, on_steps, parse_duration, parse_weights, read_trace, write_trace
 from slurmrt.sim.spec import JobSpec
 from slurmrt.sim.trace import Trace
 
@@ -97,3 +97,35 @@ def test_the_trace_carries_what_a_run_did_not_reach_to_the_next_on_the_jobs_cloc
     trace.injected[1] = "task 0"
     trace.ran(20.0)
     assert trace.lines() == ["faults (trace t.csv): 2 injected (1 rank-crash, 1 hang); 1 fell after the job's end"]
+
+
+def test_a_trace_on_the_training_clock_reads_back_and_its_steps_are_checked(tmp_path: Path) -> None:
+    faults = on_steps([Fault(1.0, "hang", 2), Fault(1.01, "rank-crash"), Fault(30.0, "node-loss", 1)], 0.05,
+                      min_gap=40)
+    # 1.0 s is step 20; 1.01 s would be step 20 again: one moment, moved to 40 steps after it
+    assert [(f.at_step, f.kind, f.target) for f in faults] == [(20, "hang", 2), (60, "rank-crash", 0),
+                                                               (600, "node-loss", 1)]
+    write_trace(tmp_path / "t.csv", faults)
+    assert (tmp_path / "t.csv").read_text().splitlines()[:2] == ["step,kind,node", "20,hang,2"]
+    assert read_trace(tmp_path / "t.csv") == faults
+    assert faults[0].describe() == "hang at step 20"
+    for bad in ("0", "1.5", "²", "10s", "-3", "9" * 14):
+        (tmp_path / "bad.csv").write_text(f"step,kind,node\n{bad},hang,0\n")
+        with pytest.raises(ConfigError, match="a training step, 1 to"):
+            read_trace(tmp_path / "bad.csv")
+    (tmp_path / "bad.csv").write_text("time,kind,node\n1,hang,²\n")
+    with pytest.raises(ConfigError, match="a node or task index"):
+        read_trace(tmp_path / "bad.csv")
+    with pytest.raises(ValueError, match="one clock"):
+        write_trace(tmp_path / "mixed.csv", [faults[0], Fault(3.0, "hang")])
+
+
+def test_a_fault_on_the_training_clock_comes_when_the_job_reports_its_step_never_by_the_clock() -> None:
+    trace = Trace(on_steps([Fault(5.0, "hang"), Fault(6.0, "rank-crash")], 0.05), io.StringIO(), "trace t.csv")
+    assert trace.schedule() == []  # nothing on the job's clock: however long a run takes, no fault comes by time
+    assert trace.due(99) is None and trace.due(100) == "fault:0" and trace.due(150) == "fault:0"
+    trace.injected[0] = "task 1"
+    trace.ran(1e6)
+    assert trace.due(119) is None and trace.due(120) == "fault:1"
+    # a fault at a step the job never trained at did not come, whatever the clock says
+    assert trace.lines() == ["faults (trace t.csv): 1 injected (1 hang); 1 fell after the job's end"]

@@ -7,7 +7,8 @@ import math
 
 import pytest
 
-from benchmarks import bench_goodput as bench
+from benchmarks import bench_goodput
+from benchmarks import goodput_model as bench
 
 
 def test_policy_1_at_16k_gpus_is_the_hand_computation() -> None:
@@ -48,14 +49,40 @@ def test_every_sensitivity_row_is_finite_and_a_local_tier_that_serves_nothing_co
 
 def test_help_prints_help_and_starts_nothing(capsys: pytest.CaptureFixture[str],
                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(bench, "run", lambda **_: pytest.fail("--help started the benchmark"))
+    monkeypatch.setattr(bench_goodput, "run", lambda *_, **__: pytest.fail("--help started the benchmark"))
     with pytest.raises(SystemExit) as done:
-        bench.main(["--help"])
-    assert done.value.code == 0 and "--model" in capsys.readouterr().out
-    bench.main(["--model"])
+        bench_goodput.main(["--help"])
+    assert done.value.code == 0 and "--seeds" in capsys.readouterr().out
+    bench_goodput.main(["--model"])
     assert "| at 16,384 GPUs, if | 1 | 1* | 2 | 3 | 4 |" in capsys.readouterr().out
 
 
 def test_every_input_of_the_model_says_where_it_comes_from() -> None:
     assert set(bench.SOURCES) == set(bench.INPUTS)
     assert all(source.startswith(("measured", "assumed", "Llama 3", "the fixed")) for source in bench.SOURCES.values())
+
+
+def test_each_seed_draws_faults_on_the_training_clock_that_land_while_steps_remain() -> None:
+    for seed in range(41, 46):
+        faults = bench_goodput.faults_for(seed, 1200)
+        assert faults == bench_goodput.faults_for(seed, 1200)  # the same for every policy
+        steps = [f.at_step for f in faults]
+        assert steps and all(s is not None and 1 <= s <= 1080 for s in steps)
+        assert all(b - a >= bench_goodput.MIN_GAP for a, b in zip(steps, steps[1:], strict=False))
+    assert bench_goodput.faults_for(41, 1200) != bench_goodput.faults_for(42, 1200)
+
+
+def test_the_conclusion_is_the_medians_and_says_when_the_policies_met_different_faults() -> None:
+    names = [p.name for p in bench_goodput.POLICIES]
+    ettr = {names[0]: [0.5, 0.6, 0.4], names[1]: [0.6, 0.5, 0.7], names[2]: [0.55, 0.6, 0.45],
+            names[3]: [0.52, 0.7, 0.41]}
+    diffs = {n: [a - b for a, b in zip(ettr[n], ettr[names[0]], strict=True)] for n in names[1:]}
+    results = {s: {n: {"met": 3} for n in names} for s in (1, 2, 3)}
+    said = bench_goodput._conclusion(ettr, diffs, results, {1: 3, 2: 3, 3: 3})
+    # policy 2: differences +10, -10, +30: the median +10, not the mean +10 by chance (policy 4: +2, +10, +1)
+    assert "Policy 2 against policy 1: median +10.0 points (range -10.0 to +30.0; above policy 1 in 2 of 3" in said
+    assert "Policy 4 against policy 1: median +2.0 points" in said
+    assert "policy 2 keeps the most" in said and "the same faults in every seed" in said
+    results[2][names[3]]["met"] = 2
+    said = bench_goodput._conclusion(ettr, diffs, results, {1: 3, 2: 3, 3: 3})
+    assert "different numbers of faults in seed(s) 2" in said and "1 drawn fault(s) never came" in said

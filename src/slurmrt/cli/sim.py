@@ -24,7 +24,7 @@ DRAWN = 1000
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..sim.runner import SimInterrupted, simulate
+    from ..sim.job import SimInterrupted, simulate
 
     command = list(args.command)
     if command[:1] == ["--"]:

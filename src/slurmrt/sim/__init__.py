@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .runner import RunRecord, simulate
+from .job import RunRecord, simulate
 from .spec import JobSpec
 
 __all__ = ["JobSpec", "RunRecord", "simulate"]

@@ -6,7 +6,13 @@ goodput benchmark (``benchmarks/bench_goodput.py``), which run the simulator wit
 A fault's time is counted on the job's clock: the seconds its runs have run, summed over requeues. With
 ``--after-checkpoint`` each run's time counts from its first committed checkpoint: training time, so a trace hits the
 same progress on a fast machine and a slow one, and never a run's start. A fault whose moment falls while a run is
-already ending comes at the next run's start (its clock's start). The kinds:
+already ending comes at the next run's start (its clock's start).
+
+A trace whose header is ``step,kind,node`` runs on the training clock instead: a fault at step N comes when the job
+reports (in its ``progress`` events, every ``progress_s``) that it trains at step N or past it, at most one fault per
+report, so that the job is back at work before the next. Every run of a policy meets the same faults at the same
+steps of training, however long its recoveries take; a fault at a step the job never reaches is not injected. The
+kinds:
 
 - ``node-loss``: every task of one node is SIGKILLed (with ``--no-kill``, a node other than the batch script's leaves
   the job, as a node Slurm marks down);
@@ -32,28 +38,38 @@ from pathlib import Path
 from .. import _figures as figures
 from .._errors import ConfigError
 
-__all__ = ["KINDS", "Fault", "draw", "parse_duration", "parse_weights", "read_trace", "write_trace"]
+__all__ = ["KINDS", "Fault", "draw", "on_steps", "parse_duration", "parse_weights", "read_trace", "write_trace"]
 
 KINDS = ("node-loss", "rank-crash", "hang", "preemption", "signal-storm")
 #: The default weights: Llama 3's 466 interruptions were mostly hardware (GPUs, memory, network: a lost node or a
 #: crashed rank); hangs and preemptions are rarer on a dedicated allocation.
 DEFAULT_WEIGHTS = {"node-loss": 4.0, "rank-crash": 3.0, "hang": 2.0, "preemption": 1.0}
+#: The highest step a trace on the training clock may name.
+MAX_STEP = 10**12
 #: A trace longer than this is refused: a typo in --mtbf (10ms for 10m) must not draw millions of faults.
 MAX_FAULTS = 100_000
 
 
 @dataclass(frozen=True)
 class Fault:
-    at_s: float  #: on the job's clock
+    at_s: float  #: on the job's clock (0 for a fault on the training clock)
     kind: str
     #: The node (node-loss) or task (rank-crash, hang) it hits, modulo those alive when it fires.
     target: int = 0
+    #: On the training clock: the step at or past which it comes (None: on the job's clock, at ``at_s``).
+    at_step: int | None = None
 
     def describe(self) -> str:
-        return f"{self.kind} at {self.at_s:.1f} s"
+        return f"{self.kind} at " + (f"step {self.at_step}" if self.at_step is not None else f"{self.at_s:.1f} s")
+
+    @property
+    def moment(self) -> float:
+        """Its place in its trace, on whichever clock it runs."""
+        return float(self.at_step) if self.at_step is not None else self.at_s
 
 
 _UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_DIGITS = re.compile(r"[0-9]{1,13}")  # ASCII digits only: "²".isdigit() holds, and int("²") raises
 _DURATION = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([smhd]?)\s*")
 
 
@@ -111,9 +127,23 @@ def draw(mtbf_s: float, seed: int, *, horizon_s: float, weights: dict[str, float
         faults.append(Fault(max(round(clock, 3), 0.001), kind, rng.randrange(targets)))
 
 
+def on_steps(faults: list[Fault], step_s: float, *, min_gap: int = 1) -> list[Fault]:
+    """``faults`` moved to the training clock: a fault at ``t`` seconds comes at step ``t / step_s``, and each one at
+    least ``min_gap`` steps after the one before it (a trace's faults closer than the job's recovery are one
+    moment, not two)."""
+    if not (step_s > 0 and min_gap >= 1):
+        raise ValueError(f"on_steps: step_s {step_s!r} above 0 and min_gap {min_gap!r} at least 1")
+    moved: list[Fault] = []
+    for fault in faults:
+        step = max(1, round(fault.at_s / step_s), (moved[-1].at_step or 0) + min_gap if moved else 1)
+        moved.append(Fault(0.0, fault.kind, fault.target, at_step=step))
+    return moved
+
+
 def read_trace(path: Path) -> list[Fault]:
     """A CSV trace: ``time,kind[,node]`` per line (time in seconds or with a unit, ``10m``; a header line and
-    ``#`` comments are skipped), in time order."""
+    ``#`` comments are skipped), in time order. A first line ``step,kind,node`` makes it a trace on the training
+    clock: each line's first field is a step, 1 or more."""
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
@@ -124,29 +154,43 @@ def read_trace(path: Path) -> list[Fault]:
             raise ConfigError(f"--trace {path}:{number}: {line!r}: a double quote with no closing one (it would join "
                               "the lines after it into one field): remove it; each line is time,kind[,node]",
                               path=str(path))
-    for number, row in enumerate(csv.reader(text.splitlines()), 1):
-        fault = _fault(row, f"--trace {path}:{number}", header=number == 1)
+    rows = list(csv.reader(text.splitlines()))
+    steps = bool(rows and rows[0]) and rows[0][0].strip().lower() == "step"
+    for number, row in enumerate(rows, 1):
+        fault = _fault(row, f"--trace {path}:{number}", header=number == 1, steps=steps)
         if fault is not None:
             faults.append(fault)
         if len(faults) > MAX_FAULTS:
             raise ConfigError(f"--trace {path}: more than {MAX_FAULTS} faults", path=str(path))
-    return sorted(faults, key=lambda f: f.at_s)
+    return sorted(faults, key=lambda f: f.moment)
 
 
-def _fault(row: list[str], where: str, *, header: bool) -> Fault | None:
+def _fault(row: list[str], where: str, *, header: bool, steps: bool) -> Fault | None:
     """One line of a trace; None for a blank line, a comment or the header."""
     cells = [c.strip() for c in row]
     first = cells[0] if cells else ""
-    if not first or first.startswith("#") or (header and first.lower() == "time"):
+    if not first or first.startswith("#") or (header and first.lower() in ("time", "step")):
         return None
+    clock = "step" if steps else "time"
     if len(cells) not in (2, 3) or cells[1] not in KINDS:
-        raise ConfigError(f"{where}: {','.join(row)!r}: give time,kind[,node] with kind one of {', '.join(KINDS)}")
-    return Fault(_at(first, where), cells[1], _target(cells[2] if len(cells) == 3 else "", where))
+        raise ConfigError(f"{where}: {','.join(row)!r}: give {clock},kind[,node] with kind one of {', '.join(KINDS)}")
+    target = _target(cells[2] if len(cells) == 3 else "", where)
+    if steps:
+        return Fault(0.0, cells[1], target, at_step=_step(first, where))
+    return Fault(_at(first, where), cells[1], target)
+
+
+def _step(text: str, where: str) -> int:
+    """A line's step in a trace on the training clock."""
+    if not _DIGITS.fullmatch(text) or not 1 <= int(text) <= MAX_STEP:
+        raise ConfigError(f"{where}: step {text!r}: a training step, 1 to {MAX_STEP} (the trace's first line "
+                          "says step,kind,node: the training clock)")
+    return int(text)
 
 
 def _target(text: str, where: str) -> int:
     """A trace line's node or task: empty (0), or an index."""
-    if text and not text.isdigit():
+    if text and not _DIGITS.fullmatch(text):
         raise ConfigError(f"{where}: node {text!r}: a node or task index, 0 or more")
     return int(text) if text else 0
 
@@ -157,5 +201,12 @@ def _at(text: str, where: str) -> float:
 
 
 def write_trace(path: Path, faults: list[Fault]) -> None:
-    """The trace ``read_trace`` reads back (the campaign and the benchmark hand theirs to the simulator so)."""
+    """The trace ``read_trace`` reads back (the campaign and the benchmark hand theirs to the simulator so): on the
+    training clock when its faults are (all or none of them)."""
+    steps = {f.at_step is not None for f in faults}
+    if len(steps) > 1:
+        raise ValueError("write_trace: a trace runs on one clock: every fault at a step, or none")
+    if steps == {True}:
+        path.write_text("step,kind,node\n" + "".join(f"{f.at_step},{f.kind},{f.target}\n" for f in faults))
+        return
     path.write_text("time,kind,node\n" + "".join(f"{f.at_s:.3f},{f.kind},{f.target}\n" for f in faults))

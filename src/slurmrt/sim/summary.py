@@ -51,6 +51,8 @@ class _Follow:
     def __init__(self, path: Path, progress: Callable[[str], None] | None = None) -> None:
         self._follower = EventFollower(path)
         self._saved: dict[int, int] = {}  # restart -> its last committed step
+        #: restart -> (the starts of its steps so far, the step of rank 0's newest report since the last start)
+        self._training: dict[int, tuple[int, int | None]] = {}
         self._progress = progress
         self._next_read = 0.0
 
@@ -63,11 +65,25 @@ class _Follow:
             kind, restart, step = event.get("event"), int(event.get("restart", 0)), event.get("step")
             if kind == Event.SAVE.value and isinstance(step, int):
                 self._saved[restart] = step
+            self._clock(kind, restart, step)
             if self._progress is not None and kind in (Event.PROGRESS.value, Event.DECISION.value):
                 last = self._saved.get(restart)
                 stopping = f" -- stopping: {', '.join(event.get('reasons', []))}" if kind == "decision" else ""
                 self._progress(f"run {restart}: step {step}, last checkpoint "
                                f"{'none' if last is None else f'step {last}'}{stopping}")
+
+    def _clock(self, kind: object, restart: int, step: object) -> None:
+        """The training clock after one event: a start (fresh or a resume) restarts its count, a report sets it."""
+        starts, _ = self._training.get(restart, (0, None))
+        if kind in (Event.RESUME.value, Event.FRESH_START.value):
+            self._training[restart] = (starts + 1, None)
+        elif kind == Event.PROGRESS.value and isinstance(step, int):
+            self._training[restart] = (starts, step)
+
+    def training(self, restart: int) -> tuple[int, int | None]:
+        """The training clock of run ``restart``: how many times it started (in-job restarts count), and the step
+        rank 0 last reported since the newest start (None: none yet)."""
+        return self._training.get(restart, (0, None))
 
     def saved(self, restart: int) -> bool:
         """True once run ``restart`` has committed a checkpoint (as of the last poll)."""

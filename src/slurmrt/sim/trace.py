@@ -26,19 +26,25 @@ class Trace:
         self.injected: dict[int, str] = {}  #: index -> what it hit
 
     def schedule(self) -> list[tuple[float, str]]:
-        """The faults not injected yet, as (seconds from the run's clock start, action) pairs; a fault whose moment
-        passed while a run was ending comes at once."""
+        """The faults on the job's clock not injected yet, as (seconds from the run's clock start, action) pairs; a
+        fault whose moment passed while a run was ending comes at once."""
         return [(max(0.0, f.at_s - self.clock), f"fault:{i}") for i, f in enumerate(self.faults)
-                if i not in self.injected]
+                if i not in self.injected and f.at_step is None]
+
+    def due(self, step: int) -> str | None:
+        """The action of the first fault on the training clock not injected yet, when the job reports that it
+        trains at ``step``, at or past the fault's step; None otherwise (one report, one fault at most)."""
+        return next((f"fault:{i}" for i, f in enumerate(self.faults)
+                     if i not in self.injected and f.at_step is not None and f.at_step <= step), None)
 
     def ran(self, seconds: float) -> None:
         """A run ended after ``seconds`` on the job's clock."""
         self.clock += max(0.0, seconds)
 
     def inject(self, index: int, run: Any) -> tuple[float, str] | None:
-        """Fault ``index`` into ``run`` (a :class:`slurmrt.sim.runner._Run`: its preempt, storm, fail_node and freeze);
-        returns an action to schedule after it (seconds from now, action), or None. A run that is ending already
-        leaves the fault to the next run."""
+        """Fault ``index`` into ``run`` (a :class:`slurmrt.sim.runner.SimRun`: its preempt, storm, fail_node and
+        freeze); returns an action to schedule after it (seconds from now, action), or None. A run that is ending
+        already leaves the fault to the next run."""
         fault = self.faults[index]
         if run.record.ended_by:
             return None
@@ -69,12 +75,17 @@ class Trace:
                     os.killpg(pid, signal.SIGKILL)
         return None
 
+    def _came_as_ended(self, fault: Fault) -> bool:
+        """A fault not injected whose moment came as the job ended (one at a step the job never trained at never
+        came)."""
+        return fault.at_step is None and fault.at_s <= self.clock
+
     def lines(self) -> list[str]:
         """What the trace did, for the simulator's summary."""
         kinds = Counter(self.faults[i].kind for i in self.injected)
         said = ", ".join(f"{kinds[k]} {k}" for k in KINDS if kinds[k]) or "none"
         pending = [f for i, f in enumerate(self.faults) if i not in self.injected]
-        ending = sum(f.at_s <= self.clock for f in pending)  # their moment came as the job ended
+        ending = sum(map(self._came_as_ended, pending))
         head = f"faults{f' ({self.source})' if self.source else ''}: {len(self.injected)} injected ({said})"
         if ending:
             head += f"; {ending} came as the job ended"
