@@ -1,9 +1,11 @@
 """A Hugging Face Trainer script, launched with `torchrun --nproc-per-node 4 trainer_before.py`."""
 
+import os
 import time
 
 import torch
 from transformers import Trainer, TrainingArguments
+from transformers.trainer_utils import get_last_checkpoint
 
 
 class Net(torch.nn.Module):
@@ -23,7 +25,8 @@ def main() -> None:
                              report_to="none", disable_tqdm=True, use_cpu=True, ddp_backend="gloo")
     torch.manual_seed(0)
     trainer = Trainer(model=Net(), args=args, train_dataset=data)
-    trainer.train(resume_from_checkpoint=True)
+    last = get_last_checkpoint(args.output_dir) if os.path.isdir(args.output_dir) else None
+    trainer.train(resume_from_checkpoint=last)  # None on the first run: a fresh start
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ def free_port() -> int:
 
 def fake_bin(directory: Path) -> Path:
     """`scontrol` and `scancel` that record their calls, `squeue` that answers $FAKE_END_TIME (local time, squeue's
-    format)."""
+    format; with ``-o "%S %e"``, $FAKE_START_TIME before it)."""
     directory.mkdir(parents=True, exist_ok=True)
     scontrol = directory / "scontrol"
     scontrol.write_text(
@@ -29,9 +29,11 @@ def fake_bin(directory: Path) -> Path:
         'if [ "$1" = requeue ] && [ -n "$FAKE_REQUEUE_FAIL" ]; then echo "Job is not requeueable" >&2; exit 1; fi\n'
     )
     squeue = directory / "squeue"
-    squeue.write_text(
+    squeue.write_text(  # -o "%S %e": the run's start ($FAKE_START_TIME, or N/A) before the end, as squeue prints them
         '#!/bin/sh\necho "squeue $@" >> "$FAKE_SLURM_LOG"\n'
-        'if [ -n "$FAKE_END_TIME" ]; then date -d "@$FAKE_END_TIME" +%Y-%m-%dT%H:%M:%S; else echo N/A; fi\n'
+        'if [ -n "$FAKE_END_TIME" ]; then end=$(date -d "@$FAKE_END_TIME" +%Y-%m-%dT%H:%M:%S); else end=N/A; fi\n'
+        'start=N/A; [ -z "$FAKE_START_TIME" ] || start=$(date -d "@$FAKE_START_TIME" +%Y-%m-%dT%H:%M:%S)\n'
+        'case "$*" in *"%S %e"*) echo "$start $end" ;; *) echo "$end" ;; esac\n'
     )
     scancel = directory / "scancel"
     scancel.write_text('#!/bin/sh\necho "scancel $@" >> "$FAKE_SLURM_LOG"\n')

@@ -30,7 +30,8 @@ def _no_process(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 def fake_slurm(monkeypatch: pytest.MonkeyPatch, where: Path) -> Path:
     """Slurm's commands stood in at the process boundary (``slurmrt._slurm.run``), in this process: what
     ``tests/integration/launch.py:fake_bin`` does with scripts. ``scontrol``, ``squeue`` and ``scancel`` append their
-    calls to ``$FAKE_SLURM_LOG``; ``squeue`` answers ``$FAKE_END_TIME`` (squeue's local-time format) or N/A;
+    calls to ``$FAKE_SLURM_LOG``; ``squeue`` answers ``$FAKE_END_TIME`` (squeue's local-time format) or N/A, after
+    ``$FAKE_START_TIME`` (or N/A) when asked for ``-o "%S %e"``;
     ``scontrol requeue`` fails with ``$FAKE_REQUEUE_FAIL``; ``scontrol show job`` prints ``$FAKE_JOB_INFO`` (or
     nothing); ``sbatch`` prints ``$FAKE_SBATCH_ID``, or fails without it. They exist while ``where`` is on
     PATH, as the scripts would; returns ``where``, to put on PATH."""
@@ -45,9 +46,10 @@ def fake_slurm(monkeypatch: pytest.MonkeyPatch, where: Path) -> Path:
         with open(os.environ["FAKE_SLURM_LOG"], "a") as log:
             log.write(" ".join(args if command == "scontrol" else (command, *args)) + "\n")
         out, err, code = "", "", 0
-        if command == "squeue":
-            end = os.environ.get("FAKE_END_TIME")
-            out = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(int(end))) + "\n" if end else "N/A\n"
+        if command == "squeue":  # -o "%S %e": the run's start ($FAKE_START_TIME, or N/A), then the end
+            end, start = os.environ.get("FAKE_END_TIME"), os.environ.get("FAKE_START_TIME")
+            said = [time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(int(t))) if t else "N/A" for t in (start, end)]
+            out = (" ".join(said) if "%S %e" in args else said[1]) + "\n"
         if command == "scontrol" and args[:1] == ("requeue",) and os.environ.get("FAKE_REQUEUE_FAIL"):
             err, code = "Job is not requeueable\n", 1
         if command == "scontrol" and args[:2] == ("show", "job") and "FAKE_JOB_INFO" in os.environ:

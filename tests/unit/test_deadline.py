@@ -11,6 +11,7 @@ from slurmrt.stop.deadline import (
     EndTime,
     end_time_from_env,
     parse_squeue_time,
+    query_job_times,
     time_is_short,
 )
 
@@ -106,9 +107,9 @@ def test_end_time_from_slurm_wins_and_the_scheduler_is_asked_once_per_refresh(mo
     monkeypatch.setattr(_clock, "mono", lambda: now[0])
     asked: list[str] = []
 
-    def fetch(job: str) -> float:
+    def fetch(job: str) -> tuple[float, float]:
         asked.append(job)
-        return 5000.0 + len(asked)
+        return 4000.0 + len(asked), 5000.0 + len(asked)
 
     assert not EndTime({"SLURM_JOB_END_TIME": "4000"}, job_id="7", ask=True, refresh_s=60, fetch=fetch).asks
     end = EndTime({}, job_id="7", ask=True, refresh_s=60, fetch=fetch)
@@ -120,4 +121,33 @@ def test_end_time_from_slurm_wins_and_the_scheduler_is_asked_once_per_refresh(mo
     now[0] = 60.0
     end.poll()  # `scontrol update TimeLimit=...` moved the end: the refresh picks it up
     assert (asked, end.value) == (["7", "7"], 5002.0)
+    assert end.started == 4001.0  # the run's start, from the first answer: a start does not move
+    assert EndTime({"SLURM_JOB_START_TIME": "3000", "SLURM_JOB_END_TIME": "4000"}, job_id="7", ask=True,
+                   refresh_s=60, fetch=fetch).started == 3000.0
     assert not EndTime({}, job_id="7", ask=False, refresh_s=60, fetch=fetch).asks  # not the asking rank
+
+
+def test_one_squeue_call_gives_the_runs_start_and_its_end(monkeypatch: pytest.MonkeyPatch) -> None:
+    import subprocess
+
+    from slurmrt.stop import deadline
+
+    said: list[str] = []
+    asked: list[tuple[str, ...]] = []
+
+    def run(*args: str, timeout_s: float) -> subprocess.CompletedProcess[str] | str:
+        asked.append(args)
+        return subprocess.CompletedProcess(args, 0, said[0], "") if said else "squeue: not found"
+
+    monkeypatch.setattr(deadline._slurm, "run", run)
+    start = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(1_800_000_000))
+    end = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(1_800_003_600))
+    assert query_job_times("7") == (None, None)  # no squeue: nothing known, a warning
+    said.append(f"{start} {end}\n")
+    assert query_job_times("7") == (1_800_000_000, 1_800_003_600)
+    assert asked[-1] == ("squeue", "-h", "-j", "7", "-o", "%S %e")
+    said[0] = f"{start} N/A\n"
+    assert query_job_times("7") == (1_800_000_000, None)  # an unlimited job: a start, no deadline
+    for garbage in ("", "N/A\n", f"{start} {end} extra\n"):
+        said[0] = garbage
+        assert query_job_times("7") == (None, None)

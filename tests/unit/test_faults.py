@@ -129,3 +129,15 @@ def test_a_fault_on_the_training_clock_comes_when_the_job_reports_its_step_never
     assert trace.due(119) is None and trace.due(120) == "fault:1"
     # a fault at a step the job never trained at did not come, whatever the clock says
     assert trace.lines() == ["faults (trace t.csv): 1 injected (1 hang); 1 fell after the job's end"]
+
+
+def test_a_fault_after_the_training_finished_is_left_out_and_said_so() -> None:
+    from types import SimpleNamespace
+
+    trace = Trace([Fault(5.0, "rank-crash")], io.StringIO(), "trace t.csv")
+    run = SimpleNamespace(record=SimpleNamespace(ended_by=""), restart=0,
+                          events=SimpleNamespace(finished=lambda restart: restart == 0),
+                          state=SimpleNamespace(tasks=lambda: pytest.fail("a finished run's tasks were looked up")))
+    assert trace.inject(0, run) is None and trace.injected == {}  # all steps done: nothing to rehearse any more
+    trace.ran(6.0)
+    assert trace.lines() == ["faults (trace t.csv): 0 injected (none); 1 came as the job ended"]

@@ -166,6 +166,27 @@ def test_the_time_before_init_is_process_start_not_waiting_and_no_second_counts_
     assert ledger.wall_s == pytest.approx(620.0)
 
 
+
+def test_the_wall_time_starts_when_slurm_started_the_run_as_rank_0_reported_it() -> None:
+    """Rank 0's first progress report carries Slurm's start of the run (squeue's %S, SLURM_JOB_START_TIME): the
+    batch script, the launcher and the process before init() are process start, and the wall time starts there."""
+    start0, start1 = (T0 - timedelta(seconds=20)).timestamp(), (T0 + timedelta(seconds=280)).timestamp()
+    said = [{**e, "slurm_start": start0} if e["event"] == "progress" and e["restart"] == 0 else
+            {**e, "slurm_start": start1} if e["event"] == "progress" else e for e in EVENTS]
+    ledger = account(said)
+    assert ledger.seconds["process_start"] == pytest.approx(20.0 + 10.0)
+    assert ledger.wall_s == pytest.approx(640.0) and ledger.seconds["waiting"] == pytest.approx(50.0)
+    assert sum(ledger.seconds.values()) == pytest.approx(640.0)
+    # an init's own measure wins where it is longer; a start a day and more before init, or after it, is not believed
+    longer = [{**e, "process_s": 25.0} if e["event"] == "init" and e["restart"] == 0 else e for e in said]
+    assert account(longer).seconds["process_start"] == pytest.approx(25.0 + 10.0)
+    for bad in ((T0 - timedelta(days=2)).timestamp(), (T0 + timedelta(seconds=5)).timestamp(), "soon", 1e300, -1.0):
+        damaged = [{**e, "slurm_start": bad} if e["event"] == "progress" else e for e in EVENTS]
+        assert account(damaged).wall_s == pytest.approx(620.0)
+    # an in-job restart's step is not the run's start: Slurm's start belongs to the run's first step
+    later = [{**e, "attempt": 1} for e in said]
+    assert account(later).seconds["process_start"] == 0.0
+
 def test_the_totals_and_the_ledger_give_one_account_of_the_work_lost() -> None:
     """A run cut short loses the steps from its kept checkpoint to its fault (the hang less its idle time); from
     there to its end is recovery. `slurmrt status`'s totals line and the ledger count the same seconds."""

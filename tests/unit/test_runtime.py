@@ -104,7 +104,7 @@ def test_deadline_stops_at_the_last_step_whose_save_still_fits(clock: FakeClock,
     assert rt.save({"step": stopped}, step=stopped)
     assert rt.finish() is ExitCode.REQUEUED
     calls = job.read_text().splitlines()
-    assert calls == ["squeue -h -j 99 -o %e", "requeue 99"]
+    assert calls == ["squeue -h -j 99 -o %S %e", "requeue 99"]
 
 
 def test_no_end_time_means_no_deadline(clock: FakeClock, job: Path) -> None:

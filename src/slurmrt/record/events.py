@@ -44,7 +44,7 @@ class Event(str, enum.Enum):
 
     INIT = "init"  # mode, world_size, nnodes, nodelist, master, restart_count, kill_switch, experiment
     SIGNAL = "signal"  # signal, received, count
-    PROGRESS = "progress"  # step, step_s (rank 0, every progress_s)
+    PROGRESS = "progress"  # step, step_s, once slurm_start (rank 0, every progress_s)
     DECISION = "decision"  # step, reasons, save, end_time, step_s, save_s, worst_step_s
     SAVE = "save"  # step, seconds, bytes, blocking, path, tier ("local"; absent: the shared tier)
     SAVE_SKIPPED = "save_skipped"  # step, save_s

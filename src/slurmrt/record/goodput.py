@@ -3,8 +3,9 @@
 Every second from the first run's start to the last run's end falls in one category:
 
 - ``productive``: training whose steps were kept;
-- ``process_start``: a run's process, from its start to ``init()`` (the interpreter, the imports, the script's own
-  set-up), as the ``init`` event measures it;
+- ``process_start``: from Slurm's start of a run (rank 0's first ``progress`` event says it: ``squeue``'s %S, or
+  ``SLURM_JOB_START_TIME``) or, where unknown, its process's start, to ``init()``: the batch script, the launcher,
+  the interpreter, the imports, the script's own set-up (the ``init`` event measures its process's part);
 - ``startup``: from ``init()`` (the launch checks, the rendezvous) to the end of its checkpoint load, the load apart (a
   run that never loads: to its first step; a run that ended before either: up to its fault);
 - ``load``: reading the checkpoint it resumed from;

@@ -197,9 +197,15 @@ def _points(run: Run, life: RunLife) -> None:
 
 def _process_s(run: Run) -> float:
     """How long the run's process ran before its ``init`` event, when that event opens the run (a bounded
-    duration); else 0."""
+    duration), or, for a run's first step, since Slurm started the run (``slurm_start``, rank 0's: the batch
+    script, the launcher and the process before ``init``), whichever is longer; else 0."""
     init = run.first(Event.INIT)
-    return (figures.seconds(init.get("process_s")) or 0.0) if init is not None and init is run.events[0] else 0.0
+    if init is None or init is not run.events[0]:
+        return 0.0
+    own = figures.seconds(init.get("process_s")) or 0.0
+    said = figures.epoch(next((e["slurm_start"] for e in run.all(Event.PROGRESS) if "slurm_start" in e), None))
+    since = figures.seconds(run.start - said) if run.attempt == 0 and said is not None else None
+    return max(own, since) if since is not None and since <= LAUNCH_MAX_S else own
 
 
 def _judgement(run: Run, life: RunLife) -> None:
@@ -220,6 +226,8 @@ def _resumed_where(run: Run) -> tuple[str | None, int | None]:
             peers if isinstance(peers, int) and not isinstance(peers, bool) else None)
 
 
+#: A run's start more than this before its ``init`` (a damaged ``slurm_start``, a clock set by hand) is not believed.
+LAUNCH_MAX_S = 86_400.0
 _AT_STEP = (Event.RESUME.value, Event.PROGRESS.value, Event.DECISION.value, Event.EXIT.value, Event.SAVE.value)
 
 

@@ -103,7 +103,7 @@ class StopController:
     def _progress(self, step: int, now: float) -> None:
         assert self.options.progress_s is not None
         self._next_progress = now + self.options.progress_s
-        self._report.progress(step, self.budget.steps.estimate())
+        self._report.progress(step, self.budget.steps.estimate(), self._end.started)
 
     def _start_agreement(self) -> Agreement:
         self.activity = Activity("step", _clock.mono())  # the first step boundary: the start is over

@@ -27,6 +27,7 @@ class Reporter:
         self.topology = topology
         self._lead = topology.rank == 0
         self.signals_reported = 0
+        self._said_start: float | None = None  # Slurm's start of this run, once said in a progress event
 
     def started(self, *, kill_switch: str | None, connections: str | None, experiment: str | None) -> None:
         t = self.topology
@@ -67,11 +68,16 @@ class Reporter:
         self.events.emit(Event.DECISION, step=decision.step, reasons=names, save=decision.save,
                          end_time=decision.end_time, step_s=step_s, save_s=save_s, worst_step_s=worst_step_s)
 
-    def progress(self, step: int, step_s: float | None) -> None:
+    def progress(self, step: int, step_s: float | None, slurm_start: float | None = None) -> None:
+        """Rank 0's step; the first report after Slurm's start of this run is known carries it (the ledger's
+        start)."""
         if self._lead:
+            said = {}
+            if slurm_start is not None and not self._said_start:
+                said["slurm_start"] = self._said_start = round(slurm_start, 3)
             # Written from should_stop(), on the training thread: no fsync (a lost sample costs nothing).
             self.events.emit(Event.PROGRESS, durable=False, step=step,
-                             step_s=None if step_s is None else round(step_s, 6))
+                             step_s=None if step_s is None else round(step_s, 6), **said)
 
     def phase(self, name: str, seconds: float) -> None:
         if self._lead:

@@ -123,11 +123,14 @@ def squeue(args: Sequence[str]) -> int:
     if fmt == "%T":
         print("RUNNING")
         return 0
-    if fmt != "%e":
-        print(f"squeue (slurmrt sim): unsupported format {fmt!r}; only -o %e and -o %T", file=sys.stderr)
+    if fmt not in ("%e", "%S %e"):
+        print(f"squeue (slurmrt sim): unsupported format {fmt!r}; only -o %e, -o '%S %e' and -o %T", file=sys.stderr)
         return 1
     end = _end_time(state)
-    print(time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(end)) if end else "N/A")
+    said = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(end)) if end else "N/A"
+    if fmt == "%S %e":  # this run's start: when the simulator started its batch script
+        said = f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.localtime(state.read_job()[1]['started']))} {said}"
+    print(said)
     return 0
 
 

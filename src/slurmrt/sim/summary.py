@@ -53,6 +53,7 @@ class _Follow:
         self._saved: dict[int, int] = {}  # restart -> its last committed step
         #: restart -> (the starts of its steps so far, the step of rank 0's newest report since the last start)
         self._training: dict[int, tuple[int, int | None]] = {}
+        self._finished: set[int] = set()  # the runs whose training finished (an exit event FINISHED)
         self._progress = progress
         self._next_read = 0.0
 
@@ -66,6 +67,8 @@ class _Follow:
             if kind == Event.SAVE.value and isinstance(step, int):
                 self._saved[restart] = step
             self._clock(kind, restart, step)
+            if kind == Event.EXIT.value and event.get("outcome") == "FINISHED":
+                self._finished.add(restart)
             if self._progress is not None and kind in (Event.PROGRESS.value, Event.DECISION.value):
                 last = self._saved.get(restart)
                 stopping = f" -- stopping: {', '.join(event.get('reasons', []))}" if kind == "decision" else ""
@@ -84,6 +87,11 @@ class _Follow:
         """The training clock of run ``restart``: how many times it started (in-job restarts count), and the step
         rank 0 last reported since the newest start (None: none yet)."""
         return self._training.get(restart, (0, None))
+
+    def finished(self, restart: int) -> bool:
+        """True once run ``restart`` has trained all its steps (as of the last poll): a fault after it changes
+        nothing a user would rehearse."""
+        return restart in self._finished
 
     def saved(self, restart: int) -> bool:
         """True once run ``restart`` has committed a checkpoint (as of the last poll)."""

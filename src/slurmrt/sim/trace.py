@@ -46,7 +46,7 @@ class Trace:
         freeze); returns an action to schedule after it (seconds from now, action), or None. A run that is ending
         already leaves the fault to the next run."""
         fault = self.faults[index]
-        if run.record.ended_by:
+        if run.record.ended_by or run.events.finished(run.restart):  # its training is over: nothing to rehearse
             return None
         live = [(pid, node, rank) for pid, node, rank in run.state.tasks() if _alive(pid)]
         if not live:

@@ -24,6 +24,7 @@ from .. import _clock, _slurm
 from .._env import get_int
 
 __all__ = ["Budget", "DurationEstimator", "EndTime", "PeriodicSaves", "end_time_from_env", "horizon", "query_end_time",
+           "query_job_times",
            "time_is_short"]
 
 logger = logging.getLogger(__name__)
@@ -180,6 +181,12 @@ class Budget:
         return left - 1.0 >= (self.saves.estimate() or 0.0)
 
 
+def start_time_from_env(env: Mapping[str, str]) -> float | None:
+    """``SLURM_JOB_START_TIME`` (epoch seconds), set by Slurm 23.02 and newer; None when absent or 0."""
+    value = get_int(env, "SLURM_JOB_START_TIME", minimum=0)
+    return float(value) if value else None
+
+
 def end_time_from_env(env: Mapping[str, str]) -> float | None:
     """``SLURM_JOB_END_TIME`` (epoch seconds), set by Slurm 23.02 and newer; None when absent or 0 (no limit).
 
@@ -190,11 +197,23 @@ def end_time_from_env(env: Mapping[str, str]) -> float | None:
 
 def query_end_time(job_id: str, *, timeout_s: float = 20.0) -> float | None:
     """Ask Slurm once: ``squeue -h -j JOB -o %e``. None for unlimited jobs, a missing squeue, or an error."""
-    out = _slurm.run("squeue", "-h", "-j", job_id, "-o", "%e", timeout_s=timeout_s)
+    return query_job_times(job_id, timeout_s=timeout_s)[1]
+
+
+def query_job_times(job_id: str, *, timeout_s: float = 20.0) -> tuple[float | None, float | None]:
+    """Ask Slurm once: ``squeue -h -j JOB -o "%S %e"``: when this run of the job started and when it ends; None for
+    what Slurm does not know (an unlimited job's end), a missing squeue, or an error."""
+    out = _slurm.run("squeue", "-h", "-j", job_id, "-o", "%S %e", timeout_s=timeout_s)
     if isinstance(out, str):
         logger.warning("%s: no time-limit deadline for job %s until the next try", out, job_id)
-        return None
-    return parse_squeue_time(out.stdout)
+        return None, None
+    fields = (out.stdout.strip().splitlines() or [""])[0].split()
+    if len(fields) != 2:
+        logger.warning("squeue said %r for job %s, not a start and an end time: no deadline until the next try",
+                       out.stdout[:200], job_id)
+        return None, None
+    start, end = parse_squeue_time(fields[0]), parse_squeue_time(fields[1])
+    return start, end
 
 
 def parse_squeue_time(text: str) -> float | None:
@@ -220,8 +239,11 @@ class EndTime:
     """
 
     def __init__(self, env: Mapping[str, str], *, job_id: str | None, ask: bool, refresh_s: float,
-                 fetch: Callable[[str], float | None] = query_end_time) -> None:
+                 fetch: Callable[[str], tuple[float | None, float | None]] = query_job_times) -> None:
         self.from_env = end_time_from_env(env)
+        #: When Slurm started this run of the job (``SLURM_JOB_START_TIME``, Slurm 23.02 and newer, or squeue's
+        #: %S with the end time): the goodput ledger's start. None until known.
+        self.started: float | None = start_time_from_env(env)
         self._job_id = job_id if ask and self.from_env is None else None
         self._refresh_s = refresh_s
         self._fetch = fetch
@@ -242,7 +264,8 @@ class EndTime:
             return
         self._next = _clock.mono() + self._refresh_s
         self.queries += 1
-        end = self._fetch(self._job_id)
+        start, end = self._fetch(self._job_id)
+        self.started = self.started or start
         if end != self.queried:
             logger.info("job %s ends at %s", self._job_id, _when(end))
         self.queried = end
