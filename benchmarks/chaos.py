@@ -46,6 +46,8 @@ from slurmrt.sim.faults import Fault, parse_duration, parse_weights, write_trace
 from slurmrt.sim.faults import draw as draw_faults
 
 from ._common import ROOT, machine, table
+from .chaos_moments import PHASES, Met
+from .chaos_moments import read as read_met
 
 WORKER = ROOT / "tests" / "integration" / "worker.py"
 STEPS, SAVE_EVERY, STEP_TIME = 60, 10, 0.05
@@ -85,8 +87,9 @@ class Trial:
             faults = draw_faults(mtbf_s, self.seed, horizon_s=mtbf_s * 1000, weights=parse_weights(MTBF_WEIGHTS))
             trace = directory / "trace.csv"
             write_trace(trace, faults)  # node losses on any node: the first one's is the guard job's to requeue
-            return ["-N", str(nodes), "--ntasks-per-node", "1", "--trace", str(trace),
-                    "--after-checkpoint", *(["--no-kill"] if self.kind in IN_JOB else [])]
+            # a preemption sends its warning at once, as Slurm's preempt_send_user_signal does: none is shielded
+            return ["-N", str(nodes), "--ntasks-per-node", "1", "--trace", str(trace), "--after-checkpoint",
+                    "--signal", "USR1@5", "--grace", "10", *(["--no-kill"] if self.kind in IN_JOB else [])]
         args = ["-N", str(nodes), "--ntasks-per-node", "1", "--requeue", "--max-restarts", "4"]
         injected = {"node-killed": "node-loss", "node-killed-spare": "node-loss", "task-frozen": "hang",
                     "preempted": "preemption"}.get(self.kind)
@@ -332,7 +335,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     faults: Counter[tuple[str, str]] = Counter()
     failures: list[str] = []
-    ran = quiet = 0
+    ran = quiet = moments = 0
+    phases: Counter[str] = Counter()
     try:
         expected = reference(work, steps)
         trials = [t for t in draw(args.seed, args.trials, args.mtbf) if not args.only or t.number in args.only]
@@ -341,6 +345,8 @@ def main(argv: list[str] | None = None) -> int:
                 faults_wanted=args.faults, budget_s=args.budget):
             ran += 1
             quiet += not hit  # a trial that met no fault tests nothing: said apart, not counted as survived
+            where, apart = _met(trial, work, hit)
+            phases, moments = phases + where, moments + apart
             for kind, n in hit.items():
                 faults[(kind, verdict)] += n
             said = ", ".join(f"{n} {k}" for k, n in hit.items()) if trial.mtbf else \
@@ -354,9 +360,19 @@ def main(argv: list[str] | None = None) -> int:
     command = "python -m benchmarks.chaos " + " ".join(
         f"--{name} {getattr(args, name)}" for name in ("trials", "seed", "mtbf", "steps", "jobs", "faults", "budget")
         if getattr(args, name) is not None)
+    by_phase = ", ".join(f"{phases[p]} {p}" for p in PHASES if phases[p]) or "none"
     return summarize(f"seed {args.seed}, {ran} trials ({quiet} met no fault) in {time.monotonic() - started:.0f} s; "
+                     f"{sum(faults.values())} faults in {moments} independent moments, by phase: {by_phase}; "
                      f"command: {command}",
                      faults, failures)
+
+
+def _met(trial: Trial, work: Path, hit: Counter[str]) -> Met:
+    """A trial's faults by phase and its independent moments: a fault the worker makes at a step (a rank killed or
+    hung, every rank dying) lands in training, one moment; the simulator's, as its list and the event log say."""
+    if trial.mtbf is None and trial.kind in ("rank-killed", "rank-hung", "all-ranks-die"):
+        return Counter({"training": sum(hit.values())}), int(bool(hit))
+    return read_met(work / f"trial-{trial.number:04d}-{trial.kind}")
 
 
 def summarize(said: str, faults: Counter[tuple[str, str]], failures: list[str],

@@ -5,8 +5,10 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import time
 from collections import Counter
 from collections.abc import Sequence
+from datetime import datetime
 from typing import IO, Any
 
 import psutil
@@ -24,6 +26,7 @@ class Trace:
         self.faults, self.out, self.source = list(faults), out, source
         self.clock = 0.0  #: the job's clock at the current run's start
         self.injected: dict[int, str] = {}  #: index -> what it hit
+        self.when: dict[int, float] = {}  #: index -> when it was injected (seconds since the epoch)
 
     def schedule(self) -> list[tuple[float, str]]:
         """The faults on the job's clock not injected yet, as (seconds from the run's clock start, action) pairs; a
@@ -51,6 +54,7 @@ class Trace:
         live = [(pid, node, rank) for pid, node, rank in run.state.tasks() if _alive(pid)]
         if not live:
             return RETRY_S, f"fault:{index}"
+        self.when[index] = time.time()
         if fault.kind == "preemption":
             self.injected[index] = "the job"
             run.preempt(False)
@@ -91,7 +95,11 @@ class Trace:
             head += f"; {ending} came as the job ended"
         if len(pending) > ending and self.source.startswith("trace"):
             head += f"; {len(pending) - ending} fell after the job's end"
-        return [head]
+        # each fault injected, when and what it hit (the fault campaign reads them: its phases and moments)
+        said = [f"  {datetime.fromtimestamp(self.when[i]).isoformat(timespec='milliseconds')} {self.faults[i].kind}: "
+                f"{hit}" for i, hit in sorted(self.injected.items(), key=lambda item: self.when.get(item[0], 0.0))
+                if i in self.when]
+        return [head, *said]
 
 
 def _alive(pid: int) -> bool:
