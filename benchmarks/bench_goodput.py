@@ -126,9 +126,14 @@ def _saves(result: dict[str, Any]) -> int:
     return sum(1 for e in result["events"] if e["event"] == "save" and e.get("rank", 0) == 0)
 
 
-def run(seeds: int = SEEDS, first_seed: int = FIRST_SEED, steps: int = STEPS, mtbf_s: float = MTBF_S) -> Section:
-    """Every policy's job under each seed's faults; a progress line per job on stderr."""
+def run(seeds: int = SEEDS, first_seed: int = FIRST_SEED, steps: int = STEPS, mtbf_s: float = MTBF_S, *,
+        quick: bool = False) -> Section:
+    """Every policy's job under each seed's faults; a progress line per job on stderr. ``quick``: 400 steps, 2
+    seeds (``python -m benchmarks.run --quick goodput``)."""
     from slurmrt.sim.faults import write_trace
+
+    if quick:
+        seeds, steps = min(seeds, 2), 400
 
     results: dict[int, dict[str, dict[str, Any]]] = {}
     drawn: dict[int, int] = {}
