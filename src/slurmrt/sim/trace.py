@@ -96,10 +96,10 @@ class Trace:
         if len(pending) > ending and self.source.startswith("trace"):
             head += f"; {len(pending) - ending} fell after the job's end"
         # each fault injected, when and what it hit (the fault campaign reads them: its phases and moments)
-        said = [f"  {datetime.fromtimestamp(self.when[i]).isoformat(timespec='milliseconds')} {self.faults[i].kind}: "
+        listed = [f"  {datetime.fromtimestamp(self.when[i]).isoformat(timespec='milliseconds')} {self.faults[i].kind}: "
                 f"{hit}" for i, hit in sorted(self.injected.items(), key=lambda item: self.when.get(item[0], 0.0))
                 if i in self.when]
-        return [head, *said]
+        return [head, *listed]
 
 
 def _alive(pid: int) -> bool:
