@@ -95,11 +95,13 @@ class Trace:
             head += f"; {ending} came as the job ended"
         if len(pending) > ending and self.source.startswith("trace"):
             head += f"; {len(pending) - ending} fell after the job's end"
-        # each fault injected, when and what it hit (the fault campaign reads them: its phases and moments)
-        listed = [f"  {datetime.fromtimestamp(self.when[i]).isoformat(timespec='milliseconds')} {self.faults[i].kind}: "
-                f"{hit}" for i, hit in sorted(self.injected.items(), key=lambda item: self.when.get(item[0], 0.0))
-                if i in self.when]
-        return [head, *listed]
+        return [head, *self._listed()]
+
+    def _listed(self) -> list[str]:
+        """Each fault injected, when and what it hit (the fault campaign reads them: its phases and moments)."""
+        hits = sorted((self.when[i], self.faults[i].kind, hit) for i, hit in self.injected.items() if i in self.when)
+        return [f"  {datetime.fromtimestamp(t).isoformat(timespec='milliseconds')} {kind}: {hit}"
+                for t, kind, hit in hits]
 
 
 def _alive(pid: int) -> bool:
