@@ -170,7 +170,8 @@ def continuity(directory: Path) -> str | None:
     the newest shared one committed before it, or whose first step was not the one after the checkpoint it loaded
     (a step skipped or applied twice). Read from the event logs: rank 0's first ``progress`` event of a run is its
     first step. None when every run went on where it should."""
-    from slurmrt.record.events import Event, runs_of
+    from slurmrt.record.events import Event
+    from slurmrt.record.runs import runs_of
 
     for log in sorted((directory / "ckpt").glob("events-*.jsonl")):
         newest: int | None = None  # the newest shared checkpoint committed so far
@@ -195,7 +196,8 @@ def continuity(directory: Path) -> str | None:
 def finished(directory: Path) -> bool:
     """The job's last run recorded that its training finished (exit code 0): a job that Slurm then ended otherwise
     (its batch node lost while it tore down) lost nothing, and nothing had to requeue it."""
-    from slurmrt.record.events import Event, runs_of
+    from slurmrt.record.events import Event
+    from slurmrt.record.runs import runs_of
 
     log = next(iter(sorted((directory / "ckpt").glob("events-*.jsonl"))), None)  # one job: one event log
     last = runs_of(log)[-1:]

@@ -22,8 +22,9 @@ import pytest
 
 from slurmrt import trackers
 from slurmrt.record.chart import duration
-from slurmrt.record.events import Event, read_events, runs
+from slurmrt.record.events import Event, read_events
 from slurmrt.record.experiment import EXPERIMENT_FILE, establish
+from slurmrt.record.runs import runs
 
 from .launch import ROOT
 from .test_sim import sim

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from slurmrt.record.events import Event, EventLog, measured_earlier, read_events, runs_of
+from slurmrt.record.events import Event, EventLog, read_events
 from slurmrt.record.ledger import Ledger
+from slurmrt.record.runs import measured_earlier, runs_of
 
 OTHER_UID = 65534  # nobody
 

@@ -18,8 +18,9 @@ from hypothesis import strategies as st
 
 from slurmrt.cli import main
 from slurmrt.record import goodput, timeline
-from slurmrt.record.events import measured_earlier, read_events, runs_of
+from slurmrt.record.events import read_events
 from slurmrt.record.ledger import Ledger
+from slurmrt.record.runs import measured_earlier, runs_of
 
 #: A figure as a careless writer or a hostile neighbour leaves it: any number JSON can carry, and then some.
 FIGURES = st.one_of(

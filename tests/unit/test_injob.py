@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from slurmrt._errors import ConfigError
-from slurmrt.record.events import Event, EventLog, read_events, runs
+from slurmrt.record.events import Event, EventLog, read_events
+from slurmrt.record.runs import runs
 from slurmrt.recovery import injob
 from slurmrt.recovery.executor import Executor
 from slurmrt.recovery.facts import Facts, InJob, in_job_from_environ

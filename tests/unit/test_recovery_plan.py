@@ -249,7 +249,7 @@ def test_a_requeue_chosen_and_not_made_is_made_once_by_whoever_finds_it(tmp_path
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """The exit event comes before `scontrol requeue`: a process killed between the two leaves a requeue chosen
     and not made, which another rank or `slurmrt run` makes (chaos campaign, seed 308, trial 7)."""
-    from slurmrt.record.events import runs_of
+    from slurmrt.record.runs import runs_of
     from slurmrt.recovery import exclusion
 
     def killed(job: str) -> tuple[bool, str]:

@@ -302,7 +302,7 @@ def test_a_requeued_run_starts_from_the_step_and_save_times_the_earlier_runs_mea
 
 
 def test_the_measured_times_come_from_the_tail_of_a_long_event_log(tmp_path: Path) -> None:
-    from slurmrt.record.events import measured
+    from slurmrt.record.runs import measured
 
     log = tmp_path / "events.jsonl"
     early = [{"event": "save", "rank": 0, "seconds": 50.0}] * 50  # outside the tail: not read

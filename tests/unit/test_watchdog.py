@@ -11,7 +11,7 @@ import pytest
 from slurmrt import _clock
 from slurmrt.hang.census import RankState, name_suspects
 from slurmrt.hang.watchdog import STEP_FACTOR, Activity, Hang, PhaseTimes, Watchdog
-from slurmrt.record.events import Run
+from slurmrt.record.runs import Run
 from slurmrt.recovery import exclusion
 from slurmrt.recovery import policy as outcome
 from slurmrt.stop.deadline import Budget

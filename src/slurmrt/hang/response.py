@@ -24,7 +24,8 @@ from typing import Any, NoReturn
 
 from ..launch.topology import LaunchMode, Topology
 from ..log import exit_now
-from ..record.events import Event, Run, read_events, runs_of
+from ..record.events import Event, read_events
+from ..record.runs import Run, runs_of
 from ..recovery import injob
 from ..recovery.executor import Executor
 from ..recovery.plan import Trigger, plan

@@ -2,6 +2,7 @@
 imports only slurmrt's private leaves.
 
 - :mod:`.events`: the event log (names, writer, reader).
+- :mod:`.runs`: the log read back as runs, and what earlier runs measured (step, save and phase times).
 - :mod:`.timeline`: a job's life from its event log; :mod:`.chart` draws it, as text and as a picture.
 - :mod:`.goodput`: where the job's wall time went (the ledger), from the same log.
 - :mod:`.ledger`: the bad-node ledger, the nodes this user's jobs found bad.

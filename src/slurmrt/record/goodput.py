@@ -33,7 +33,8 @@ from typing import Any
 from .. import _figures as figures
 from .._safefs import replace_text
 from .chart import duration
-from .events import Event, Run, read_events, runs, timestamp
+from .events import Event, read_events, timestamp
+from .runs import Run, runs
 from .timeline import JobLife, RunLife, build
 
 __all__ = ["CATEGORIES", "Goodput", "RunGoodput", "account", "draw_bar", "openmetrics", "write_metrics"]

@@ -18,7 +18,8 @@ from itertools import pairwise
 from typing import Any
 
 from .. import _figures as figures
-from .events import Event, Run, runs, timestamp
+from .events import Event, timestamp
+from .runs import Run, runs
 
 __all__ = ["JobLife", "RunLife", "build"]
 

@@ -18,8 +18,9 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..record.events import Event, EventLog, Run, runs_of
+from ..record.events import Event, EventLog
 from ..record.ledger import Ledger
+from ..record.runs import Run, runs_of
 from ..stop.decision import StopDecision
 from . import exclusion, injob
 from .facts import Facts

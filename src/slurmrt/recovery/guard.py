@@ -30,8 +30,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from .. import _slurm
-from ..record.events import Event, EventLog, Run, read_events, runs_of
+from ..record.events import Event, EventLog, read_events
 from ..record.ledger import Ledger
+from ..record.runs import Run, runs_of
 from .exclusion import JobNodes, read_job
 from .executor import Executor
 from .facts import Facts

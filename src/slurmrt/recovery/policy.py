@@ -7,7 +7,8 @@ from __future__ import annotations
 import enum
 
 from .. import _slurm
-from ..record.events import Event, Run
+from ..record.events import Event
+from ..record.runs import Run
 from ..stop.decision import StopDecision
 
 __all__ = ["ExitCode", "Outcome", "at_time_limit", "futile_runs", "futile_why", "requeue"]

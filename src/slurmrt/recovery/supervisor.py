@@ -36,8 +36,9 @@ from typing import Any
 from .._errors import ConfigError
 from .._safefs import private_dir
 from ..launch import hostlist
-from ..record.events import Event, EventLog, Run, runs_of
+from ..record.events import Event, EventLog
 from ..record.ledger import Ledger
+from ..record.runs import Run, runs_of
 from . import exclusion, injob
 from .evidence import Evidence
 from .executor import Executor

@@ -21,8 +21,8 @@ from ..hang.watchdog import PhaseTimes
 from ..launch.topology import Topology
 from ..options import Options
 from ..record import experiment
-from ..record.events import measured_earlier
 from ..record.goodput import write_metrics
+from ..record.runs import measured_earlier
 from ..recovery.conclude import conclude
 from ..recovery.executor import Executor
 from ..recovery.plan import Trigger, plan

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from .._errors import SlurmrtError
-from ..record.events import Event, EventFollower, Run, runs
+from ..record.events import Event, EventFollower
+from ..record.runs import Run, runs
 
 __all__ = ["RunRecord", "ledger", "summary"]
 
