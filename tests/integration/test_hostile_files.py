@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from slurmrt import log
+from slurmrt import _flock, log
 from slurmrt._safefs import process_start_time
 from slurmrt.cli import main
 from slurmrt.launch import health
@@ -201,14 +201,14 @@ def _lock_held_elsewhere(lock_file: Path) -> Iterator[Callable[[], None]]:
     finally:
         holder.kill()
         holder.wait()
-        log._lock_fds.pop(str(lock_file), None)
+        _flock._lock_fds.pop(str(lock_file), None)
 
 
 def test_a_lock_held_elsewhere_for_long_is_given_up_and_the_line_still_written(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     lock_file = tmp_path / "job.lock"
     with _lock_held_elsewhere(lock_file):
-        monkeypatch.setattr(log, "LOCK_TIMEOUT_S", 0.3)
+        monkeypatch.setattr(_flock, "LOCK_TIMEOUT_S", 0.3)
         log.printflock("first", lock_path=lock_file)  # queued: the calls return while the lock is held
         log.printflock("second", lock_path=lock_file)
         assert capsys.readouterr().out == ""
@@ -223,10 +223,10 @@ def test_a_queued_line_older_than_the_timeout_gives_the_lock_up_at_the_next_line
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     lock_file = tmp_path / "job.lock"
     clock = [1000.0]
-    monkeypatch.setattr(log, "_monotonic", lambda: clock[0])
+    monkeypatch.setattr(_flock, "_monotonic", lambda: clock[0])
     with _lock_held_elsewhere(lock_file):
         log.printflock("first", lock_path=lock_file)
-        clock[0] += log.LOCK_TIMEOUT_S + 1
+        clock[0] += _flock.LOCK_TIMEOUT_S + 1
         log.printflock("second", lock_path=lock_file)  # the first has waited too long: both written now
         captured = capsys.readouterr()
     assert captured.out.split("\n")[:2] == [f"{log._prefix()} first", f"{log._prefix()} second"]
@@ -271,7 +271,7 @@ def test_a_lock_descriptor_that_fails_gives_the_lock_up_and_the_lines_are_still_
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     fd = os.open(tmp_path / "job.lock", os.O_RDWR | os.O_CREAT)
     os.close(fd)  # the queue's thread gets EBADF from flock
-    queue = log._Queue(fd, str(tmp_path / "job.lock"))
+    queue = _flock._Queue(fd, str(tmp_path / "job.lock"))
     queue.put("one\n", sys.stdout)
     queue.put("two\n", sys.stdout)
     queue.flush(60)  # returns once the thread gave up and wrote them, long before the timeout
@@ -284,7 +284,7 @@ def test_a_line_put_on_a_queue_already_given_up_is_written_at_once(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     fd = os.open(tmp_path / "job.lock", os.O_RDWR | os.O_CREAT)
     os.close(fd)
-    queue = log._Queue(fd, str(tmp_path / "job.lock"))
+    queue = _flock._Queue(fd, str(tmp_path / "job.lock"))
     queue.give_up("was given up by a test")  # as when the thread gave up between a caller's lookup and its put
     queue.put("late\n", sys.stdout)
     assert capsys.readouterr().out == "late\n"

@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parents[2] / "src" / "slurmrt"  # read, not impo
 #: coordinators (runtime/) stand above the parts they coordinate. A new folder or top-level module must say where
 #: it belongs. docs/architecture.md draws the same floors.
 FLOORS = [
-    ["_errors", "_figures", "_clock", "_env", "_slurm", "_safefs", "_tree", "_comm", "log"],  # no slurmrt folder below
+    # no slurmrt folder below
+    ["_errors", "_figures", "_clock", "_env", "_slurm", "_safefs", "_tree", "_comm", "_flock", "log"],
     ["record", "launch"],  # the event log; the launch as Slurm describes it
     ["stop"],  # the parts of an agreed stop: signals, the deadline, the kill switch, the agreement, stragglers
     ["options", "checkpoint", "trackers"],  # every option validated; the checkpoint store, its tiers and files
