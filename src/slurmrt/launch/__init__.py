@@ -2,6 +2,7 @@
 only slurmrt's private leaves.
 
 - :mod:`.topology`: rank, world, node rank, master address and port, from Slurm's and the launchers' variables.
+- :mod:`.slurmvars`: Slurm's variables for a step and its allocation (ranks, world, hosts, tasks per node), checked.
 - :mod:`.launcher`: the launcher's command line (torchrun, accelerate), read from /proc.
 - :mod:`.hostlist`: Slurm's hostlist expressions.
 - :mod:`.ports`: the master port.

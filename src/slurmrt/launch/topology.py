@@ -24,11 +24,12 @@ from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypedDict
 
-from .._env import first_int, first_str, get_int, parse_tasks_per_node, truthy
-from .._errors import EnvironmentVariableError, HostlistError, LauncherConflictError, NodeRankError
+from .._env import first_int, get_int, truthy
+from .._errors import EnvironmentVariableError, LauncherConflictError, NodeRankError
 from . import hostlist
 from .launcher import rendezvous_backend
 from .ports import master_port_for
+from .slurmvars import SlurmStep, allocation, check_below, required_int, slurm_step
 
 __all__ = ["LaunchMode", "Topology", "from_environ"]
 
@@ -127,7 +128,7 @@ def from_environ(env: Mapping[str, str], *, hostname: str | None = None,
 def _srun_step(env: Mapping[str, str], common: _Common, *, launcher: bool,
                launcher_argv: Sequence[str] | None) -> Topology:
     """A task of an srun step: srun's ranks, or a launcher's inside it (torchrun or ``accelerate launch``)."""
-    slurm = _slurm_step(env)
+    slurm = slurm_step(env)
     if launcher and not _srun_is_the_launcher(env, slurm):
         return _launcher_under_srun(env, slurm, common, launcher_argv)
     rank, local_rank, node_rank, world, tasks, hosts = slurm
@@ -149,7 +150,7 @@ def _batch_shell(env: Mapping[str, str], job_id: str, common: _Common) -> Topolo
     warnings: list[str] = []
     ntasks = get_int(env, "SLURM_NTASKS", minimum=1)
     get_int(env, "WORLD_SIZE", minimum=1)  # for `slurmrt env`, which exports from the batch shell
-    _allocation(env, ("SLURM_JOB_NODELIST", "SLURM_NODELIST"), ("SLURM_JOB_NUM_NODES", "SLURM_NNODES"),
+    allocation(env, ("SLURM_JOB_NODELIST", "SLURM_NODELIST"), ("SLURM_JOB_NUM_NODES", "SLURM_NNODES"),
                 ("SLURM_TASKS_PER_NODE",), ("SLURM_NTASKS", ntasks) if ntasks is not None else None)
     if ntasks is not None and ntasks > 1:
         warnings.append(
@@ -206,78 +207,13 @@ def _port(env: Mapping[str, str], job_id: str | None, step_id: str | None) -> in
     return master_port_for(job_id, step_id)
 
 
-_SlurmStep = tuple[int, int, int, int, list[int], list[str]]
-
-
-def _slurm_step(env: Mapping[str, str]) -> _SlurmStep:
-    """(rank, local rank, node rank, world size, tasks per node, hosts) of an srun step, validated."""
-    rank = _required_int(env, "SLURM_PROCID")
-    local_rank = _required_int(env, "SLURM_LOCALID")
-    node_rank = _required_int(env, "SLURM_NODEID")
-    world_var, world = _required_first(env, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS")
-    hosts, counted = _allocation(env, ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"),
-                                 ("SLURM_STEP_NUM_NODES", "SLURM_NNODES"),
-                                 ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"), (world_var, world))
-    if not hosts:
-        raise EnvironmentVariableError(
-            "SLURM_STEP_NODELIST is empty or missing inside an srun step; Slurm always sets it",
-            variable="SLURM_STEP_NODELIST")
-    if counted is not None:
-        tasks = counted
-    else:
-        if world % len(hosts):
-            raise EnvironmentVariableError(
-                f"{world_var}={world} tasks cannot be spread evenly on {len(hosts)} nodes and "
-                "SLURM_STEP_TASKS_PER_NODE is missing",
-                variable=world_var,
-            )
-        tasks = [world // len(hosts)] * len(hosts)
-    _check_below(rank, "SLURM_PROCID", world, world_var)
-    _check_below(node_rank, "SLURM_NODEID", len(hosts), "the step's node count")
-    _check_below(local_rank, "SLURM_LOCALID", tasks[node_rank], f"the tasks on node {node_rank}")
-    return rank, local_rank, node_rank, world, tasks, hosts
-
-
-def _allocation(env: Mapping[str, str], lists: tuple[str, ...], counts: tuple[str, ...], per_node: tuple[str, ...],
-                world: tuple[str, int] | None) -> tuple[list[str], list[int] | None]:
-    """The hosts (from the first of ``lists`` that is set) and the tasks on each (from ``per_node``; None when
-    unset), checked against the node count (``counts``) and the task count ``world`` (its variable and value).
-    Slurm sets them together: a disagreement is a value exported by hand, refused before any rendezvous."""
-    list_var, nodelist = first_str(env, *lists) or (lists[0], "")
-    try:
-        hosts = hostlist.expand(nodelist)
-    except HostlistError as err:
-        raise EnvironmentVariableError(f"{list_var}={nodelist!r} cannot be parsed: {err}", variable=list_var) from err
-    nodes = first_int(env, *counts, minimum=1)
-    if hosts and nodes is not None and nodes[1] != len(hosts):
-        raise EnvironmentVariableError(
-            f"{nodes[0]}={nodes[1]} but {list_var}={nodelist!r} names {len(hosts)} hosts; the two must agree",
-            variable=nodes[0],
-        )
-    tpn_var, tpn_raw = first_str(env, *per_node) or ("", "")
-    if not tpn_raw or not hosts:
-        return hosts, None
-    tasks = parse_tasks_per_node(tpn_var, tpn_raw)
-    if len(tasks) != len(hosts):
-        raise EnvironmentVariableError(
-            f"{tpn_var}={tpn_raw!r} describes {len(tasks)} nodes but {list_var}={nodelist!r} names {len(hosts)}",
-            variable=tpn_var,
-        )
-    if world is not None and sum(tasks) != world[1]:
-        raise EnvironmentVariableError(
-            f"{tpn_var}={tpn_raw!r} adds up to {sum(tasks)} tasks but {world[0]}={world[1]}; Slurm sets both "
-            "together: unset the one exported by hand", variable=tpn_var
-        )
-    return hosts, tasks
-
-
 def _launcher(env: Mapping[str, str], mode: LaunchMode, common: _Common, nodelist: tuple[str, ...]) -> Topology:
-    rank = _required_int(env, "RANK")
-    world = _required_int(env, "WORLD_SIZE", minimum=1)
+    rank = required_int(env, "RANK")
+    world = required_int(env, "WORLD_SIZE", minimum=1)
     local_rank = get_int(env, "LOCAL_RANK") or 0
     local_world = get_int(env, "LOCAL_WORLD_SIZE", minimum=1) or world
-    _check_below(rank, "RANK", world, "WORLD_SIZE")
-    _check_below(local_rank, "LOCAL_RANK", local_world, "LOCAL_WORLD_SIZE")
+    check_below(rank, "RANK", world, "WORLD_SIZE")
+    check_below(local_rank, "LOCAL_RANK", local_world, "LOCAL_WORLD_SIZE")
     if world % local_world:
         raise EnvironmentVariableError(
             f"WORLD_SIZE={world} is not a multiple of LOCAL_WORLD_SIZE={local_world}", variable="WORLD_SIZE"
@@ -304,7 +240,7 @@ def _build(mode: LaunchMode, env: Mapping[str, str], common: _Common, *, rank: i
 _ELASTIC_AGENT_VARS = ("TORCHELASTIC_RUN_ID", "GROUP_RANK", "TORCHELASTIC_RESTART_COUNT", "ROLE_RANK")
 
 
-def _srun_is_the_launcher(env: Mapping[str, str], slurm: _SlurmStep) -> bool:
+def _srun_is_the_launcher(env: Mapping[str, str], slurm: SlurmStep) -> bool:
     """True when RANK/WORLD_SIZE merely restate srun's task layout: Pyxis's PyTorch hook exports ``RANK``,
     ``WORLD_SIZE`` and ``LOCAL_RANK`` from ``SLURM_PROCID``, ``SLURM_NTASKS`` and ``SLURM_LOCALID`` in every task,
     and many sbatch scripts do the same by hand. Then the node layout comes from Slurm (those three variables do not
@@ -312,7 +248,7 @@ def _srun_is_the_launcher(env: Mapping[str, str], slurm: _SlurmStep) -> bool:
     s_rank, s_local, s_node, s_world, s_tasks, _ = slurm
     if any(name in env for name in _ELASTIC_AGENT_VARS):
         return False
-    world = _required_int(env, "WORLD_SIZE", minimum=1)
+    world = required_int(env, "WORLD_SIZE", minimum=1)
     if world != s_world:
         return False
     stated = {"RANK": (get_int(env, "RANK"), s_rank, "SLURM_PROCID"),
@@ -333,7 +269,7 @@ def _srun_is_the_launcher(env: Mapping[str, str], slurm: _SlurmStep) -> bool:
     return True
 
 
-def _launcher_under_srun(env: Mapping[str, str], slurm: _SlurmStep, common: _Common,
+def _launcher_under_srun(env: Mapping[str, str], slurm: SlurmStep, common: _Common,
                          argv: Sequence[str] | None) -> Topology:
     s_rank, s_local, s_node, s_world, s_tasks, hosts = slurm
     topo = _launcher(env, LaunchMode.LAUNCHER, common, nodelist=tuple(hosts))
@@ -377,24 +313,3 @@ def _launcher_under_srun(env: Mapping[str, str], slurm: _SlurmStep, common: _Com
             slurm_nodeid=s_node,
         )
     return topo
-
-
-def _required_int(env: Mapping[str, str], name: str, minimum: int = 0) -> int:
-    value = get_int(env, name, minimum=minimum)
-    if value is None:
-        raise EnvironmentVariableError(f"{name} is missing; it is required in this launch shape", variable=name)
-    return value
-
-
-def _required_first(env: Mapping[str, str], *names: str) -> tuple[str, int]:
-    found = first_int(env, *names, minimum=1)
-    if found is None:
-        raise EnvironmentVariableError(f"none of {', '.join(names)} is set inside an srun step", variable=names[0])
-    return found
-
-
-def _check_below(value: int, name: str, limit: int, limit_name: str) -> None:
-    if value >= limit:
-        raise EnvironmentVariableError(
-            f"{name}={value} is out of range: it must be below {limit_name} ({limit})", variable=name, value=value
-        )
