@@ -1,7 +1,8 @@
 """Checkpoints that are complete or absent, the same on every rank. Floor: above ``launch/`` and ``stop/``, beside
 ``options``; below ``recovery/``, ``hang/`` and ``runtime/`` (whose ``session`` coordinates these parts).
 
-- :mod:`.store`: the commit protocol, background saves, pruning, and loading the newest sound checkpoint.
+- :mod:`.store`: the commit protocol, background saves and pruning; :mod:`.loading`: the newest sound checkpoint,
+  agreed by every rank.
 - :mod:`.reader`: what a run reads from a sound checkpoint, or why it cannot.
 - :mod:`.manifest`: the manifest's form and the check of the files against it.
 - :mod:`.retention`: which checkpoints are kept; deletion out of sight.

@@ -28,7 +28,6 @@ import os
 import secrets
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,11 +51,10 @@ from ._files import (
 from .background import NICE, PendingSave, SaveResult, Staged, run_below_training
 from .helper import Helper
 from .helper import available as helper_available
-from .manifest import MANIFEST, check_files, complete_steps, read_manifest, verify
+from .loading import Loaded, load_latest
+from .manifest import MANIFEST, complete_steps, verify
 from .parts import write_parts
-from .reader import Incompatible, read_local, read_rank_state, refuse_incompatible
 from .retention import Retention
-from .trust import foreign_files
 
 __all__ = ["CheckpointStore", "Loaded", "PendingSave", "SaveFn", "SaveResult", "Staged", "verify"]
 
@@ -65,17 +63,6 @@ logger = logging.getLogger(__name__)
 SaveFn = Callable[[Path], Any]
 #: A rank's part of a save: its kind of state, the files it wrote with their checksums, its DCP metadata (or None).
 _Part = tuple[str, dict[str, FileInfo], Any]
-
-
-@dataclass(frozen=True)
-class Loaded:
-    step: int
-    #: This rank's dict ("state"), the directory ("dir"), or the ``into`` dict filled in place ("dcp").
-    state: Any
-    #: This rank's local state (``save(..., local=...)``); None if none was saved or it could not be restored.
-    local: Any = None
-    #: Why the local state was not restored (another world size), else None.
-    local_lost: str | None = None
 
 
 class CheckpointStore:
@@ -328,73 +315,8 @@ class CheckpointStore:
         return complete_steps(self.root)
 
     def load_latest(self, *, into: dict[str, Any] | None = None, verify: bool = True) -> Loaded | None:
-        """The newest checkpoint every rank can read, the same on every rank; None if none.
-
-        Its ``state`` is this rank's dict for the "state" kind, the checkpoint's directory for the "dir" kind (for
-        ``accelerator.load_state(path)`` and the like), or ``into`` loaded in place for the "dcp" kind (resharded
-        to this run's sharding, whatever the world size that wrote it). Incomplete or corrupt checkpoints (a file
-        whose size or, with ``verify``, checksum differs from the manifest's) are skipped with a warning.
-        """
+        """The newest checkpoint every rank can read, the same on every rank; None if none
+        (:func:`.loading.load_latest`). A background save in flight is waited for first."""
         self.wait()
-        if self.comm.rank == 0:
-            # Before the broadcast, so before any rank's next save: a run outside Slurm has the same token every
-            # time, and its first save would otherwise write into an earlier attempt's half-written directory.
-            self.retention.clear_leftovers()
-        candidates: list[int] = self.comm.broadcast(self._complete_steps() if self.comm.rank == 0 else None)
-        for step in candidates:
-            path = self.root / f"step_{step:09d}"
-            # Agreed before any rank reads: DCP's load is collective, and a rank that skipped it would leave the
-            # others waiting in it.
-            manifest, problems = self._agreed(self._check, path, verify=verify, into=into)
-            value: Loaded | None = None
-            if not problems:
-                value, problems = self._agreed(self._load, path, manifest, into)
-            if not problems:
-                assert value is not None
-                return value
-            incompatible = [message for fatal, message in problems if fatal]
-            if incompatible:
-                # Not damage: this run does not fit the checkpoint. Starting fresh would let pruning delete the
-                # real progress after keep_last saves, so refuse on every rank.
-                raise CheckpointError(incompatible[0], step=step)
-            problems_text = [message for _, message in problems]
-            self.retention.damaged.add(step)  # it never counts as kept, and a sound save of its step replaces it
-            if self.comm.rank == 0:
-                logger.warning("checkpoint %s is unusable, trying an older one: %s", path, "; ".join(problems_text))
-        return None
-
-    def _agreed(self, work: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, list[tuple[bool, str]]]:
-        """``work(*args, **kwargs)`` on this rank, then every rank's problem with it (one collective): its value (or
-        None), and the problems as (incompatible, message)."""
-        value, problem = None, None
-        try:
-            value = work(*args, **kwargs)
-        except Incompatible as err:
-            problem = (True, str(err))
-        except Exception as err:
-            problem = (False, f"rank {self.comm.rank}: {err}")
-        return value, gather_problems(self.comm, problem)
-
-    def _load(self, path: Path, manifest: dict[str, Any], into: dict[str, Any] | None) -> Loaded:
-        state = read_rank_state(path, manifest, rank=self.comm.rank, into=into)
-        local, lost = read_local(path, manifest, rank=self.comm.rank, world_size=self.comm.world_size)  # after it
-        return Loaded(int(manifest["step"]), state, local, lost)
-
-    def _check(self, path: Path, *, verify: bool, into: dict[str, Any] | None) -> dict[str, Any]:
-        """The manifest, once this rank's share of the files matches it (every ``world_size``-th file: its size, and
-        with ``verify`` its checksum; the ranks together look at each file once, and every rank hears of every
-        problem through :meth:`_agreed`), and this run can load it (raises :class:`~.reader.Incompatible` if not). A
-        rank that looked at every file made a resume O(N²) metadata operations on the shared filesystem."""
-        foreign = foreign_files(path, [MANIFEST], trusted_gid=self.trusted_gid)  # before a byte of it is read
-        if foreign:
-            raise CheckpointError("; ".join(foreign))
-        manifest = read_manifest(path)
-        names = sorted(manifest["files"])
-        share = names[self.comm.rank::self.comm.world_size]
-        problems = foreign_files(path, share, trusted_gid=self.trusted_gid) or \
-            check_files(path, manifest, checksums=share if verify else [], only=share)
-        if problems:
-            raise CheckpointError("; ".join(problems))
-        refuse_incompatible(path, manifest, world_size=self.comm.world_size, into=into)
-        return manifest
-
+        return load_latest(self.root, self.comm, self.retention, trusted_gid=self.trusted_gid, into=into,
+                           verify=verify)
