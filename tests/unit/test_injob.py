@@ -153,16 +153,16 @@ def test_too_many_spares_or_no_job_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_local_tier_partners_and_the_step_chosen_across_nodes() -> None:
-    from slurmrt.checkpoint.local import _choose, partner_of
+    from slurmrt.checkpoint.partners import choose, partner_of
 
     assert [partner_of(r, 4, 2) for r in range(4)] == [2, 3, 0, 1]  # the same local rank on the next node
     assert partner_of(0, 2, 2) is None  # one node: nowhere to replicate
     part = {"world_size": 2, "size": 1, "xxh3_64": "0"}
     node_a = {7: {0: part, 1: part}, 9: {0: part}}  # rank 0's node holds its own part and rank 1's replica
     node_b: dict[int, dict[int, dict[str, object]]] = {}  # rank 1's node was replaced: it holds nothing
-    assert _choose([node_a, node_b], 2, None) == (7, [0, 0], [part, part])  # 9 lacks rank 1's part
-    assert _choose([node_a, node_b], 2, 8) is None  # the shared tier has step 8: 7 is too old
-    assert _choose([node_a, {7: {1: part}}], 2, None) == (7, [0, 1], [part, part])  # each reads its own
-    assert _choose([{7: {0: {**part, "world_size": 4}}}, {7: {1: part}}], 2, None) is None  # another world size
+    assert choose([node_a, node_b], 2, None) == (7, [0, 0], [part, part])  # 9 lacks rank 1's part
+    assert choose([node_a, node_b], 2, 8) is None  # the shared tier has step 8: 7 is too old
+    assert choose([node_a, {7: {1: part}}], 2, None) == (7, [0, 1], [part, part])  # each reads its own
+    assert choose([{7: {0: {**part, "world_size": 4}}}, {7: {1: part}}], 2, None) is None  # another world size
 
 

@@ -11,8 +11,9 @@
 - :mod:`.helper` and :mod:`.shm`: the save helper process and the shared memory it reads.
 - :mod:`.parts`: one rank's state written in parts, by threads.
 - :mod:`.sharded`: sharded state (DTensor) through DCP, planned and written by each rank alone.
-- :mod:`.local`: the node-local tier, replicated to a partner node.
-- :mod:`.lease`: one live job per checkpoint directory. :mod:`.trust`: whose files a job loads, and where.
+- :mod:`.local`: the node-local tier, replicated to a partner node (:mod:`.partners`: who keeps each part).
+- :mod:`.lease`: one live job per checkpoint directory (:mod:`.holder`: the lease's record, read back).
+  :mod:`.trust`: whose files a job loads, and where.
 - :mod:`.cadence`: when to save, from measurements (``rt.should_save``). :mod:`.progress`: a long save or load, said.
 - :mod:`._files`: durable writes, checksums, the disk's early writeback.
 """

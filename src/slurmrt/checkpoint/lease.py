@@ -35,15 +35,16 @@ import os
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from .. import _clock, _figures, _slurm
+from .. import _clock
 from .._errors import CheckpointError, LeaseError, UnsafePathError
 from .._safefs import locked_file, process_start_time, read_capped
 from ..launch.topology import Topology
 from ._files import replace_text
+from .holder import Holder, slurm_job_alive
 from .trust import check_directory
 
 __all__ = ["LEADER_WAIT_S", "LEASE_FILE", "QUIET_S", "REFRESH_S", "STALE_S", "Holder", "Lease", "slurm_job_alive",
@@ -60,86 +61,11 @@ STALE_S = 600.0
 #: Slurm's "that job ended" counts only once the holder's heartbeat has not moved for this long: two refreshes
 #: missed. A heartbeat that moves contradicts Slurm (another cluster's job, a purged record): the holder lives.
 QUIET_S = 2 * REFRESH_S + 15.0
-#: Two hosts' clocks may differ by this much before a heartbeat "in the future" is worth saying.
-_AHEAD_S = 60.0
 _LOCK_WAIT_S = 10.0
 _MAX_BYTES = 64 << 10  #: a lease is a few hundred bytes
 #: How long the other ranks wait for rank 0 to take over a lease they found live, before they refuse too (rank 0
 #: may watch the heartbeat for QUIET_S first).
 LEADER_WAIT_S = QUIET_S + 30.0
-
-#: squeue states of a job that still has, or will again have, processes.
-_LIVE_STATES = {"PENDING", "RUNNING", "SUSPENDED", "CONFIGURING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD",
-                "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD"}
-
-
-@dataclass(frozen=True)
-class Holder:
-    owner: str  #: the job's requeue id, or a local run's token
-    host: str
-    pid: int
-    start: int | None  #: the pid's start time (/proc), which tells a reused pid from the holder
-    heartbeat: float  #: wall time of the last refresh
-    job: str | None = None
-    array_task: str | None = None
-    uid: int | None = None
-    cluster: str | None = None  #: SLURM_CLUSTER_NAME where the holder runs: the cluster to ask about its job
-    step: str | None = None  #: its Slurm step (SLURM_STEP_ID)
-    run: str | None = None  #: its run of the job: "<restart>.<in-job attempt>"
-
-    @classmethod
-    def parse(cls, data: Any) -> Holder | None:
-        """The holder written in a lease file; None when it is not one (damaged: treated as no lease, with a
-        warning by the caller)."""
-        if not isinstance(data, dict):
-            return None
-        try:
-            holder = cls(owner=str(data["owner"]), host=str(data["host"]), pid=int(data["pid"]),
-                         start=None if data.get("start") is None else int(data["start"]),
-                         heartbeat=_heartbeat(data["heartbeat"]), job=data.get("job"),
-                         array_task=data.get("array_task"),
-                         uid=data.get("uid"), cluster=_text_or_none(data.get("cluster")),
-                         step=_text_or_none(data.get("step")), run=_text_or_none(data.get("run")))
-        except (KeyError, TypeError, ValueError):
-            return None
-        return holder if holder.owner else None
-
-    def describe(self, now: float) -> str:
-        where = f"on {self.host}, pid {self.pid}"
-        job = (f"job {self.owner}" + (f" (step {self.step})" if self.step else "")) if self.job else f"run {self.owner}"
-        ahead = self.heartbeat - now
-        if ahead > _AHEAD_S:  # a live holder cannot be told from a lease written with a wrong clock, or by hand
-            return (f"{job} ({where}, heartbeat {ahead:.0f} s in the future: its host's clock is ahead of this one's, "
-                    "or the lease was not written by slurmrt; it holds until that time has passed)")
-        return f"{job} ({where}, heartbeat {max(0.0, -ahead):.0f} s ago)"
-
-
-def _heartbeat(value: Any) -> float:
-    """A heartbeat is a wall time within the figures' bounds; anything else makes the lease damaged."""
-    heartbeat = _figures.epoch(value)
-    if heartbeat is None:
-        raise ValueError(f"heartbeat {value!r} is not a time")
-    return heartbeat
-
-
-def _text_or_none(value: Any) -> str | None:
-    return value if isinstance(value, str) and value else None
-
-
-def slurm_job_alive(job: str, cluster: str | None = None) -> bool | None:
-    """True while Slurm knows ``job`` as not ended, False when it says it ended or knows it no more, None when it
-    cannot be asked (no squeue, no answer, a cluster it cannot reach). ``cluster``: the holder's own cluster
-    (``squeue -M``), so that another cluster sharing the filesystem is never the one asked."""
-    where = ("-M", cluster) if cluster else ()
-    out = _slurm.run("squeue", *where, "-h", "-j", job, "-o", "%T", timeout_s=20.0)
-    if isinstance(out, str):
-        return None
-    if out.returncode != 0:
-        return False if "Invalid job id" in out.stderr else None
-    states = {line.strip().upper() for line in out.stdout.splitlines()
-              if line.strip() and not line.startswith("CLUSTER:")}
-    return bool(states & _LIVE_STATES)
-
 
 class Lease:
     def __init__(self, directory: Path, *, owner: str, job: str | None = None, array_task: str | None = None,

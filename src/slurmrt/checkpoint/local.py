@@ -43,20 +43,14 @@ from .._errors import CheckpointError
 from .._safefs import private_dir
 from ._files import HASH, write_state
 from .background import SaveResult
+from .partners import choose, partner_of
 
-__all__ = ["LocalTier", "partner_of", "tier_directory"]
+__all__ = ["LocalTier", "tier_directory"]
 
 logger = logging.getLogger(__name__)
 
 _STEP = re.compile(r"step_(\d{9})")
 _PART = re.compile(r"rank_(\d{5})\.json")
-
-
-def partner_of(rank: int, world: int, per_node: int) -> int | None:
-    """The rank that keeps ``rank``'s replica: the same local rank on the next node; None on one node."""
-    if world <= per_node:
-        return None
-    return (rank + per_node) % world
 
 
 def tier_directory(base: Path, checkpoint_dir: Path, node: str) -> Path:
@@ -244,7 +238,7 @@ class LocalTier:
             mine = {}
         # Rank 0 chooses from every node's holdings and tells every rank (trees: O(log N) hops, not a ring).
         everyone: list[dict[int, dict[int, dict[str, Any]]]] | None = self.comm.gather(mine)
-        plan = self.comm.broadcast(_choose(everyone, world, floor) if everyone is not None else None)
+        plan = self.comm.broadcast(choose(everyone, world, floor) if everyone is not None else None)
         if plan is None:
             return None
         step, holder, metas = plan
@@ -293,30 +287,6 @@ class LocalTier:
         if incoming is not None:
             return incoming.numpy().data, int(incoming.numel())
         return (directory / f"rank_{rank:05d}.pt").read_bytes(), 0
-
-
-def _choose(everyone: list[dict[int, dict[int, dict[str, Any]]]], world: int, floor: int | None
-            ) -> tuple[int, list[int], list[dict[str, Any]]] | None:
-    """The newest step whose every part is held, with each part's holder (the rank itself when its node has it,
-    else the lowest rank that holds it) and meta; None when no step qualifies."""
-    steps = sorted({s for held in everyone for s in held}, reverse=True)
-    for step in steps:
-        if floor is not None and step < floor:
-            return None
-        holders = [_holder(everyone, step, r, world) for r in range(world)]
-        if all(h is not None for h in holders):
-            chosen = [h for h in holders if h is not None]
-            return step, chosen, [everyone[h][step][r] for r, h in enumerate(chosen)]
-    return None
-
-
-def _holder(everyone: list[dict[int, dict[int, dict[str, Any]]]], step: int, rank: int, world: int) -> int | None:
-    """Who reads ``rank``'s part of ``step``: the rank itself when its node holds it, else the lowest rank that
-    holds it; None when nobody does (for this world size)."""
-    owners = [i for i, held in enumerate(everyone) if held.get(step, {}).get(rank, {}).get("world_size") == world]
-    if not owners:
-        return None
-    return rank if rank in owners else owners[0]
 
 
 def _pairwise(ops: list[tuple[Any, int, bool]], group: Any) -> None:
