@@ -8,7 +8,8 @@
 - :mod:`.exclusion`: ``ExcNodeList`` and its limits.
 - ``slurmrt run``: :mod:`.supervisor` (the loop of steps), :mod:`.steps` (the srun line, where a step goes),
   :mod:`.tasks` (srun's standard error, and the tasks it saw end), :mod:`.forward` (the warning signals, passed on),
-  :mod:`.evidence` and :mod:`.probe` (each suspect node judged from outside), :mod:`.report` (the new step's block).
+  :mod:`.evidence` and :mod:`.probe` (each suspect node judged from outside), :mod:`.report` (the new step's block),
+  :mod:`.answered` (what slurmrt in an ended step had answered).
 - :mod:`.guard`: ``slurmrt guard``, the job ``slurmrt run`` arms on its own end, for a lost batch node.
 
 Floor: above ``record/``, ``launch/``, ``stop/``, ``options`` and ``checkpoint/``; below ``hang/`` and ``runtime/``.

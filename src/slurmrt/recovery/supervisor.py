@@ -38,8 +38,8 @@ from .._safefs import private_dir
 from ..launch import hostlist
 from ..record.events import Event, EventLog
 from ..record.ledger import Ledger
-from ..record.runs import Run, runs_of
 from . import exclusion, injob
+from .answered import misconfigured_tasks, recorded_code, step_run
 from .evidence import Evidence
 from .executor import Executor
 from .facts import ATTEMPT_ENV, DIR_ENV, MAX_ENV, SPARES_ENV, Facts, InJob
@@ -252,39 +252,21 @@ class Supervisor:
         stopped, requeued or refused), or the code a rank recorded before a late signal or a lost node killed the
         step; None when nobody in the step answered. A requeue the step chose but was killed before it made is made
         here."""
-        run = self._run(attempt)
-        answer = code if code in {int(c) for c in ExitCode} else self._answer(run)
+        run = step_run(self.event_log(attempt).path, self.restart_count, attempt)
+        answer = code if code in {int(c) for c in ExitCode} else recorded_code(run)
         if answer is None:
-            return self._misconfigured(attempt)
+            tasks = misconfigured_tasks(self.directory, attempt)
+            if not tasks:
+                return None
+            self._say(f"step {attempt}: task(s) {', '.join(map(str, tasks))} exited {int(ExitCode.CONFIG)}: init() "
+                      "found the launch or an option misconfigured (the line above says what to fix); not restarted "
+                      "or requeued")
+            return int(ExitCode.CONFIG)
         if answer != code:
             self._say(f"the step ended with exit code {code} after slurmrt in it had answered {answer}: "
                       "that answer stands")
         made = self._executor(attempt, ()).complete_requeue(run)  # it says so
         return made.code if made is not None else answer
-
-    def _misconfigured(self, attempt: int) -> int | None:
-        """:attr:`ExitCode.CONFIG` when srun saw a task exit with it: ``init()`` refused the launch before any event
-        log or rendezvous (its one line is in the output), and srun then ended the others. Every step would do the
-        same: not restarted, not requeued."""
-        said = f"Exited with exit code {int(ExitCode.CONFIG)}"
-        tasks = sorted(t for t, (_, how) in injob.read_ended(self.directory, attempt).items() if how == said)
-        if not tasks:
-            return None
-        self._say(f"step {attempt}: task(s) {', '.join(map(str, tasks))} exited {int(ExitCode.CONFIG)}: init() found "
-                  "the launch or an option misconfigured (the line above says what to fix); not restarted or requeued")
-        return int(ExitCode.CONFIG)
-
-    def _run(self, attempt: int) -> Run | None:
-        """Step ``attempt`` of this run, as the event log tells it (rank 0's and the leading rank's events)."""
-        return next((r for r in runs_of(self.event_log(attempt).path)
-                     if r.restart == self.restart_count and r.attempt == attempt), None)
-
-    @staticmethod
-    def _answer(run: Run | None) -> int | None:
-        """The exit code slurmrt in the step recorded for its run (the run's exit event), or None."""
-        exit_event = run.first(Event.EXIT) if run is not None else None
-        code = exit_event.get("code") if exit_event else None
-        return code if isinstance(code, int) and not isinstance(code, bool) else None
 
     def _learn(self, attempt: int) -> None:
         """The options step ``attempt``'s training resolved at ``init()`` (``checkpoint_dir=`` in code, and the
