@@ -1,5 +1,5 @@
 """The package's shape, checked on every run of the suite (and so by CI): floors of folders that import only
-downwards, no import cycle, no module past 400 lines, a thin facade, and no function more complex than 12 (radon's
+downwards, no import cycle, no module past 360 lines, a thin facade, and no function more complex than 12 (radon's
 measure, which counts boolean operators; ruff's C901 does not)."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ FLOORS = [
     ["__init__", "__main__", "cli", "sim", "integrations"],  # what users call
 ]
 
-MAX_LINES = 400
+MAX_LINES = 360
 #: The facade that init() returns: it forwards, the parts work.
 FACADE = ("runtime/facade.py", 260)
 MAX_COMPLEXITY = 12
@@ -128,7 +128,7 @@ def test_the_guards_catch_what_they_guard() -> None:
     assert _floor("record") < _floor("recovery") < _floor("hang") < _floor("runtime")
 
 
-def test_no_module_passes_400_lines_and_the_facade_stays_thin() -> None:
+def test_no_module_passes_360_lines_and_the_facade_stays_thin() -> None:
     sizes = {str(p.relative_to(ROOT)): len(p.read_text().splitlines()) for p in ROOT.rglob("*.py")}
     assert {name: n for name, n in sizes.items() if n > MAX_LINES} == {}
     name, most = FACADE
