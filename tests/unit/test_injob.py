@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from slurmrt._errors import ConfigError
+from slurmrt.launch.slurmvars import job_of
 from slurmrt.record.events import Event, EventLog, read_events
 from slurmrt.record.runs import runs
 from slurmrt.recovery import injob
@@ -16,7 +17,7 @@ from slurmrt.recovery.executor import Executor
 from slurmrt.recovery.facts import Facts, InJob, in_job_from_environ
 from slurmrt.recovery.plan import Action, Trigger
 from slurmrt.recovery.policy import ExitCode
-from slurmrt.recovery.supervisor import Placement, Supervisor, place, srun_command, tasks_per_node
+from slurmrt.recovery.supervisor import Placement, Supervisor, place, srun_command
 
 
 def supervised(tmp_path: Path, *, attempt: int = 0, spares: tuple[str, ...] = ("n3",), most: int = 3) -> InJob:
@@ -135,9 +136,10 @@ def test_placement_and_the_step_command() -> None:
     assert place(["n1", "n2", "n3"], [], 2) == Placement(("n1", "n2"), ("n3",))
     assert place(["n1", "n2", "n3"], ["n2"], 2) == Placement(("n1", "n3"), ())
     assert place(["n1", "n2", "n3"], ["n2", "n3"], 2) is None
-    assert tasks_per_node({"SLURM_NTASKS_PER_NODE": "4"}) == 4
-    assert tasks_per_node({"SLURM_TASKS_PER_NODE": "2(x3)"}) == 2
-    assert tasks_per_node({"SLURM_TASKS_PER_NODE": "junk"}) == 1
+    job = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-3]"}
+    assert job_of({**job, "SLURM_NTASKS_PER_NODE": "4"}).tasks_per_node == 4  # type: ignore[union-attr]
+    assert job_of({**job, "SLURM_TASKS_PER_NODE": "2(x3)"}).tasks_per_node == 2  # type: ignore[union-attr]
+    assert job_of(job).tasks_per_node == 1  # type: ignore[union-attr]
     assert srun_command("srun", Placement(("n1", "n3"), ()), 2, ["--gpus-per-task=1"], ["python", "t.py"]) == [
         "srun", "--kill-on-bad-exit=1", "--wait=120", "--nodes=2", "--nodelist=n1,n3", "--ntasks=4",
         "--ntasks-per-node=2", "--gpus-per-task=1", "python", "t.py"]

@@ -13,9 +13,10 @@ from typing import Any
 
 from .._env import get_int
 from .._errors import ConfigError
-from ..launch import cuda, hostlist
+from ..launch import cuda
 from ..launch.parallel import ParallelConfig
 from ..launch.ports import master_port_for
+from ..launch.slurmvars import job_of
 from ..launch.topology import from_environ
 from ._common import add_command, add_parallel, parallel
 from ._json import add_flag, emit
@@ -52,15 +53,14 @@ def _as_json(lines: list[str]) -> dict[str, Any]:
 def env_exports(env: Mapping[str, str], config: ParallelConfig, gpus_per_node: int | None,
                 arch_major: int | None) -> list[str]:
     """Shell lines for an sbatch script: what torchrun/accelerate and the training script need."""
-    job = env.get("SLURM_JOB_ID")
-    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
-    if not job or not nodelist:
+    slurm_job = job_of(env)
+    if slurm_job is None or not slurm_job.nodes:
         raise ConfigError("slurmrt env runs inside a Slurm allocation (SLURM_JOB_ID and SLURM_JOB_NODELIST are unset): "
                           "call it from the sbatch script or inside salloc")
     # The checks init() runs on the same variables: a malformed or inconsistent SLURM_*, MASTER_* or WORLD_SIZE is
     # refused here too, rather than exported for every task to trip over.
     topo = from_environ(env)
-    hosts = hostlist.expand(nodelist)
+    job, hosts = slurm_job.id, list(slurm_job.nodes)
     nnodes = len(hosts)
     if gpus_per_node is not None and gpus_per_node < 0:
         raise ConfigError(f"--gpus-per-node={gpus_per_node}: a number of GPUs, 0 or more")

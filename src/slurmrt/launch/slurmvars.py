@@ -1,18 +1,75 @@
-"""Slurm's own variables for a step and its allocation, read and checked: the ranks srun gave, the world, the hosts and
-the tasks on each. Slurm sets them together: a value that disagrees with the others was exported by hand, and is
-refused with the variable, the rule and the fix before any rendezvous. :mod:`.topology` builds the process's place
-in the job from them.
+"""Slurm's own variables, read and checked: the job (:class:`Job`: its ids, nodes, tasks per node, restart count,
+partition, account, QOS and cluster) and an srun step (the ranks srun gave, the world, the hosts and the tasks on
+each). Slurm sets them together: a value that disagrees with the others was exported by hand, and is refused with the
+variable, the rule and the fix before any rendezvous. :mod:`.topology` builds the process's place in the job from
+them; ``slurmrt run``, ``slurmrt env`` and the guard job read the job through :func:`job_of`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from .._env import first_int, first_str, get_int, parse_tasks_per_node
 from .._errors import EnvironmentVariableError, HostlistError
 from . import hostlist
 
-__all__ = ["SlurmStep", "allocation", "check_below", "required_int", "required_first", "slurm_step"]
+__all__ = ["Job", "SlurmStep", "allocation", "check_below", "job_of", "required_int", "required_first", "slurm_step"]
+
+
+@dataclass(frozen=True)
+class Job:
+    """The Slurm job of this process, as its variables describe it (read once, by :func:`job_of`)."""
+
+    id: str
+    #: The job's nodes (``SLURM_JOB_NODELIST``), in Slurm's order; empty where Slurm gave none.
+    nodes: tuple[str, ...] = ()
+    #: Tasks per node as the job asked (``--ntasks-per-node``, or the first count of ``SLURM_TASKS_PER_NODE``).
+    tasks_per_node: int = 1
+    restart_count: int = 0
+    array_job: str | None = None
+    array_task: str | None = None
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    #: ``SLURM_CLUSTER_NAME``: the cluster to ask about this job from another one sharing the filesystem.
+    cluster: str | None = None
+
+    @property
+    def requeue_id(self) -> str:
+        """The id to requeue, and the event log's: ``ARRAY_TASK`` for a task of a job array."""
+        return f"{self.array_job}_{self.array_task}" if self.array_job and self.array_task else self.id
+
+    def placement_options(self) -> list[str]:
+        """sbatch options that put another job where this one runs (its partition, account and QOS)."""
+        return [f"--{flag}={value}" for flag, value in (("partition", self.partition), ("account", self.account),
+                                                          ("qos", self.qos)) if value]
+
+
+def job_of(env: Mapping[str, str]) -> Job | None:
+    """The job of ``env``; None outside a Slurm job (no ``SLURM_JOB_ID``). A malformed value (a node list that is no
+    hostlist, a restart count or task count that is no number) raises :class:`EnvironmentVariableError`."""
+    job_id = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")  # the second: older Slurm's name
+    if not job_id:
+        return None
+    list_var, raw = first_str(env, "SLURM_JOB_NODELIST", "SLURM_NODELIST") or ("SLURM_JOB_NODELIST", "")
+    try:
+        nodes = tuple(hostlist.expand(raw)) if raw else ()
+    except HostlistError as err:
+        raise EnvironmentVariableError(f"{list_var}={raw!r} cannot be parsed: {err}", variable=list_var) from err
+    text = {name: env.get(f"SLURM_{name}") or None for name in ("ARRAY_JOB_ID", "ARRAY_TASK_ID", "JOB_PARTITION",
+                                                               "JOB_ACCOUNT", "JOB_QOS", "CLUSTER_NAME")}
+    return Job(job_id, nodes, _tasks_per_node(env), get_int(env, "SLURM_RESTART_COUNT") or 0,
+               text["ARRAY_JOB_ID"], text["ARRAY_TASK_ID"], text["JOB_PARTITION"], text["JOB_ACCOUNT"],
+               text["JOB_QOS"], text["CLUSTER_NAME"])
+
+
+def _tasks_per_node(env: Mapping[str, str]) -> int:
+    asked = get_int(env, "SLURM_NTASKS_PER_NODE", minimum=1)
+    if asked is not None:
+        return asked
+    raw = env.get("SLURM_TASKS_PER_NODE")
+    return parse_tasks_per_node("SLURM_TASKS_PER_NODE", raw)[0] if raw else 1
 
 
 SlurmStep = tuple[int, int, int, int, list[int], list[str]]

@@ -29,7 +29,7 @@ from .._errors import EnvironmentVariableError, LauncherConflictError, NodeRankE
 from . import hostlist
 from .launcher import rendezvous_backend
 from .ports import master_port_for
-from .slurmvars import SlurmStep, allocation, check_below, required_int, slurm_step
+from .slurmvars import SlurmStep, allocation, check_below, job_of, required_int, slurm_step
 
 __all__ = ["LaunchMode", "Topology", "from_environ"]
 
@@ -184,17 +184,19 @@ class _Common(TypedDict):
 
 
 def _common(env: Mapping[str, str], job_id: str | None, host: str) -> _Common:
+    """The fields of the job (:func:`~.slurmvars.job_of`, read once) that every rank's view carries."""
+    job = job_of(env)
     job_nnodes = first_int(env, "SLURM_JOB_NUM_NODES", "SLURM_NNODES", minimum=1)
     return {
         "hostname": host,
         "job_id": job_id,
         "step_id": env.get("SLURM_STEP_ID") or env.get("SLURM_STEPID") or None,
-        "array_job_id": env.get("SLURM_ARRAY_JOB_ID") or None,
-        "array_task_id": env.get("SLURM_ARRAY_TASK_ID") or None,
-        "restart_count": get_int(env, "SLURM_RESTART_COUNT") or 0,
+        "array_job_id": job.array_job if job else None,
+        "array_task_id": job.array_task if job else None,
+        "restart_count": job.restart_count if job else 0,
         "attempt": (get_int(env, "SLURMRT_RUN_ATTEMPT") or 0) if job_id is not None else 0,
         "job_nnodes": job_nnodes[1] if job_nnodes else None,
-        "cluster": (env.get("SLURM_CLUSTER_NAME") or None) if job_id is not None else None,
+        "cluster": job.cluster if job else None,
     }
 
 

@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from .. import _slurm
+from ..launch.slurmvars import job_of
 from ..record.events import Event, EventLog, read_events
 from ..record.ledger import Ledger
 from ..record.runs import Run, runs_of
@@ -67,9 +68,8 @@ def arm(job: str, restart: int, host: str, *, env: Mapping[str, str], events: Ev
     args = ["--parsable", f"--dependency=afternotok:{job}", "--kill-on-invalid-dep=yes", "--nodes=1", "--ntasks=1",
             f"--job-name=slurmrt-guard-{job}", f"--time={TIME_LIMIT_MIN}", "--export=ALL", "--open-mode=append",
             f"--output={output or '/dev/null'}"]
-    args += [f"--{flag}={env[name]}" for flag, name in (("partition", "SLURM_JOB_PARTITION"),
-                                                        ("account", "SLURM_JOB_ACCOUNT"), ("qos", "SLURM_JOB_QOS"))
-             if env.get(name)]
+    slurm_job = job_of(env)
+    args += slurm_job.placement_options() if slurm_job is not None else []  # where the job runs: its partition, ...
     out = _slurm.run("sbatch", *args, "--wrap", shlex.join(command))
     if isinstance(out, str):
         guard, said = None, out

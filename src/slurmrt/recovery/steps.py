@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["STEP_WAIT_S", "Placement", "default_directory", "place", "srun_command", "tasks_per_node",
+__all__ = ["STEP_WAIT_S", "Placement", "default_directory", "place", "srun_command",
            "under_batch_shell"]
 
 
@@ -27,19 +26,6 @@ def place(allocation: Sequence[str], excluded: Sequence[str], wanted: int, *,
     if len(usable) < wanted:
         return None
     return Placement(tuple(usable[:wanted]), tuple(usable[wanted:]))
-
-
-_TASKS = re.compile(r"(\d+)(?:\(x\d+\))?")
-
-
-def tasks_per_node(env: Mapping[str, str]) -> int:
-    """Tasks per node as the job asked (``--ntasks-per-node``, or the first count of ``SLURM_TASKS_PER_NODE``)."""
-    for name in ("SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE"):
-        raw = (env.get(name) or "").split(",")[0]
-        m = _TASKS.fullmatch(raw)
-        if m and int(m.group(1)) > 0:
-            return int(m.group(1))
-    return 1
 
 
 #: ``srun --wait``: the step's tasks still running this long after one ended are ended. The ranks end together (they

@@ -36,6 +36,7 @@ from typing import Any
 from .._errors import ConfigError
 from .._safefs import private_dir
 from ..launch import hostlist
+from ..launch.slurmvars import job_of
 from ..record.events import Event, EventLog
 from ..record.ledger import Ledger
 from . import exclusion, injob
@@ -54,13 +55,11 @@ from .steps import (
     place,
     srun_command,
     step_code,
-    tasks_per_node,
     under_batch_shell,
 )
 from .tasks import StepOutput
 
-__all__ = ["STEP_WAIT_S", "Placement", "Supervisor", "default_directory", "place", "srun_command", "tasks_per_node",
-           "under_batch_shell"]
+__all__ = ["STEP_WAIT_S", "Placement", "Supervisor", "default_directory", "place", "srun_command", "under_batch_shell"]
 
 
 @dataclass
@@ -94,13 +93,14 @@ class Supervisor:
     evidence: Evidence | None = None
 
     def __post_init__(self) -> None:
-        job = self.env.get("SLURM_JOB_ID")
-        raw = self.env.get("SLURM_JOB_NODELIST") or self.env.get("SLURM_NODELIST")
-        if not job or not raw:
+        job = job_of(self.env)
+        if job is None or not job.nodes:
             raise ConfigError("slurmrt run starts steps of a Slurm job: run it in an sbatch script (no SLURM_JOB_ID "
                               "or SLURM_JOB_NODELIST here)")
-        self.job = job
-        self.allocation = hostlist.expand(raw)
+        #: The Slurm job, read once from its variables (strict: a malformed one was refused above).
+        self.slurm_job = job
+        self.job = job.id
+        self.allocation = list(job.nodes)
         self.wanted = len(self.allocation) - self.spare_nodes
         if self.spare_nodes < 0:
             raise ConfigError(f"--spare-nodes {self.spare_nodes}: a number of nodes held back, 0 or more")
@@ -108,9 +108,8 @@ class Supervisor:
             raise ConfigError(f"--spare-nodes {self.spare_nodes} with {len(self.allocation)} node(s) in the job "
                               f"({hostlist.compress(self.allocation)}): at least one node must train. Allocate "
                               f"{max(self.spare_nodes, 0) + 1} or more (#SBATCH --nodes)")
-        self.per_node = tasks_per_node(self.env)
-        raw_restarts = self.env.get("SLURM_RESTART_COUNT") or "0"
-        self.restart_count = int(raw_restarts) if raw_restarts.isdigit() else 0
+        self.per_node = job.tasks_per_node
+        self.restart_count = job.restart_count
         if self.evidence is None:
             self.evidence = Evidence(self.srun, self.job, self.env)
         self.forwarder = Forwarder(self.job, self.env, self._say, self.srun, self.retry_s, self.tries,
@@ -293,8 +292,7 @@ class Supervisor:
     @property
     def requeue_id(self) -> str:
         """The id to requeue, and the event log's: ``ARRAY_TASK`` for a task of a job array."""
-        array, task = self.env.get("SLURM_ARRAY_JOB_ID"), self.env.get("SLURM_ARRAY_TASK_ID")
-        return f"{array}_{task}" if array and task else self.job
+        return self.slurm_job.requeue_id
 
     def _say_avoided(self, placement: Placement | None, avoid: list[str]) -> None:
         kept = [n for n in placement.spares if n in avoid] if placement is not None else []
