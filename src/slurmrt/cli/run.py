@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import ConfigError
+from ..launch.slurmvars import job_of
 from ..options import Options
 from ..record.events import EventLog
 from ..record.ledger import Ledger
@@ -48,19 +49,22 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise ConfigError(f"--srun-args {args.srun_args!r}: {err} (one string, quoted as in a shell)") from None
     env = dict(os.environ)
-    job = env.get("SLURM_JOB_ID") or ""
+    slurm_job = job_of(env)  # None outside a job: the supervisor says so
+    job = slurm_job.id if slurm_job is not None else ""
     directory = Path(args.dir).resolve() / f".slurmrt-run-{job}" if args.dir else default_directory(env, job)
     # The job's options, read once here: the training reads the same variables, and a bad one fails it at init()
-    # all the same; failing now costs seconds, not a step start.
+    # all the same; failing now costs seconds, not a step start. Once a step's training has resolved its own (in
+    # code: checkpoint_dir=...), the supervisor learns those (Supervisor._learn).
     options = Options.resolve({}, env)
+    requeue_id, restart = (slurm_job.requeue_id, slurm_job.restart_count) if slurm_job is not None else (job, 0)
     supervisor = Supervisor(command, spare_nodes=args.spare_nodes, max_restarts=args.max_in_job_restarts, env=env,
                             directory=directory, srun_args=srun_args, forward=forward, wait_s=args.step_wait,
-                            evidence=Evidence("srun", job, env, checkpoint_dir=options.checkpoint_dir))
-    supervisor.facts = Facts.of(options, job=supervisor.requeue_id, restart_count=supervisor.restart_count)
-    supervisor.ledger = Ledger.of(env, env.get("SLURM_CLUSTER_NAME"))
-    supervisor.event_log = lambda attempt: EventLog.for_job(
-        options.event_log, options.checkpoint_dir, job=supervisor.requeue_id, restart=supervisor.restart_count,
-        rank=-1, env=env, attempt=attempt)
+                            evidence=Evidence("srun", job, env, checkpoint_dir=options.checkpoint_dir),
+                            facts=Facts.of(options, job=requeue_id, restart_count=restart),
+                            ledger=Ledger.of(env, slurm_job.cluster if slurm_job is not None else None),
+                            event_log=lambda attempt: EventLog.for_job(
+                                options.event_log, options.checkpoint_dir, job=requeue_id, restart=restart, rank=-1,
+                                env=env, attempt=attempt))
     if (args.spare_nodes > 0 if args.guard is None else args.guard) and options.requeue:
         log_lines(lambda: _arm(supervisor, env))
     return log_lines(supervisor.run)
