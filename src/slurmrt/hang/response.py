@@ -25,7 +25,7 @@ from typing import Any, NoReturn
 from ..launch.topology import LaunchMode, Topology
 from ..log import exit_now
 from ..record.events import Event, read_events
-from ..record.runs import Run, runs_of
+from ..record.runs import Run, run_of
 from ..recovery import injob
 from ..recovery.executor import Executor
 from ..recovery.plan import Trigger, plan
@@ -138,10 +138,8 @@ class HangResponse:
     def _answered_already(self) -> Run | None:
         """This run (this restart and in-job attempt) when a leading rank recorded its exit, or None."""
         t = self.topology
-        for run in runs_of(self.executor.events.path):
-            if run.restart == t.restart_count and run.attempt == t.attempt and run.first(Event.EXIT) is not None:
-                return run
-        return None
+        run = run_of(self.executor.events.path, t.restart_count, t.attempt)
+        return run if run is not None and run.exit is not None else None
 
     def lost_peer(self, err: BaseException) -> NoReturn:
         """The program is ending on an exception that says a peer is gone: this rank was in a collective that
@@ -234,7 +232,7 @@ class HangResponse:
         if answered is not None:
             # A rank that was frozen (SIGSTOP, a process stuck in the kernel) wakes when Slurm takes the step down
             # (SIGCONT, SIGTERM), finds its peers gone and the store with them, and would name the leader's node.
-            chosen = answered.first(Event.EXIT) or {}
+            chosen = answered.exit or {}
             logger.error("this run's response was made already (rank %s: %s): not responding again",
                          chosen.get("rank"), chosen.get("why"))
             made = self.executor.complete_requeue(answered)  # unless its maker was killed before it could requeue

@@ -16,7 +16,7 @@ from .. import _figures as figures
 from .._safefs import NotOwnError, open_regular
 from .events import Event, malformed, read_events, timestamp
 
-__all__ = ["Measured", "Run", "measured", "measured_earlier", "runs", "runs_of"]
+__all__ = ["Measured", "Run", "measured", "measured_earlier", "run_of", "runs", "runs_of"]
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +61,11 @@ class Run:
         return tuple(decision.get("reasons", ())) if decision else ()
 
     @property
+    def exit(self) -> dict[str, Any] | None:
+        """The run's ``exit`` event: how slurmrt ended it (the executor writes one per run), or None."""
+        return self.first(Event.EXIT)
+
+    @property
     def last_checkpoint(self) -> int | None:
         saves = self.all(Event.SAVE)
         return saves[-1].get("step") if saves else None
@@ -88,6 +93,12 @@ def runs_of(path: Path | None) -> list[Run]:
         return runs(read_events(path, own=True))
     except OSError:
         return []
+
+
+def run_of(path: Path | None, restart: int, attempt: int) -> Run | None:
+    """Run ``restart``'s step ``attempt`` (its in-job attempt) in the event log at ``path``; None when it recorded
+    nothing."""
+    return next((r for r in runs_of(path) if r.restart == restart and r.attempt == attempt), None)
 
 
 def _tail(path: Path | None, tail_bytes: int) -> list[dict[str, Any]]:

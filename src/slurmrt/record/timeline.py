@@ -167,7 +167,7 @@ def _run_life(run: Run) -> RunLife:
     life.resumed_tier, life.from_peers = _resumed_where(run)
     life.loaded = run.first(Event.RESUME) is not None or run.first(Event.FRESH_START) is not None
     _points(run, life)
-    exit_event = run.first(Event.EXIT)
+    exit_event = run.exit
     life.outcome = exit_event.get("outcome") if exit_event else None
     if life.cut_short or life.left:
         life.fault_at = _fault_at(run, life)

@@ -8,23 +8,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..record.events import Event
-from ..record.runs import Run, runs_of
+from ..record.runs import Run
 from . import injob
 from .policy import ExitCode
 
-__all__ = ["misconfigured_tasks", "recorded_code", "step_run"]
-
-
-def step_run(log: Path | None, restart: int, attempt: int) -> Run | None:
-    """Step ``attempt`` of run ``restart``, as the event log at ``log`` tells it (rank 0's and the leading rank's
-    events); None when it recorded nothing."""
-    return next((r for r in runs_of(log) if r.restart == restart and r.attempt == attempt), None)
+__all__ = ["misconfigured_tasks", "recorded_code"]
 
 
 def recorded_code(run: Run | None) -> int | None:
     """The exit code slurmrt in the step recorded for its run (the run's ``exit`` event), or None."""
-    exit_event = run.first(Event.EXIT) if run is not None else None
+    exit_event = run.exit if run is not None else None
     code = exit_event.get("code") if exit_event else None
     return code if isinstance(code, int) and not isinstance(code, bool) else None
 

@@ -126,7 +126,7 @@ class Executor:
         between its exit event and ``scontrol requeue``. A rank that finds the run answered, or ``slurmrt run`` once
         the step has ended, makes it here. None: nothing to make (the run chose something else, its requeue was made
         or tried, or Slurm no longer shows the job running: it is being requeued)."""
-        chosen = run.first(Event.EXIT) if run is not None else None
+        chosen = run.exit if run is not None else None
         if run is None or chosen is None or chosen.get("action") != Action.REQUEUE.value or run.first(Event.REQUEUE):
             return None
         job = exclusion.read_job(str(self.facts.job))

@@ -130,7 +130,7 @@ def stand_guard(job: str, restart: int, host: str, *, facts: Facts, event_log: C
         print(f"slurmrt guard: job {job}: cannot tell ({info}); leaving it", file=sys.stderr)
         return 1
     run_, attempt = _last_step(event_log(0).path, restart)
-    ended = run_.first(Event.EXIT) if run_ is not None else None
+    ended = run_.exit if run_ is not None else None
     # A run that ended for good (its exit event's action: finished, stopped, failed) stands; one that wanted the job
     # to go on (a requeue, an in-job restart) was stopped by the lost batch node.
     action = Action.of(ended.get("action")) if ended is not None else None

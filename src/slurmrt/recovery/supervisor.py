@@ -39,8 +39,9 @@ from ..launch import hostlist
 from ..launch.slurmvars import job_of
 from ..record.events import Event, EventLog
 from ..record.ledger import Ledger
+from ..record.runs import run_of
 from . import exclusion, injob
-from .answered import misconfigured_tasks, recorded_code, step_run
+from .answered import misconfigured_tasks, recorded_code
 from .evidence import Evidence
 from .executor import Executor
 from .facts import ATTEMPT_ENV, DIR_ENV, MAX_ENV, SPARES_ENV, Facts, InJob
@@ -251,7 +252,7 @@ class Supervisor:
         stopped, requeued or refused), or the code a rank recorded before a late signal or a lost node killed the
         step; None when nobody in the step answered. A requeue the step chose but was killed before it made is made
         here."""
-        run = step_run(self.event_log(attempt).path, self.restart_count, attempt)
+        run = run_of(self.event_log(attempt).path, self.restart_count, attempt)
         answer = code if code in {int(c) for c in ExitCode} else recorded_code(run)
         if answer is None:
             tasks = misconfigured_tasks(self.directory, attempt)

@@ -124,7 +124,7 @@ def _annotate(records: list[RunRecord], events: list[dict[str, Any]]) -> None:
         if not steps:
             continue
         last = steps[-1]
-        exit_event = last.first(Event.EXIT)
+        exit_event = last.exit
         rec.reasons = last.reasons
         rec.checkpoint = next((s.last_checkpoint for s in reversed(steps) if s.last_checkpoint is not None), None)
         rec.loaded, rec.resumed_from = _began(steps)
