@@ -129,7 +129,11 @@ def test_status_tells_the_jobs_life_with_the_figures_of_its_event_log(job: Path,
                      if isinstance(e.get("step"), int))
     lost = last_step0 - run1.resumed_from
     assert run1.resumed_from == SAVE_EVERY - 1 and lost >= KILL_AT - SAVE_EVERY
-    before = [(r.first(Event.INIT) or {}).get("process_s") or 0.0 for r in (run0, run1)]  # each, before init()
+    # each run, before init(): from Slurm's start of it (rank 0's first progress event says it: squeue's %S) or, where
+    # longer, its process's own time before init()
+    own = [(r.first(Event.INIT) or {}).get("process_s") or 0.0 for r in (run0, run1)]
+    said = [next((e["slurm_start"] for e in r.all(Event.PROGRESS) if "slurm_start" in e), None) for r in (run0, run1)]
+    before = [max(o, r.start - s) if s is not None else o for o, s, r in zip(own, said, (run0, run1), strict=True)]
     assert all(0.0 < b < 600.0 for b in before), before
     gap = run1.start - before[1] - run0.end
     saving = sum(e["seconds"] for e in events if e["event"] == "save" and e["rank"] == 0)

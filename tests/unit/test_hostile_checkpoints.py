@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 from slurmrt import CheckpointError, LeaseError
 from slurmrt._comm import SoloComm
+from slurmrt.checkpoint import holder as holder_module
 from slurmrt.checkpoint import lease as lease_module
 from slurmrt.checkpoint.lease import LEASE_FILE, Lease
 from slurmrt.checkpoint.manifest import manifest_problems, verify
@@ -299,7 +300,7 @@ def test_slurm_is_asked_on_the_holders_own_cluster(tmp_path: Path, monkeypatch: 
         code, out, err = answers[args[1] if args[0] == "-M" else ""]
         return subprocess.CompletedProcess([command, *args], code, out, err)
 
-    monkeypatch.setattr(lease_module._slurm, "run", run)
+    monkeypatch.setattr(holder_module._slurm, "run", run)
     Lease(tmp_path, owner="7001", job="7001", host="e1", cluster="east").acquire()  # SIGKILLed on cluster east
     west = Lease(tmp_path, owner="7002", job="7002", host="w1", cluster="west", quiet_s=0.1)
     with pytest.raises(LeaseError, match="in use by job 7001"):

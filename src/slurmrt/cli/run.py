@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import ConfigError
-from ..launch.slurmvars import job_of
+from ..launch.slurmvars import Job, job_of
 from ..options import Options
 from ..record.events import EventLog
 from ..record.ledger import Ledger
@@ -56,18 +56,22 @@ def run(args: argparse.Namespace) -> int:
     # all the same; failing now costs seconds, not a step start. Once a step's training has resolved its own (in
     # code: checkpoint_dir=...), the supervisor learns those (Supervisor._learn).
     options = Options.resolve({}, env)
-    requeue_id, restart = (slurm_job.requeue_id, slurm_job.restart_count) if slurm_job is not None else (job, 0)
     supervisor = Supervisor(command, spare_nodes=args.spare_nodes, max_restarts=args.max_in_job_restarts, env=env,
                             directory=directory, srun_args=srun_args, forward=forward, wait_s=args.step_wait,
                             evidence=Evidence("srun", job, env, checkpoint_dir=options.checkpoint_dir),
-                            facts=Facts.of(options, job=requeue_id, restart_count=restart),
-                            ledger=Ledger.of(env, slurm_job.cluster if slurm_job is not None else None),
-                            event_log=lambda attempt: EventLog.for_job(
-                                options.event_log, options.checkpoint_dir, job=requeue_id, restart=restart, rank=-1,
-                                env=env, attempt=attempt))
+                            **_recorded(options, slurm_job, env))
     if (args.spare_nodes > 0 if args.guard is None else args.guard) and options.requeue:
         log_lines(lambda: _arm(supervisor, env))
     return log_lines(supervisor.run)
+
+
+def _recorded(options: Options, slurm_job: Job | None, env: dict[str, str]) -> dict[str, Any]:
+    """The supervisor's facts, bad-node ledger and event log, from the job's options and the Slurm job."""
+    requeue_id, restart = (slurm_job.requeue_id, slurm_job.restart_count) if slurm_job is not None else ("", 0)
+    return {"facts": Facts.of(options, job=requeue_id, restart_count=restart),
+            "ledger": Ledger.of(env, slurm_job.cluster if slurm_job is not None else None),
+            "event_log": lambda attempt: EventLog.for_job(options.event_log, options.checkpoint_dir, job=requeue_id,
+                                                          restart=restart, rank=-1, env=env, attempt=attempt)}
 
 
 def _arm(supervisor: Supervisor, env: dict[str, str]) -> int:

@@ -68,7 +68,7 @@ def arm(job: str, restart: int, host: str, *, env: Mapping[str, str], events: Ev
     args = ["--parsable", f"--dependency=afternotok:{job}", "--kill-on-invalid-dep=yes", "--nodes=1", "--ntasks=1",
             f"--job-name=slurmrt-guard-{job}", f"--time={TIME_LIMIT_MIN}", "--export=ALL", "--open-mode=append",
             f"--output={output or '/dev/null'}"]
-    slurm_job = job_of(env)
+    slurm_job = job_of({**env, "SLURM_JOB_ID": env.get("SLURM_JOB_ID") or job})
     args += slurm_job.placement_options() if slurm_job is not None else []  # where the job runs: its partition, ...
     out = _slurm.run("sbatch", *args, "--wrap", shlex.join(command))
     if isinstance(out, str):
