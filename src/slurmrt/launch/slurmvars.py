@@ -52,16 +52,22 @@ def job_of(env: Mapping[str, str]) -> Job | None:
     job_id = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")  # the second: older Slurm's name
     if not job_id:
         return None
-    list_var, raw = first_str(env, "SLURM_JOB_NODELIST", "SLURM_NODELIST") or ("SLURM_JOB_NODELIST", "")
-    try:
-        nodes = tuple(hostlist.expand(raw)) if raw else ()
-    except HostlistError as err:
-        raise EnvironmentVariableError(f"{list_var}={raw!r} cannot be parsed: {err}", variable=list_var) from err
+    _, _, nodes = _hosts(env, ("SLURM_JOB_NODELIST", "SLURM_NODELIST"))
     text = {name: env.get(f"SLURM_{name}") or None for name in ("ARRAY_JOB_ID", "ARRAY_TASK_ID", "JOB_PARTITION",
                                                                "JOB_ACCOUNT", "JOB_QOS", "CLUSTER_NAME")}
-    return Job(job_id, nodes, _tasks_per_node(env), get_int(env, "SLURM_RESTART_COUNT") or 0,
+    return Job(job_id, tuple(nodes), _tasks_per_node(env), get_int(env, "SLURM_RESTART_COUNT") or 0,
                text["ARRAY_JOB_ID"], text["ARRAY_TASK_ID"], text["JOB_PARTITION"], text["JOB_ACCOUNT"],
                text["JOB_QOS"], text["CLUSTER_NAME"])
+
+
+def _hosts(env: Mapping[str, str], lists: tuple[str, ...]) -> tuple[str, str, list[str]]:
+    """(the variable, its value, the hosts) of the first of ``lists`` that is set; a value that is no hostlist is
+    refused with its name."""
+    list_var, nodelist = first_str(env, *lists) or (lists[0], "")
+    try:
+        return list_var, nodelist, hostlist.expand(nodelist) if nodelist else []
+    except HostlistError as err:
+        raise EnvironmentVariableError(f"{list_var}={nodelist!r} cannot be parsed: {err}", variable=list_var) from err
 
 
 def _tasks_per_node(env: Mapping[str, str]) -> int:
@@ -109,11 +115,7 @@ def allocation(env: Mapping[str, str], lists: tuple[str, ...], counts: tuple[str
     """The hosts (from the first of ``lists`` that is set) and the tasks on each (from ``per_node``; None when
     unset), checked against the node count (``counts``) and the task count ``world`` (its variable and value).
     Slurm sets them together: a disagreement is a value exported by hand, refused before any rendezvous."""
-    list_var, nodelist = first_str(env, *lists) or (lists[0], "")
-    try:
-        hosts = hostlist.expand(nodelist)
-    except HostlistError as err:
-        raise EnvironmentVariableError(f"{list_var}={nodelist!r} cannot be parsed: {err}", variable=list_var) from err
+    list_var, nodelist, hosts = _hosts(env, lists)
     nodes = first_int(env, *counts, minimum=1)
     if hosts and nodes is not None and nodes[1] != len(hosts):
         raise EnvironmentVariableError(
