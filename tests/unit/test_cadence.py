@@ -49,7 +49,14 @@ def test_the_history_counts_the_runs_a_fault_cut_and_whether_the_local_tier_serv
     assert history.exposure_s == pytest.approx(100 + 190 + 300)
     # the prior: one failure in node_h node-hours over the nodes, then one failure per observed one
     assert History().mtbf_s(node_h=1000, nodes=4) == pytest.approx(1000 * 3600 / 4)
-    assert history.mtbf_s(node_h=1000, nodes=4) == pytest.approx((900_000 + 590) / 3)
+    one = History(exposure_s=590, failures=1)
+    assert one.mtbf_s(node_h=1000, nodes=4) == pytest.approx((900_000 + 590) / 2)
+    # from two failures the job's own rate wins where it is shorter: 2 in 590 s, against a prior of 900,000 s
+    assert history.mtbf_s(node_h=1000, nodes=4) == pytest.approx(590 / 2)
+    assert History(exposure_s=9e9, failures=2).mtbf_s(node_h=1000, nodes=4) == pytest.approx((900_000 + 9e9) / 3)
+    # time run without a failure is evidence too
+    assert history.lasting(410).mtbf_s(node_h=1000, nodes=4) == pytest.approx(1000 / 2)
+    assert history.lasting(-5) == history
     assert history.shared_share() == pytest.approx(1.5 / 3)
 
 
@@ -93,8 +100,9 @@ def test_the_first_save_comes_early_to_measure_it_then_the_interval_is_dalys(mon
     saves = train(c, clock, 2000, stall={"shared": 10.0})
     assert saves[0] == (WARMUP_STEPS, "shared")  # nothing measured: one save to measure it
     gaps = [b - a for (a, _), (b, _) in zip(saves[1:], saves[2:], strict=False)]
-    expected = daly(10.0, 45_000.0)  # 1 s steps: seconds of training are steps
-    assert gaps and all(abs(g - expected) <= 2 for g in gaps), (gaps, expected)
+    # 1 s steps: seconds of training are steps; the prior's M grows by the time the run has lasted
+    low, high = daly(10.0, 45_000.0), daly(10.0, 45_000.0 + clock.now - 1000.0)
+    assert gaps and all(low - 2 <= g <= high + 2 for g in gaps), (gaps, low, high)
 
 
 def test_the_interval_adapts_when_the_save_cost_and_the_failure_rate_change(monkeypatch: pytest.MonkeyPatch,
@@ -113,8 +121,9 @@ def test_the_interval_adapts_when_the_save_cost_and_the_failure_rate_change(monk
     flaky = cadence(node_h=50.0, nodes=4, events=log)
     flaky.saved("shared", 5.0)  # measured: no warm-up save
     saves = train(flaky, clock2, 3000, stall={"shared": 5.0})
-    mtbf = (45_000 + 2000) / 11
-    assert gap(saves) == pytest.approx(daly(5.0, mtbf), abs=2) and gap(saves) < gap(cheap) / 2
+    # its own rate (2,000 s over 10 failures, and this run's time as it lasts) wins over the prior's 45,000 s
+    low, high = daly(5.0, 2000 / 10), daly(5.0, (2000 + clock2.now - 1000.0) / 10)
+    assert low - 2 <= gap(saves) <= high + 2 and gap(saves) < gap(cheap) / 2
 
 
 def test_with_a_local_tier_it_answers_local_between_shared_saves(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -185,6 +194,10 @@ def test_status_says_what_should_save_would_answer_for_a_jobs_measurements() -> 
     expected = daly(10.0, mtbf)
     assert f"about {round(expected / 0.5)} steps" in said, (said, expected)
     assert advice([e for e in events if e["event"] != "save"], node_h=1.0) == []  # no save measured: nothing said
+    # a second failure: the job's own rate (290 s over 2), shorter than the prior's, is the one used, and said
+    again = [*events[:-1], ev(300, 1, "exit", outcome="HUNG", code=5)]
+    head, _ = advice(again, node_h=1.0)
+    assert "a failure every 2m25s (2 in 4m50s, its own rate, shorter than a prior of 1 in 1 node-hours" in head, head
 
 
 def test_status_json_carries_the_figures_the_words_are_made_of(tmp_path: Path,

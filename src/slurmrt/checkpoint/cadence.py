@@ -11,6 +11,10 @@ it can resume from. Over a long run the interval between saves that loses the le
 the event log). ``M`` is learned from the experiment's own history, the runs and in-job attempts before this one: the
 time they ran over the failures that cut them (a hang, a lost node or rank, a killed run), plus a prior of one
 failure in ``mtbf_node_h`` node-hours shared by the job's nodes (so a job of twice the nodes fails twice as often).
+The current run's own time counts too, as it grows: a run that lasts is evidence. Once the job has seen
+``OWN_RATE_FROM`` failures of its own, its own rate (time run over failures) wins where it is shorter: a prior of
+thousands of node-hours would otherwise outweigh a bad batch of nodes failing every few minutes, and the two errors
+do not cost the same (saving too often costs a stall per save; too rarely, the work since the last one).
 A preemption or a time limit is not a failure: a stop saves first and loses nothing.
 
 With a local tier (``local_checkpoint_dir``) there are two intervals. Local saves serve the failures the local tier
@@ -30,7 +34,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +51,8 @@ SHARED_SHARE_PRIOR = 0.5
 #: tier, and the next to the local tier if any: their stalls are then known, and a checkpoint exists early (a
 #: broken save shows in minutes, not hours).
 WARMUP_STEPS = 3
+#: From this many failures of its own, the job's own failure rate wins over the prior where it is shorter.
+OWN_RATE_FROM = 2
 
 
 def daly(cost_s: float, mtbf_s: float) -> float:
@@ -84,8 +90,15 @@ class History:
 
     def mtbf_s(self, *, node_h: float, nodes: int) -> float:
         """Mean time between failures of the job: its history, with a prior of one failure in ``node_h`` node-hours
-        over ``nodes`` nodes."""
-        return (node_h * 3600 / max(1, nodes) + self.exposure_s) / (1 + self.failures)
+        over ``nodes`` nodes; from ``OWN_RATE_FROM`` failures, its own rate where that is shorter."""
+        with_prior = (node_h * 3600 / max(1, nodes) + self.exposure_s) / (1 + self.failures)
+        if self.failures >= OWN_RATE_FROM:
+            return min(with_prior, max(self.exposure_s, 1.0) / self.failures)
+        return with_prior
+
+    def lasting(self, seconds: float) -> History:
+        """This history with ``seconds`` more run without a failure (the current run, so far)."""
+        return replace(self, exposure_s=self.exposure_s + max(0.0, seconds))
 
     def shared_share(self) -> float:
         """The share of failures the local tier did not serve."""
@@ -130,6 +143,7 @@ class Cadence:
         self._history: History | None = None
         self._cost: dict[str, float | None] = {"shared": costs[0], "local": costs[1]}
         self._since: dict[str, float] = {}  # rank 0: when each tier's newest save of this run ended
+        self._started = 0.0  # rank 0: the first call's time (this run's time counts into the history)
         self.plan: Intervals | None = None  #: rank 0's intervals at the last check
 
     def due(self, step: int) -> str | None:
@@ -169,11 +183,13 @@ class Cadence:
         now = _clock.mono()
         if self._check is None:  # the first call: the clock starts, nothing is due yet
             self._since.setdefault("shared", now)
+            self._started = now
             return None, step + WARMUP_STEPS
         unmeasured = self._unmeasured()
         if unmeasured is not None:  # save once to each tier, to measure it
             return unmeasured, step + WARMUP_STEPS
-        plan = self.plan = intervals(self._known_history(), shared_cost_s=self._cost["shared"] or 0.0,
+        history = self._known_history().lasting(now - self._started)
+        plan = self.plan = intervals(history, shared_cost_s=self._cost["shared"] or 0.0,
                                      local_cost_s=self._cost["local"] if self._local else None, node_h=self._node_h,
                                      nodes=self._nodes)
         left = self._left(plan, now)
@@ -261,8 +277,10 @@ def advice(events: list[dict[str, Any]], *, node_h: float) -> list[str]:
         steps = s[f"{tier}_every_steps"]
         return _duration(s[f"{tier}_every_s"]) + (f" (about {steps} steps)" if steps is not None else "")
 
+    own = s["failures"] >= OWN_RATE_FROM and s["mtbf_s"] == max(s["exposure_s"], 1.0) / s["failures"]
+    prior = f"a prior of 1 in {node_h:g} node-hours over {s['nodes']} node(s)"
     head = (f"saving: saves of {s['shared_save_s']:.3g} s; a failure every {_duration(s['mtbf_s'])}"
-            f" ({s['failures']} in {_duration(s['exposure_s'])}, and a prior of 1 in {node_h:g} node-hours "
-            f"over {s['nodes']} node(s))")
+            f" ({s['failures']} in {_duration(s['exposure_s'])}, " + (f"its own rate, shorter than {prior})" if own
+                                                                       else f"and {prior})"))
     said = f"  rt.should_save: a shared save every {every('shared')} of training"
     return [head, said + (f", a local one every {every('local')}" if s["local_every_s"] is not None else "")]
