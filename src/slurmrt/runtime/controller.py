@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 from .. import _clock
 from .._comm import Groups
@@ -26,14 +27,34 @@ from ..stop.signals import SignalRecorder
 from ..stop.straggler import ComputeTimer, Straggler, StragglerJudge, Timing
 from .report import Reporter
 
-__all__ = ["StopController"]
+__all__ = ["StopController", "StopSettings"]
 
 logger = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class StopSettings:
+    """The options the stop controller uses (``init()`` takes them from :class:`slurmrt.Options`)."""
+
+    progress_s: float | None  #: rank 0's progress events, every this many seconds (None: none)
+    deadline: bool  #: stop before the time limit, from the job's end time
+    deadline_margin_s: float
+    straggler: str  #: "name", "exclude" or "replace"
+    straggler_margin: float
+    straggler_window: int
+    straggler_windows: int
+
+    @classmethod
+    def of(cls, o: Options) -> StopSettings:
+        return cls(progress_s=o.progress_s, deadline=o.deadline, deadline_margin_s=o.deadline_margin_s,
+                   straggler=o.straggler, straggler_margin=o.straggler_margin, straggler_window=o.straggler_window,
+                   straggler_windows=o.straggler_windows)
+
+
 class StopController:
-    def __init__(self, topology: Topology, options: Options, report: Reporter, *, budget: Budget, end_time: EndTime,
-                 signals: SignalRecorder, kill_switch: KillSwitch | None, phases: PhaseTimes | None = None,
+    def __init__(self, topology: Topology, settings: StopSettings, report: Reporter, *, budget: Budget,
+                 end_time: EndTime, signals: SignalRecorder, kill_switch: KillSwitch | None,
+                 phases: PhaseTimes | None = None,
                  groups: Callable[[], Groups], watch: Callable[[Agreement], None] = lambda agreement: None,
                  poll_saves: Callable[[], None] = lambda: None, settle_saves: Callable[[], None] = lambda: None,
                  node_of: Callable[[int], str | None] = lambda rank: None,
@@ -43,7 +64,7 @@ class StopController:
         ``settle_saves`` waits for it (before a collective on the work group, which is the save's until it ends);
         ``node_of`` names a rank's node (the census), for a straggler; ``can_replace`` says whether a stop would lead
         to a restart without a node (the recovery plan: a spare under ``slurmrt run``, or a requeue)."""
-        self.topology, self.options, self._report = topology, options, report
+        self.topology, self.settings, self._report = topology, settings, report
         self.budget, self._end, self._signals, self._switch = budget, end_time, signals, kill_switch
         self.phases = phases or PhaseTimes()
         self._groups, self._watch = groups, watch
@@ -54,7 +75,7 @@ class StopController:
         #: None until the first should_stop: a program that never reports steps (Megatron-LM's own loop behind
         #: the bridge) is not watched between them, only in its saves, loads and phases.
         self.activity: Activity | None = None
-        rank0 = topology.rank == 0 and options.progress_s is not None
+        rank0 = topology.rank == 0 and settings.progress_s is not None
         self._next_progress = 0.0 if rank0 else float("inf")  # rank 0 records its progress, from the first step
         self.agreement: Agreement | None = None
         self.decision: StopDecision | None = None
@@ -64,8 +85,8 @@ class StopController:
         #: Steps this run completed (between two should_stop calls): none means it stopped before its first.
         self.steps_done = 0
         #: ``rt.time_compute()``; the judge of the windows it closes (slurmrt.stop.straggler).
-        self.timer = ComputeTimer(options.straggler_window, budget.steps.estimate)
-        self._judge = StragglerJudge(margin=options.straggler_margin, windows=options.straggler_windows)
+        self.timer = ComputeTimer(settings.straggler_window, budget.steps.estimate)
+        self._judge = StragglerJudge(margin=settings.straggler_margin, windows=settings.straggler_windows)
         #: What a straggler is compared across: nodes (a restart leaves a node out), ranks in a job on one node.
         self._unit = topology.node_rank if topology.nnodes > 1 else topology.rank
         self._node_of = node_of
@@ -101,8 +122,8 @@ class StopController:
         return stop
 
     def _progress(self, step: int, now: float) -> None:
-        assert self.options.progress_s is not None
-        self._next_progress = now + self.options.progress_s
+        assert self.settings.progress_s is not None
+        self._next_progress = now + self.settings.progress_s
         self._report.progress(step, self.budget.steps.estimate(), self._end.started)
 
     def _start_agreement(self) -> Agreement:
@@ -121,7 +142,7 @@ class StopController:
         return contribution(now=_clock.wall(), step=step, steps_ahead=steps_ahead,
                             signals=dict(self._signals.first_seen), kill_switch_seen=self._switch_seen(),
                             own_end=self._end.value, agreed_end=agreed_end, budget=self.budget,
-                            deadline=self.options.deadline, straggler=self._replace_straggler,
+                            deadline=self.settings.deadline, straggler=self._replace_straggler,
                             timing=self.timer.timing(self.topology.rank, self._unit, self._judge.suspect))
 
     def _observe(self, timing: Timing) -> None:
@@ -131,7 +152,7 @@ class StopController:
             return
         node = self._node_of(named.rank)
         self.straggler, self.straggler_node = named, node
-        action = self.options.straggler
+        action = self.settings.straggler
         step = self.agreement.last_step if self.agreement is not None else None
         self._report.straggler(named, node=node, action=action, step=step)
         if action == "replace" and node is not None:
@@ -145,7 +166,7 @@ class StopController:
     @property
     def exclude_nodes(self) -> list[str]:
         """Nodes the next restart must leave out by the options: the straggler's, with "exclude" or "replace"."""
-        if self.options.straggler == "name" or self.straggler_node is None:
+        if self.settings.straggler == "name" or self.straggler_node is None:
             return []
         return [self.straggler_node]
 
@@ -155,14 +176,14 @@ class StopController:
     def _decided(self, decision: StopDecision) -> None:
         self.decision = decision
         self._report.decision(decision, steps_measured=len(self.budget.steps), step_s=self.budget.steps.estimate(),
-                              save_s=self.budget.saves.estimate(), margin_s=self.options.deadline_margin_s,
+                              save_s=self.budget.saves.estimate(), margin_s=self.settings.deadline_margin_s,
                               worst_step_s=self.budget.steps.peak)
 
     # -- phases ----------------------------------------------------------------------------------------------------
     def _phase_unfit(self, name: str, step: int) -> bool:
         """Agree whether phase ``name`` still fits before the end; True: stop at ``step``, before it."""
         phase_s, end = self.phases.get(name), self.end_time
-        unfit = phase_s is not None and end is not None and self.options.deadline and \
+        unfit = phase_s is not None and end is not None and self.settings.deadline and \
             not self.budget.phase_fits(now=_clock.wall(), end=end, phase_s=phase_s)
         self._settle_saves()
         if self._groups().work.all_ok(not unfit):

@@ -33,10 +33,10 @@ from ..stop.killswitch import KillSwitch
 from ..stop.signals import SignalRecorder
 from ..stop.watcher import Watcher
 from . import logs
-from .controller import StopController
+from .controller import StopController, StopSettings
 from .hooks import ProcessHooks
 from .report import Reporter
-from .session import CheckpointSession
+from .session import CheckpointSession, CheckpointSettings
 from .view import TopologyView
 
 __all__ = ["Runtime"]
@@ -66,7 +66,7 @@ class Runtime(TopologyView):
         token = f"{topology.requeue_id or 'local'}-r{topology.restart_count}" + \
             (f"-a{topology.attempt}" if topology.attempt else "")
         token = token.replace("/", "_")
-        self.checkpoints = CheckpointSession(options.checkpoint_dir, options, self._report, budget, token=token,
+        self.checkpoints = CheckpointSession(CheckpointSettings.of(options), self._report, budget, token=token,
                                              work=lambda: self._hooks.groups().work,
                                              guard=lease.guard if lease is not None else None,
                                              node=topology.hostname, per_node=topology.local_world_size)
@@ -74,7 +74,7 @@ class Runtime(TopologyView):
                                 current=(topology.restart_count, topology.attempt), nodes=topology.nnodes,
                                 node_h=options.mtbf_node_h, local=options.local_checkpoint_dir is not None,
                                 step_s=budget.steps.estimate, costs=(earlier.save_s, None))
-        self.stop = StopController(topology, options, self._report, budget=budget, end_time=end_time,
+        self.stop = StopController(topology, StopSettings.of(options), self._report, budget=budget, end_time=end_time,
                                    signals=signals, kill_switch=self._switch, phases=PhaseTimes(earlier.phases),
                                    groups=self._hooks.groups, watch=self._hooks.watch, poll_saves=self.checkpoints.poll,
                                    settle_saves=self.checkpoints.settle, node_of=lambda rank: self.hangs.node_of(rank),

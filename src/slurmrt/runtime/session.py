@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,19 +29,41 @@ from ..stop.deadline import Budget
 from ..stop.decision import StopDecision
 from .report import Reporter
 
-__all__ = ["CheckpointSession"]
+__all__ = ["CheckpointSession", "CheckpointSettings"]
 
 logger = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class CheckpointSettings:
+    """The options the checkpoint session uses (``init()`` takes them from :class:`slurmrt.Options`)."""
+
+    directory: Path | None  #: checkpoint_dir
+    keep_last: int
+    keep_every: int | None
+    save_threads: int
+    save_nice: int
+    save_process: bool
+    trusted_group: str | None
+    local_checkpoint_dir: Path | None
+    local_keep: int
+
+    @classmethod
+    def of(cls, o: Options) -> CheckpointSettings:
+        return cls(directory=o.checkpoint_dir, keep_last=o.keep_last, keep_every=o.keep_every,
+                   save_threads=o.save_threads, save_nice=o.save_nice, save_process=o.save_process,
+                   trusted_group=o.trusted_group, local_checkpoint_dir=o.local_checkpoint_dir, local_keep=o.local_keep)
+
+
 class CheckpointSession:
-    def __init__(self, directory: Path | None, options: Options, report: Reporter, budget: Budget, *, token: str,
+    def __init__(self, settings: CheckpointSettings, report: Reporter, budget: Budget, *, token: str,
                  work: Callable[[], Comm], guard: Callable[[], None] | None = None, node: str = "local",
                  per_node: int = 1) -> None:
         """``token`` names this attempt's temporary directories (job id and restart); ``work`` opens slurmrt's
         work group on first use; ``guard`` raises when this job no longer holds the directory; ``node`` and
         ``per_node`` place this rank for the local tier's partners."""
-        self.directory, self.options, self._report, self._budget = directory, options, report, budget
+        self.settings, self._report, self._budget = settings, report, budget
+        self.directory = settings.directory
         self._token, self._work, self._guard = token, work, guard
         self._node, self._per_node = node, per_node
         self._store: CheckpointStore | None = None
@@ -60,7 +83,7 @@ class CheckpointSession:
                     "save() and load_latest() need a checkpoint directory: pass slurmrt.init(checkpoint_dir=...) or "
                     "set SLURMRT_CHECKPOINT_DIR (a path every node sees)",
                 )
-            o = self.options
+            o = self.settings
             self._store = CheckpointStore(self.directory, self._work(), keep_last=o.keep_last,
                                           keep_every=o.keep_every, token=self._token, threads=o.save_threads,
                                           nice=o.save_nice, process=o.save_process,
@@ -69,9 +92,9 @@ class CheckpointSession:
         return self._store
 
     def _get_local(self) -> LocalTier | None:
-        if self._local is None and self.options.local_checkpoint_dir is not None and self.directory is not None:
-            self._local = LocalTier(self.options.local_checkpoint_dir, self.directory, node=self._node,
-                                    comm=self._work(), per_node=self._per_node, keep=self.options.local_keep)
+        if self._local is None and self.settings.local_checkpoint_dir is not None and self.directory is not None:
+            self._local = LocalTier(self.settings.local_checkpoint_dir, self.directory, node=self._node,
+                                    comm=self._work(), per_node=self._per_node, keep=self.settings.local_keep)
         return self._local
 
     def save(self, state: dict[str, Any] | SaveFn | Staged, *, step: int, blocking: bool, local: Any,

@@ -1,0 +1,83 @@
+"""Each part is built from the settings it uses: no constructor below the facade takes the whole `Options`, and
+every field of a part's settings section (a dataclass named ``...Settings``) is read by the part. Read from the
+source, as the layout test reads it."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2] / "src" / "slurmrt"
+#: The composers: they build the parts from `Options` (init(), the Runtime facade, the CLI commands).
+COMPOSERS = {"runtime/facade.py", "runtime/startup.py"}
+
+
+def _annotation(arg: ast.arg) -> str:
+    return ast.unparse(arg.annotation) if arg.annotation is not None else ""
+
+
+def _constructors(tree: ast.Module) -> dict[str, list[ast.arg]]:
+    """Each class's ``__init__`` parameters."""
+    found = {}
+    for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+        for fn in cls.body:
+            if isinstance(fn, ast.FunctionDef) and fn.name == "__init__":
+                found[cls.name] = [*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs]
+    return found
+
+
+def _sections(tree: ast.Module) -> dict[str, list[str]]:
+    """Each settings section's fields (a class named ``...Settings``)."""
+    return {cls.name: [f.target.id for f in cls.body if isinstance(f, ast.AnnAssign) and isinstance(f.target, ast.Name)]
+            for cls in ast.walk(tree) if isinstance(cls, ast.ClassDef) and cls.name.endswith("Settings")}
+
+
+def wholesale(sources: dict[str, str]) -> list[str]:
+    """Constructors outside the composers that take the whole `Options`."""
+    return sorted(f"{path}:{cls}({arg.arg})" for path, source in sources.items() if path not in COMPOSERS
+                  for cls, args in _constructors(ast.parse(source)).items() for arg in args
+                  if _annotation(arg).split(".")[-1].strip("'\"") in {"Options", "Options | None"})
+
+
+def unused(sources: dict[str, str]) -> list[str]:
+    """Fields of a settings section that no class taking that section reads (as ``<anything>.field``)."""
+    trees = {path: ast.parse(source) for path, source in sources.items()}
+    sections = {name: fields for tree in trees.values() for name, fields in _sections(tree).items()}
+    missing = []
+    for name, fields in sections.items():
+        readers = [cls for tree in trees.values() for cls in ast.walk(tree) if isinstance(cls, ast.ClassDef)
+                   and any(name in _annotation(a) for a in _constructors(ast.Module([cls], [])).get(cls.name, []))]
+        read = {n.attr for cls in readers for n in ast.walk(cls) if isinstance(n, ast.Attribute)}
+        missing += [f"{name}.{field}" for field in fields if readers and field not in read]
+        missing += [f"{name}: no part takes it"] if not readers else []
+    return sorted(missing)
+
+
+def _package() -> dict[str, str]:
+    return {str(p.relative_to(ROOT)): p.read_text() for p in ROOT.rglob("*.py")}
+
+
+def test_no_part_below_the_composers_takes_the_whole_options() -> None:
+    sources = _package()
+    assert wholesale(sources) == [], "build the part from a settings section of its own"
+    # the parts that have a section: at least these, each taken by the part it is for
+    sections = {name for source in sources.values() for name in _sections(ast.parse(source))}
+    assert {"StopSettings", "CheckpointSettings", "HangSettings"} <= sections
+
+
+def test_every_setting_a_part_receives_is_read_by_it() -> None:
+    assert unused(_package()) == []
+
+
+def test_the_settings_guards_catch_what_they_guard() -> None:
+    planted = {
+        "stop/part.py": (
+            "from dataclasses import dataclass\n"
+            "@dataclass\nclass PartSettings:\n    used: int\n    idle: float\n"
+            "class Part:\n    def __init__(self, settings: PartSettings) -> None:\n        self.n = settings.used\n"
+            "class Greedy:\n    def __init__(self, topology: object, options: Options) -> None:\n        pass\n"
+            "@dataclass\nclass OrphanSettings:\n    x: int\n"),
+        "runtime/facade.py": "class Runtime:\n    def __init__(self, options: Options) -> None:\n        pass\n",
+    }
+    assert wholesale(planted) == ["stop/part.py:Greedy(options)"]  # the composer may
+    assert unused(planted) == ["OrphanSettings: no part takes it", "PartSettings.idle"]
