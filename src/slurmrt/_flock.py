@@ -133,6 +133,7 @@ class _Queue:
 def _write_all(lines: list[tuple[str | bytes, IO[str] | int, float]]) -> None:
     """Write queued lines in order, the consecutive ones to one stream in one write. A failure is reported on
     stderr (the callers have moved on)."""
+    # Shape: one pass over the queue, a run of lines per stream; the two encodings are one write, kept together
     i = 0
     while i < len(lines):
         stream = lines[i][1]
@@ -186,6 +187,7 @@ def write_locked(text: str | bytes, stream: IO[str] | int, lock_path: Path) -> N
 def _put_locked(text: str | bytes, stream: IO[str] | int, lock_path: Path, waits: bool) -> _Queue | None:
     """Write now, or queue (a descriptor's line always): the queue the line joined, if any. A line that will be
     waited for tries the taken lock again a few times first (:func:`_retry`)."""
+    # Shape: the lock protocol in its order (no lock file, join a queue, try the lock, write, unlock), in one place
     with _lock_guard:
         fd = _lock_fds[key] if (key := str(lock_path)) in _lock_fds else _fd_for(lock_path)
         if fd is None:

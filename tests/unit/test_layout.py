@@ -1,6 +1,6 @@
 """The package's shape, checked on every run of the suite (and so by CI): floors of folders that import only
-downwards, no import cycle, no module past 360 lines, a thin facade, and no function more complex than 12 (radon's
-measure, which counts boolean operators; ruff's C901 does not)."""
+downwards, no import cycle, no module past 360 lines, a thin facade, no function more complex than 12 (radon's
+measure, which counts boolean operators; ruff's C901 does not), and none above 10 without a ``# Shape:`` comment."""
 
 from __future__ import annotations
 
@@ -157,6 +157,55 @@ def test_no_function_passes_complexity_12_counting_boolean_operators() -> None:
     over = {f"{path.relative_to(ROOT)}:{name}": c for path in sorted(ROOT.rglob("*.py"))
             for name, c in _complexity(path.read_text()).items() if c > MAX_COMPLEXITY}
     assert over == {}, "split these functions (a test names what each part does)"
+
+
+#: Above this, a function says in a ``# Shape:`` comment, between its docstring and its first statement, why its
+#: shape is the clearest one (a dispatch over cases, a protocol's steps in order); below it, nothing to say.
+EXPLAINED_ABOVE = 10
+
+
+def _unexplained(source: str) -> list[str]:
+    """The functions above ``EXPLAINED_ABOVE`` with no ``# Shape:`` comment in their head."""
+    lines = source.splitlines()
+    heads = {}
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            first = node.body[1] if len(node.body) > 1 and isinstance(node.body[0], ast.Expr) and \
+                isinstance(node.body[0].value, ast.Constant) and isinstance(node.body[0].value.value, str) \
+                else node.body[0]
+            heads[node.name, node.lineno] = lines[node.lineno - 1:first.lineno - 1]
+    said = {key for key, head in heads.items() if any(line.strip().startswith("# Shape:") for line in head)}
+    found = []
+
+    def visit(block: object, name: str) -> None:
+        key = (block.name, block.lineno)  # type: ignore[attr-defined]
+        if block.complexity > EXPLAINED_ABOVE and key in heads and key not in said and name not in found:  # type: ignore[attr-defined]
+            found.append(name)
+        for inner in [*getattr(block, "methods", []), *getattr(block, "closures", [])]:
+            visit(inner, f"{name}.{inner.name}")
+
+    for block in cc_visit(source):
+        classname = getattr(block, "classname", None)
+        visit(block, f"{classname}.{block.name}" if classname else block.name)
+    return found
+
+
+def test_a_function_above_complexity_10_says_why_its_shape_is_the_clearest() -> None:
+    unsaid = [f"{path.relative_to(ROOT)}:{name}" for path in sorted(ROOT.rglob("*.py"))
+              for name in _unexplained(path.read_text())]
+    assert unsaid == [], "simplify these, or say in a '# Shape:' comment after the docstring why this shape is clearest"
+
+
+def test_the_shape_guard_wants_the_comment_in_the_head_of_the_function_it_explains() -> None:
+    branches = "\n".join(f"    if a and b{i}: return {i}" for i in range(6))
+    plain = f'def f(a, b0, b1, b2, b3, b4, b5):\n    """Doc."""\n{branches}\n'
+    assert _unexplained(plain) == ["f"]
+    said = plain.replace('"""Doc."""\n', '"""Doc."""\n    # Shape: six cases, one line each\n')
+    assert _unexplained(said) == []
+    late = plain + "    # Shape: said too late\n    return None\n"
+    assert _unexplained(late) == ["f"]
+    nested = "def outer():\n" + "\n".join("    " + line for line in plain.splitlines()) + "\n    return f\n"
+    assert _unexplained(nested) == ["outer.f"]
 
 
 def test_the_complexity_guard_counts_what_ruff_does_not_and_looks_inside_functions() -> None:

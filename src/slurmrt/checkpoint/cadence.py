@@ -180,6 +180,7 @@ class Cadence:
         self._since[tier] = _clock.mono()
 
     def _decide(self, step: int) -> tuple[str | None, int]:
+        # Shape: the decision's stages in order (first call, unmeasured tiers, the plan, what is due), each ending early
         now = _clock.mono()
         if self._check is None:  # the first call: the clock starts, nothing is due yet
             self._since.setdefault("shared", now)

@@ -111,6 +111,7 @@ class Lease:
     def stale(self, holder: Holder) -> str | None:
         """Why ``holder`` (another owner's) no longer holds the directory, or None while it is live (or nothing
         proves it gone)."""
+        # Shape: one case per proof that a holder is gone, cheapest first (heartbeat, this host, this job, Slurm)
         now = _clock.wall()
         if now - holder.heartbeat > self._stale_s:
             return f"its heartbeat is {now - holder.heartbeat:.0f} s old (more than {self._stale_s:.0f} s)"
@@ -167,6 +168,7 @@ class Lease:
         ``leader_wait_s`` (the other ranks): before refusing, wait that long for this job's rank 0 to take the
         lease over. Rank 0 decides; a rank that judged the holder live a moment before rank 0 judged it stale (its
         job just ended) must not leave rank 0 alone at the rendezvous."""
+        # Shape: the protocol in order: read, judge once, wait for rank 0, then one refusal per kind of holder
         holder = self.holder()
         if holder is None or self.mine(holder):
             return None

@@ -50,6 +50,7 @@ def load_latest(root: Path, comm: Comm, retention: Retention, *, trusted_gid: in
     or, with ``verify``, checksum differs from the manifest's) are skipped with a warning; files another user wrote
     are refused unless their group is ``trusted_gid`` (:mod:`.trust`).
     """
+    # Shape: newest first, each candidate checked then loaded on every rank; a misfit refuses, damage skips
     if comm.rank == 0:
         # Before the broadcast, so before any rank's next save: a run outside Slurm has the same token every time,
         # and its first save would otherwise write into an earlier attempt's half-written directory.

@@ -98,6 +98,7 @@ class LocalTier:
     def save(self, state: Any, step: int) -> SaveResult:
         """Write this rank's part and its partner's replica of ``step``; collective. Raises
         :class:`CheckpointError` (on every rank) when any rank failed: the tier then holds no ``step``."""
+        # Shape: a collective: every rank reaches the exchange and the gather whatever failed before
         started, t0 = _clock.wall(), _clock.mono()
         rank, world = self.comm.rank, self.comm.world_size
         error: str | None = None
@@ -230,6 +231,7 @@ class LocalTier:
     def load(self, floor: int | None) -> tuple[int, Any, int] | None:
         """(step, this rank's state, bytes this rank received from another node) of the newest step ``>= floor``
         whose every part some node holds, the same on every rank; None when the tier cannot serve. Collective."""
+        # Shape: a collective: gather, choose, fetch, verify, agree; every rank reaches each step whatever failed before
         rank, world = self.comm.rank, self.comm.world_size
         try:
             mine = self.holdings()

@@ -21,6 +21,7 @@ def choose(everyone: list[dict[int, dict[int, dict[str, Any]]]], world: int, flo
             ) -> tuple[int, list[int], list[dict[str, Any]]] | None:
     """The newest step whose every part is held, with each part's holder (the rank itself when its node has it,
     else the lowest rank that holds it) and meta; None when no step qualifies."""
+    # Shape: newest step first, the first whose every part has a holder; a floor ends the search
     steps = sorted({s for held in everyone for s in held}, reverse=True)
     for step in steps:
         if floor is not None and step < floor:

@@ -63,6 +63,7 @@ class Parts:
 def _map(obj: Any, leaf: Callable[[Any], Any | None]) -> Any:
     """``obj`` with every leaf that ``leaf`` replaces (a non-None answer) replaced, through dicts, lists and tuples
     (named tuples keep their type); other objects are kept as they are."""
+    # Shape: one case per container kind (dict, list, tuple, named tuple), as a structural map reads
     got = leaf(obj)
     if got is not None:
         return got
@@ -104,6 +105,7 @@ def write_parts(directory: Path, name: str, state: dict[str, Any], *, threads: i
     """Write ``state`` as ``directory/name`` (in parts when it is large, see the module); each file written with
     its checksum, by name. With a :class:`~.helper.Helper`, the save helper process writes the part files (tensors
     only) and this thread the main file (the objects around them, whose classes only this process may know)."""
+    # Shape: place the tensors, then one writer (small state, the helper, or threads) and the main file last
     storages: dict[tuple[str, int], int] = {}  # storage -> part
     loads = [0] * max(threads, 1)
     groups: list[dict[str, Any]] = [{} for _ in loads]

@@ -85,6 +85,7 @@ class Stager:
 def _tensor_leaves(obj: Any, key: tuple[Any, ...], out: list[tuple[tuple[Any, ...], Any]],
                    sharded: tuple[type, ...]) -> None:
     """The dense tensors :meth:`Stager._stage` copies, with their keys, in its order (a DTensor's local shard)."""
+    # Shape: one case per kind of leaf or container, the same walk as the stager's, so both orders agree
     import torch
 
     dtensor = sys.modules.get("torch.distributed.tensor")

@@ -53,6 +53,7 @@ def _as_json(lines: list[str]) -> dict[str, Any]:
 def env_exports(env: Mapping[str, str], config: ParallelConfig, gpus_per_node: int | None,
                 arch_major: int | None) -> list[str]:
     """Shell lines for an sbatch script: what torchrun/accelerate and the training script need."""
+    # Shape: checks first, each naming its value, then the lines; one reading of the job feeds both
     slurm_job = job_of(env)
     if slurm_job is None or not slurm_job.nodes:
         raise ConfigError("slurmrt env runs inside a Slurm allocation (SLURM_JOB_ID and SLURM_JOB_NODELIST are unset): "

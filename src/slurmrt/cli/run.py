@@ -31,6 +31,7 @@ from ._common import add_command, log_lines
 
 
 def run(args: argparse.Namespace) -> int:
+    # Shape: argument checks, each with its own message, then the supervisor built once; the command's whole story
     import os
 
     command = list(args.command)

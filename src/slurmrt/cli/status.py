@@ -158,6 +158,7 @@ def _exit(run_: RunLife) -> str:
 
 
 def _describe(run_: RunLife, gap: float | None) -> list[str]:
+    # Shape: one optional part of the run's line per fact, in the order the line reads
     parts = [
         _resumed(run_),
         f"stopped at step {run_.stop_step} ({', '.join(run_.reasons)})" if run_.stop_step is not None else "no stop",
@@ -181,6 +182,7 @@ def _describe(run_: RunLife, gap: float | None) -> list[str]:
 
 def _decided(decision: dict[str, Any]) -> str:
     """`slurmrt run`'s decision about the step's fault, in one part of the run's line."""
+    # Shape: one line from a record another process wrote: each field checked where it is said
     left, kept = decision.get("left_out") or [], decision.get("kept") or []
     action = str(decision.get("action") or "?").replace("_", " ")
     where = f" without {', '.join(map(str, left))}" if left else \

@@ -210,6 +210,7 @@ class HangResponse:
         plan's code for a software error). The lowest rank that answered the census records the run's end through
         the executor, as every other end is recorded, unless a rank did already (one that lost the store hosted by
         the one that answered first counts only itself); the others take the plan's code."""
+        # Shape: two ends not a node's fault (kill switch, crash): each recorded once by the first rank, then exit
         first = not states or min(states) == self.topology.rank
         if any(s.kill_switch for s in states.values()):
             if first and self._answered_already() is None:  # the event log is read only for such an end

@@ -44,6 +44,7 @@ def compress(hosts: Iterable[str]) -> str:
     Like ``scontrol show hostlist``, order is kept: only neighbouring hosts that share a prefix share a bracket, and
     only consecutive numbers of the same padding share a range (``n3,n1,n2`` -> ``n[3,1-2]``).
     """
+    # Shape: a single pass with a pending bracket (flush): order is kept, neighbours share a bracket
     out: list[str] = []
     group_prefix: str | None = None
     ranges: list[list[int | str]] = []  # [lo_digits, lo, hi]
@@ -91,6 +92,7 @@ def compress(hosts: Iterable[str]) -> str:
 
 
 def _split_entries(expr: str) -> list[str]:
+    # Shape: a character scanner with one depth flag: each character's case in one place
     entries: list[str] = []
     depth = 0
     current: list[str] = []

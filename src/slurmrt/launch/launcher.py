@@ -41,6 +41,7 @@ def python_target(argv: Sequence[str]) -> tuple[str, str, list[str]] | None:
     """What a ``python`` command line runs: ``("module", name, args)`` for ``-m``, ``("script", path, args)`` for a
     script, ``("command", code, args)`` for ``-c``; None for stdin, an unknown option or no target. ``argv[0]`` is
     the interpreter."""
+    # Shape: python's own argument scan: one case per kind of word, in the interpreter's order
     i = 1
     while i < len(argv):
         word = argv[i]
@@ -82,6 +83,7 @@ def identify(argv: Sequence[str], cwd: str = "") -> tuple[str, list[str]] | None
     ``torch.distributed.launch`` or ``accelerate launch`` (``"accelerate"``), directly or through ``python``, ``env``
     or ``uv run``; None otherwise. ``cwd`` is the process's working directory, against which a console script's
     relative path is read."""
+    # Shape: peel wrappers (python, env, uv run, console scripts) one per turn until a launcher or nothing is left
     for _ in range(8):  # wrappers inside wrappers, a few deep
         if not argv:
             return None

@@ -109,6 +109,7 @@ def from_environ(env: Mapping[str, str], *, hostname: str | None = None,
     ``launcher_argv`` is the command line of the launcher that started this process (torchrun, ``accelerate
     launch``), when known: it says whether the rendezvous orders the nodes itself (see :func:`rendezvous_backend`).
     """
+    # Shape: a dispatch over the four launch modes, each built by its own function
     host = hostname or env.get("SLURMD_NODENAME") or socket.gethostname()
     job_id = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or None
     in_step = job_id is not None and bool(env.get("SLURM_STEP_ID") or env.get("SLURM_STEPID"))
@@ -247,6 +248,7 @@ def _srun_is_the_launcher(env: Mapping[str, str], slurm: SlurmStep) -> bool:
     ``WORLD_SIZE`` and ``LOCAL_RANK`` from ``SLURM_PROCID``, ``SLURM_NTASKS`` and ``SLURM_LOCALID`` in every task,
     and many sbatch scripts do the same by hand. Then the node layout comes from Slurm (those three variables do not
     carry it), and the exported values must agree with Slurm's."""
+    # Shape: the rule's conditions in order, then one message naming every contradiction at once
     s_rank, s_local, s_node, s_world, s_tasks, _ = slurm
     if any(name in env for name in _ELASTIC_AGENT_VARS):
         return False

@@ -42,6 +42,7 @@ class _Canvas:
         self.grid[self.row(step)][self.col(t)] = mark
 
     def run(self, run: RunLife, following: RunLife | None, index: int) -> None:
+        # Shape: one optional mark per fact of the run (start-up, progress, checkpoints, stop, wait), in drawing order
         if run.points:  # start-up: from the run's start to its first step
             for c in range(self.col(run.start), self.col(run.points[0][0])):
                 self.grid[self.row(run.points[0][1])][c] = "-"
@@ -149,6 +150,7 @@ def draw(life: JobLife, path: Path, *, title: str | None = None, below: Callable
 
 def _plot_run(ax: Any, run: RunLife, following: RunLife | None, color: str, t0: float) -> None:
     """One run on the picture's axes: its steps, start-up, checkpoints, lost work, stop and the wait after it."""
+    # Shape: one optional mark per fact of the run (start-up, checkpoints), in drawing order
     xs = [t - t0 for t, _ in run.points]
     ys = [s for _, s in run.points]
     ending = "replaced in the job" if run.left else run.outcome or "no clean exit"

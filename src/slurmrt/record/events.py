@@ -207,6 +207,7 @@ FUTURE_S = 86400.0
 
 def malformed(event: Any) -> str | None:
     """Why ``event`` is not one slurmrt wrote (the first field of the wrong type), or None when it is well formed."""
+    # Shape: the first wrong field wins: the checks in order, each returning its reason
     if not isinstance(event, dict):
         return f"a JSON {type(event).__name__}, not an object"
     if not isinstance(event.get("event"), str):

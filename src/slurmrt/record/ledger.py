@@ -121,6 +121,7 @@ class Ledger:
         return gone
 
     def _read(self) -> dict[str, Entry]:
+        # Shape: read, then each way another user's file can be wrong, said and left out
         try:
             data = json.loads(read_capped(self.path, _MAX_BYTES, own=True))
         except FileNotFoundError:

@@ -142,6 +142,7 @@ class Measured:
 
 def measured_earlier(path: Path | None, *, tail_bytes: int = 256 * 1024) -> Measured:
     """:class:`Measured`, from one read of the last ``tail_bytes`` of the event log."""
+    # Shape: one pass over the tail, one case per kind of event measured
     step_s: float | None = None
     saves: list[float] = []
     phases: dict[str, float] = {}

@@ -156,6 +156,7 @@ def _straggler(e: dict[str, Any]) -> str:
 
 
 def _run_life(run: Run) -> RunLife:
+    # Shape: a run's life assembled from its events, one fact per line; each fact's reading is its own function
     moved = run.first(Event.IN_JOB_RESTART)
     process_s = _process_s(run)
     life = RunLife(restart=run.restart, start=run.start - process_s, end=run.end, resumed_from=run.resumed_from,

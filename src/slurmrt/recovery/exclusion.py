@@ -83,6 +83,7 @@ def plan(current: tuple[str, ...] | list[str], bad: list[str], *, max_excluded: 
 
 def parse_job(text: str) -> JobNodes:
     """``scontrol show job -o JOB``'s fields that matter here."""
+    # Shape: one field per line of scontrol's output, each read leniently where Slurm may print (null)
     fields: dict[str, str] = {m.group(1): m.group(2) for m in re.finditer(r"(\w+)=(\S*)", text)}
     raw = fields.get("ExcNodeList", "")
     excluded = tuple(hostlist.expand(raw)) if raw and raw != "(null)" else ()
@@ -158,6 +159,7 @@ def prepare(job_id: str, bad: list[str], *, max_excluded: int, needed: int | Non
 def apply_and_record(job_id: str, prepared: Plan | str, events: EventLog) -> None:
     """Set the (requeued, pending) job's exclusions as :func:`prepare` planned them; log it, and record it as an
     ``exclude`` event (nothing as excluded unless Slurm took it)."""
+    # Shape: three cases (nothing new, applied, refused) folded into one record, so every case writes it
     excluded, said = None, prepared if isinstance(prepared, str) else prepared.why or "nothing new to exclude"
     if isinstance(prepared, Plan) and prepared.added:
         done, message = apply(job_id, prepared.nodes)

@@ -62,6 +62,7 @@ class Executor:
         ``detail``: what failed, in words, for the log and the request; ``progressed``: the run made a step;
         ``about``: more for the request (``since``: when the failure was found, epoch s; ``stacks``: where the
         ranks' stacks are), which ``slurmrt run`` says when it starts the new step."""
+        # Shape: the protocol in order (plan, loop guard, in-job ask, fallback, exit, requeue): one path for every end
         facts = self.facts
         decision = plan(trigger, facts, nodes=nodes, stop=stop, failed_save=failed_save, progressed=progressed)
         if decision.restarts:  # the loop guard has a say: read the event log (only the acting process does)
@@ -126,6 +127,7 @@ class Executor:
         between its exit event and ``scontrol requeue``. A rank that finds the run answered, or ``slurmrt run`` once
         the step has ended, makes it here. None: nothing to make (the run chose something else, its requeue was made
         or tried, or Slurm no longer shows the job running: it is being requeued)."""
+        # Shape: each reason not to requeue, checked in order before the one requeue
         chosen = run.exit if run is not None else None
         if run is None or chosen is None or chosen.get("action") != Action.REQUEUE.value or run.first(Event.REQUEUE):
             return None
@@ -141,6 +143,7 @@ class Executor:
                                  stops=outcome is Outcome.REQUEUED)
 
     def _requeue_job(self, decision: Decision, *, stops: bool) -> Decision:
+        # Shape: the requeue's steps in order: what to exclude, scontrol requeue, its record, the exclusion
         job = self.facts.job
         assert job is not None  # plan() requeues only a Slurm job
         bad = list(decision.exclude)  # this run's own first, then the ledger's, within max_excluded_nodes

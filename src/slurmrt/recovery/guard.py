@@ -90,6 +90,7 @@ def arm(job: str, restart: int, host: str, *, env: Mapping[str, str], events: Ev
 
 def armed(path: Path | None, job: str) -> list[str]:
     """The guard jobs that ``slurmrt run`` armed for ``job`` (the event log's ``guard`` events)."""
+    # Shape: read a file another process wrote: each way it can be absent or wrong ends with nothing armed
     if path is None or not path.exists():
         return []
     try:
@@ -107,6 +108,7 @@ _FAILED_NODE = ("DOWN", "FAIL", "NOT_RESPONDING")
 def judge(info: JobNodes, *, restart: int, host: str, answered: bool, host_state: str | None = None) -> str | None:
     """Why the guard leaves the job alone, or None: requeue it. The evidence that the batch node failed: it left
     the job's NodeList (what Slurm 22.05 does), the job ended NODE_FAIL, or the node is down now (``host_state``)."""
+    # Shape: one reason to leave the job alone per line, in the order the evidence is read; None requeues
     if info.state is None or info.state.split("+")[0] in _LIVE:
         return f"the job is {info.state or 'in no known state'}: nothing to do"
     if info.restarts is not None and info.restarts != restart:

@@ -165,6 +165,7 @@ class Supervisor:
         signal or a lost node killed the step), that answer and its code stand; else the nodes that left the
         allocation (with --no-kill, Slurm kills the step's tasks at once, so nobody could ask), or, for tasks killed
         with no node gone and nobody asking, every node of the step, are judged the same way."""
+        # Shape: the sources of an answer in order of authority: the ranks' request, their exit event, Slurm's node list
         ask = injob.read_request(self.directory, attempt)
         if ask is not None:
             return self._asked(ask, placement, attempt, code)
@@ -186,6 +187,7 @@ class Supervisor:
                ) -> tuple[list[str] | None, int]:
         """The step's ranks chose an in-job restart and named suspects (or none): judged from evidence, on every
         node of the step when none was named."""
+        # Shape: the request's fields validated where they are used, then judged as every fault is
         named = [n for n in ask["exclude"]]
         suspects = [n for n in named if n in placement.nodes]
         raw = ask.get("trigger")
@@ -203,6 +205,7 @@ class Supervisor:
         """Gather the evidence on ``suspects``, classify the fault, decide and record it (a ``recovery`` event):
         a new step on the same nodes for a process fault, on a spare for a node with evidence against it, else the
         requeue without it. ``asked``: the step's ranks already chose the in-job restart, and recorded it."""
+        # Shape: evidence, then the decision (as asked, or planned again), then its record: the one judgement path
         assert self.evidence is not None
         held = self._allocated()
         fault, bad, evidence = self.evidence.judge(trigger, suspects, held)

@@ -48,6 +48,7 @@ class Runtime(TopologyView):
     def __init__(self, topology: Topology, options: Options, executor: Executor, *,
                  connections: str | None = None, lease: leases.Lease | None = None,
                  experiment_id: str | None = None) -> None:
+        # Shape: the composer: each part built once from its section and collaborators, in dependency order
         env = os.environ
         self.topology, self.options, self._executor = topology, options, executor
         self.events = events = executor.events

@@ -169,6 +169,7 @@ class CheckpointSession:
         self._report.saved(result, blocking=blocking)
 
     def load_latest(self, *, into: dict[str, Any] | None, verify: bool, rank: int) -> Loaded | None:
+        # Shape: the local tier first where it can serve, then the shared; one report either way
         started = _clock.mono()
         store = self._get_store()
         tier = self._get_local()

@@ -48,6 +48,7 @@ def init(options: Options | None = None, **overrides: Any) -> Runtime:
 
 
 def _init(options: Options | None, overrides: dict[str, Any]) -> Runtime:
+    # Shape: init()'s checks in the order they must run (before any rendezvous, before CUDA); each is one call
     env = os.environ
     opts = Options.resolve(overrides, env, base=options)
     topo = from_environ(env, launcher_argv=launcher_argv() if "RANK" in env else None)

@@ -167,6 +167,7 @@ def read_trace(path: Path) -> list[Fault]:
 
 def _fault(row: list[str], where: str, *, header: bool, steps: bool) -> Fault | None:
     """One line of a trace; None for a blank line, a comment or the header."""
+    # Shape: one trace line's checks in order, each naming the line and what to write instead
     cells = [c.strip() for c in row]
     first = cells[0] if cells else ""
     if not first or first.startswith("#") or (header and first.lower() in ("time", "step")):

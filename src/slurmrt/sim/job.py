@@ -47,6 +47,7 @@ def simulate(spec: JobSpec, *, out: IO[str] = sys.stdout, state_dir: Path | None
 
 
 def _simulate(spec: JobSpec, out: IO[str], state_dir: Path | None) -> list[RunRecord]:
+    # Shape: set up, run with Slurm's signals held, tear down whatever happened, then the summary: one job's frame
     processes.become_subreaper()
     directory = state_dir or Path(tempfile.mkdtemp(prefix=f"slurmrt-sim-{spec.job_id}-"))
     state = SimState(directory)
@@ -84,6 +85,7 @@ def _runs(spec: JobSpec, state: SimState, bin_dir: Path, events: Path, out: IO[s
           trace: Trace | None) -> list[RunRecord]:
     """The job's runs: the first, and each requeued one, until one is not requeued, the simulator is told to stop,
     or max_restarts."""
+    # Shape: the requeue loop as Slurm runs it: a run, its end, the wait before the next
     records: list[RunRecord] = []
     for restart in range(spec.max_restarts + 1):
         spec = _placed(spec, state, restart, out)

@@ -185,6 +185,7 @@ class SimRun:
         return self._ended()
 
     def _loop(self, faults: list[tuple[float, str]], anchored: bool) -> bool:
+        # Shape: the simulator's event loop: one poll of each source per turn, in a fixed order
         while self.batch.poll() is None:
             self.events.poll()
             if not anchored and self.events.saved(self.restart):
@@ -218,6 +219,7 @@ class SimRun:
             self.act(action)
 
     def _ended(self) -> RunRecord:
+        # Shape: how Slurm would name the run's end, from the facts in the order Slurm weighs them
         if self._throttle is not None:
             self._throttle.stop()
         self.record.exit_code = self.batch.poll()
@@ -242,6 +244,7 @@ class SimRun:
 
     def act(self, what: str) -> None:
         """Do what the schedule says now: a signal, the time limit, a preemption, scancel, a hang, a node failure."""
+        # Shape: a dispatch on the scheduled action, one line of Slurm's behaviour each
         spec = self.spec
         if what == "signal" and spec.signal is not None:
             where = "the batch shell" if spec.signal_batch else "every task"

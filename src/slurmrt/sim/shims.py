@@ -112,6 +112,7 @@ def _exclude(state: SimState, spec: JobSpec, value: str) -> int:
 
 
 def squeue(args: Sequence[str]) -> int:
+    # Shape: squeue's arguments and formats, each refused by name where the simulator does not know it
     state = SimState.from_env()
     fmt = args[args.index("-o") + 1] if "-o" in args and args.index("-o") + 1 < len(args) else "%e"
     job = args[args.index("-j") + 1] if "-j" in args and args.index("-j") + 1 < len(args) else None

@@ -115,6 +115,7 @@ def parse_signal_option(value: str) -> tuple[signal.Signals, float, bool]:
 
 def apply_option(spec: JobSpec, name: str, value: str | None) -> JobSpec:
     """One sbatch option (long name without dashes) onto ``spec``; unknown options are ignored by the caller."""
+    # Shape: a dispatch on sbatch's option names, one case each, as sbatch reads them
     if name in {"nodes", "N"}:
         return replace(spec, nodes=_count(f"--{name}", str(value), str(value).split("-")[0]))
     if name in {"ntasks-per-node"}:

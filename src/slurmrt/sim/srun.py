@@ -195,6 +195,7 @@ def _wait(state: SimState, spec: JobSpec, step: int, procs: list[_Task], kill_on
     """Every task's exit code, as srun reports them. With --kill-on-bad-exit, the first failure ends the step as
     Slurm does (docs/slurm.md): SIGCONT and SIGTERM to the other tasks at once, SIGKILL after the kill wait. With
     --wait, the tasks left ``wait_s`` after the first one ended are ended the same way (a frozen task)."""
+    # Shape: srun's wait loop: collect, then each way of ending the others (bad exit, --wait, the kill wait)
     codes: dict[int, int] = {}
     kill_at: float | None = None
     first_end: float | None = None

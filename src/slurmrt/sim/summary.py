@@ -59,6 +59,7 @@ class _Follow:
         self._next_read = 0.0
 
     def poll(self, *, final: bool = False) -> None:
+        # Shape: one pass over new events, one case per kind that changes what the simulator knows
         now = time.monotonic()
         if now < self._next_read and not final:
             return
@@ -116,6 +117,7 @@ def _began(steps: list[Run]) -> tuple[bool, int | None]:
 def _annotate(records: list[RunRecord], events: list[dict[str, Any]]) -> None:
     """Each run's story from the event log; a run of the job made of several steps (in-job restarts) reads as the
     resume of its first step that loaded, and its last step's end."""
+    # Shape: each run's story, one fact per line, from its steps' events
     by_restart: dict[int, list[Run]] = {}
     for run in runs(events):
         by_restart.setdefault(run.restart, []).append(run)

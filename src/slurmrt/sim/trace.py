@@ -48,6 +48,7 @@ class Trace:
         """Fault ``index`` into ``run`` (a :class:`slurmrt.sim.runner.SimRun`: its preempt, storm, fail_node and
         freeze); returns an action to schedule after it (seconds from now, action), or None. A run that is ending
         already leaves the fault to the next run."""
+        # Shape: a dispatch on the fault's kind, after the checks that the run can still take one
         fault = self.faults[index]
         if run.record.ended_by or run.events.finished(run.restart):  # its training is over: nothing to rehearse
             return None
@@ -86,6 +87,7 @@ class Trace:
 
     def lines(self) -> list[str]:
         """What the trace did, for the simulator's summary."""
+        # Shape: one summary line built from optional parts, each a fact about the trace
         kinds = Counter(self.faults[i].kind for i in self.injected)
         said = ", ".join(f"{kinds[k]} {k}" for k in KINDS if kinds[k]) or "none"
         pending = [f for i, f in enumerate(self.faults) if i not in self.injected]
