@@ -8,4 +8,6 @@ below ``runtime/``.
   executor, exit 5).
 - :mod:`.monitor`: the part ``init()`` builds: the watchdog, the census, the response and the start-up barrier,
   wired to one run.
+- :mod:`.state`: the run state the stop controller writes and the monitor reads (heartbeat, activity, agreement,
+  the nodes to leave out); the Runtime builds one per run.
 """

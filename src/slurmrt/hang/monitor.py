@@ -14,7 +14,6 @@ import functools
 import logging
 import re
 import signal
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,6 @@ from ..launch.topology import Topology
 from ..options import Options
 from ..recovery.executor import Executor
 from ..recovery.policy import ExitCode
-from ..stop.agreement import Agreement
 from ..stop.deadline import Budget
 from ..stop.decision import Reason
 from ..stop.killswitch import KillSwitch, cancel_and_exit
@@ -32,7 +30,8 @@ from ..stop.signals import SignalRecorder
 from .census import Census, CensusError
 from .response import HangResponse, exit_now, is_peer_failure, unhealthy
 from .stacks import quiet_peer_tracebacks, stacks_file
-from .watchdog import Activity, PhaseTimes, Watchdog
+from .state import RunState
+from .watchdog import PhaseTimes, Watchdog
 
 __all__ = ["HangMonitor", "HangSettings"]
 
@@ -62,41 +61,41 @@ class HangSettings:
 
 
 class HangMonitor:
-    def __init__(self, topology: Topology, settings: HangSettings, executor: Executor, *, signals: SignalRecorder,
-                 kill_switch: KillSwitch | None, agreement: Callable[[], Agreement | None],
-                 also_exclude: Callable[[], list[str]] = lambda: []) -> None:
-        """``executor``: what the job does about a hang (:mod:`slurmrt.recovery`); ``also_exclude``: nodes a
-        requeue or in-job restart leaves out besides the suspects (a straggler's)."""
+    def __init__(self, topology: Topology, settings: HangSettings, executor: Executor, *, state: RunState,
+                 signals: SignalRecorder, kill_switch: KillSwitch | None) -> None:
+        """``executor``: what the job does about a hang (:mod:`slurmrt.recovery`); ``state``: what the stop
+        controller shares (the heartbeat and activity the watchdog reads, the agreement, and the nodes a requeue or
+        in-job restart leaves out besides the suspects)."""
         self.topology, self.settings, self.executor = topology, settings, executor
-        self._also_exclude = also_exclude
+        self._state = state
         self._signals = signals
         self._switch = kill_switch
-        self._agreement = agreement
         self._census: Census | None | bool = False  # False: not looked for yet
         self._response: HangResponse | None = None
 
-    def watchdog(self, budget: Budget, phases: PhaseTimes, *, heartbeat: Callable[[], float],
-                 activity: Callable[[], Activity | None]) -> Watchdog:
-        """The watchdog to poll on the watcher thread, and the response it calls when the run is hung."""
-        s = self.settings
+    def watchdog(self, budget: Budget, phases: PhaseTimes) -> Watchdog:
+        """The watchdog to poll on the watcher thread (over the run state's heartbeat and activity), and the
+        response it calls when the run is hung."""
+        s, state = self.settings, self._state
         self._response = HangResponse(
             self.topology, self.executor, kill_switch_seen=self.kill_switch_seen, last_step=self._last_step,
-            census=self.census, census_wait_s=s.census_wait_s, also_exclude=self._also_exclude,
+            census=self.census, census_wait_s=s.census_wait_s, also_exclude=lambda: list(state.exclude),
             terminating=lambda: signal.SIGTERM in self._signals.first_seen,
             cancel=functools.partial(cancel_and_exit, s.kill_switch, self.topology.requeue_id)
             if s.kill_switch else None)
-        return Watchdog(budget, phases, heartbeat=heartbeat, activity=activity, on_hang=self._response.hung,
+        return Watchdog(budget, phases, heartbeat=lambda: state.heartbeat, activity=lambda: state.activity,
+                        on_hang=self._response.hung,
                         floor_s=s.floor_s, startup_s=s.startup_s, fixed_s=s.fixed_s, probe=self._probe)
 
     def _last_step(self) -> int | None:
-        agreement = self._agreement()
+        agreement = self._state.agreement
         return agreement.last_step if agreement is not None else None
 
     def kill_switch_seen(self) -> bool:
         """Seen by this rank's poller, or by any rank (through the agreed decision)."""
         if self._switch is not None and self._switch.seen is not None:
             return True
-        agreement = self._agreement()
+        agreement = self._state.agreement
         decision = agreement.decision if agreement is not None else None
         return decision is not None and Reason.KILL_SWITCH in decision.reasons
 

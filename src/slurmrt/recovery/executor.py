@@ -50,6 +50,11 @@ class Executor:
         self._requeue = requeue_job
         self.ledger = ledger
 
+    def can_leave_out(self, node: str) -> bool:
+        """Whether a restart could leave ``node`` out (a straggler's): a spare under ``slurmrt run``, or a
+        requeue. The plan's answer; nothing is done."""
+        return plan(Trigger.STRAGGLER, self.facts, nodes=[node]).restarts
+
     def futile(self) -> int:
         """Runs or steps in a row, this one included, that committed no newer checkpoint (the event log)."""
         return futile_runs(runs_of(self.events.path))

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from .. import _clock
 from .._comm import Groups
+from ..hang.state import RunState
 from ..hang.watchdog import Activity, PhaseTimes
 from ..launch.topology import Topology
 from ..options import Options
@@ -52,8 +53,8 @@ class StopSettings:
 
 
 class StopController:
-    def __init__(self, topology: Topology, settings: StopSettings, report: Reporter, *, budget: Budget,
-                 end_time: EndTime, signals: SignalRecorder, kill_switch: KillSwitch | None,
+    def __init__(self, topology: Topology, settings: StopSettings, report: Reporter, *, state: RunState,
+                 budget: Budget, end_time: EndTime, signals: SignalRecorder, kill_switch: KillSwitch | None,
                  phases: PhaseTimes | None = None,
                  groups: Callable[[], Groups], watch: Callable[[Agreement], None] = lambda agreement: None,
                  poll_saves: Callable[[], None] = lambda: None, settle_saves: Callable[[], None] = lambda: None,
@@ -70,14 +71,13 @@ class StopController:
         self._groups, self._watch = groups, watch
         self._poll_saves, self._settle_saves = poll_saves, settle_saves
         self._last_tick: float | None = None
-        self.heartbeat = _clock.mono()  #: monotonic time of the last step boundary
-        #: What the training thread does (the watchdog's view); changed at saves, loads and phases, not per step.
-        #: None until the first should_stop: a program that never reports steps (Megatron-LM's own loop behind
-        #: the bridge) is not watched between them, only in its saves, loads and phases.
-        self.activity: Activity | None = None
+        #: What this controller shares with the hang monitor: the heartbeat (the last step boundary), the activity
+        #: (changed at saves, loads and phases, not per step; None until the first should_stop: a program that
+        #: never reports steps, Megatron-LM's own loop behind the bridge, is watched only in its saves, loads and
+        #: phases), the agreement and the nodes to leave out.
+        self.state = state
         rank0 = topology.rank == 0 and settings.progress_s is not None
         self._next_progress = 0.0 if rank0 else float("inf")  # rank 0 records its progress, from the first step
-        self.agreement: Agreement | None = None
         self.decision: StopDecision | None = None
         #: The last step the training loop reported (should_stop, or a framework's stop): where the run really got
         #: to, recorded in its exit event (its last checkpoint may be older).
@@ -102,14 +102,14 @@ class StopController:
         if self._last_tick is not None:
             self.budget.step_done(now - self._last_tick)
             self.steps_done += 1
-        self.heartbeat = now
+        self.state.heartbeat = now
         self.last_step = step
         if now >= self._next_progress:
             self._progress(step, now)
         self._poll_saves()
         if len(self._signals.first_seen) != self._report.signals_reported:  # no call on the per-step path
             self._report.new_signals(self._signals)
-        agreement = self.agreement or self._start_agreement()
+        agreement = self.state.agreement or self._start_agreement()
         stop = agreement.should_stop(step)
         if stop and self.decision is None:
             assert agreement.decision is not None
@@ -127,15 +127,17 @@ class StopController:
         self._report.progress(step, self.budget.steps.estimate(), self._end.started)
 
     def _start_agreement(self) -> Agreement:
-        self.activity = Activity("step", _clock.mono())  # the first step boundary: the start is over
+        self.state.activity = Activity("step", _clock.mono())  # the first step boundary: the start is over
         groups = self._groups()
+        agreement: Agreement
         if groups.control is None:
-            self.agreement = LocalAgreement(self._contribute)
+            agreement = LocalAgreement(self._contribute)
         else:
-            self.agreement = DistributedAgreement(self._contribute, groups.control,
-                                                  step_estimate=self.budget.steps.estimate, observe=self._observe)
-            self._watch(self.agreement)
-        return self.agreement
+            agreement = DistributedAgreement(self._contribute, groups.control,
+                                             step_estimate=self.budget.steps.estimate, observe=self._observe)
+            self._watch(agreement)
+        self.state.agreement = agreement
+        return agreement
 
     def _contribute(self, step: int, steps_ahead: int, agreed_end: float | None) -> Contribution:
         """This rank's view, read by the agreement (its thread, or the training thread for one process)."""
@@ -152,6 +154,7 @@ class StopController:
             return
         node = self._node_of(named.rank)
         self.straggler, self.straggler_node = named, node
+        self.state.exclude = tuple(self.exclude_nodes)
         action = self.settings.straggler
         step = self.agreement.last_step if self.agreement is not None else None
         self._report.straggler(named, node=node, action=action, step=step)
@@ -196,9 +199,9 @@ class StopController:
 
     @contextlib.contextmanager
     def phase(self, name: str, *, timeout_s: float | None = None) -> Iterator[None]:
-        outer = self.activity
+        outer = self.state.activity
         start = _clock.mono()
-        self.activity = Activity("phase", start, name, timeout_s)
+        self.state.activity = Activity("phase", start, name, timeout_s)
         ok = False
         try:
             yield
@@ -208,22 +211,22 @@ class StopController:
             if ok:
                 self.phases.add(name, seconds)
                 self._report.phase(name, seconds)
-            self.activity = outer.resumed(_clock.mono()) if outer else None
+            self.state.activity = outer.resumed(_clock.mono()) if outer else None
             self.restart_step_clock()
 
     @contextlib.contextmanager
     def doing(self, kind: str) -> Iterator[None]:
         """The training thread is in a save or a load: the watchdog gives it a save's allowance."""
-        outer = self.activity
-        self.activity = Activity(kind, _clock.mono())
+        outer = self.state.activity
+        self.state.activity = Activity(kind, _clock.mono())
         try:
             yield
         finally:
-            self.activity = outer.resumed(_clock.mono()) if outer else None
+            self.state.activity = outer.resumed(_clock.mono()) if outer else None
 
     def restart_step_clock(self) -> None:
         self._last_tick = None
-        self.heartbeat = _clock.mono()
+        self.state.heartbeat = _clock.mono()
 
     # -- the framework layer ---------------------------------------------------------------------------------------
     def local_reasons(self) -> frozenset[Reason]:
@@ -247,6 +250,11 @@ class StopController:
         if union:
             self._decided(decision)
         return decision
+
+    @property
+    def agreement(self) -> Agreement | None:
+        """The agreement on when to stop, once the first step opened it."""
+        return self.state.agreement
 
     @property
     def end_time(self) -> float | None:

@@ -17,6 +17,7 @@ from ..checkpoint.background import Staged
 from ..checkpoint.cadence import Cadence
 from ..checkpoint.store import SaveFn
 from ..hang.monitor import HangMonitor, HangSettings
+from ..hang.state import RunState
 from ..hang.watchdog import PhaseTimes
 from ..launch.topology import Topology
 from ..options import Options
@@ -25,7 +26,6 @@ from ..record.goodput import write_metrics
 from ..record.runs import measured_earlier
 from ..recovery.conclude import conclude
 from ..recovery.executor import Executor
-from ..recovery.plan import Trigger, plan
 from ..recovery.policy import ExitCode, Outcome
 from ..stop.deadline import Budget, EndTime
 from ..stop.decision import Reason, StopDecision
@@ -75,23 +75,22 @@ class Runtime(TopologyView):
                                 current=(topology.restart_count, topology.attempt), nodes=topology.nnodes,
                                 node_h=options.mtbf_node_h, local=options.local_checkpoint_dir is not None,
                                 step_s=budget.steps.estimate, costs=(earlier.save_s, None))
-        self.stop = StopController(topology, StopSettings.of(options), self._report, budget=budget, end_time=end_time,
-                                   signals=signals, kill_switch=self._switch, phases=PhaseTimes(earlier.phases),
-                                   groups=self._hooks.groups, watch=self._hooks.watch, poll_saves=self.checkpoints.poll,
-                                   settle_saves=self.checkpoints.settle, node_of=lambda rank: self.hangs.node_of(rank),
-                                   can_replace=lambda node: plan(Trigger.STRAGGLER, executor.facts,
-                                                                 nodes=[node]).restarts)
-        self.hangs = HangMonitor(topology, HangSettings.of(options), executor, signals=signals,
-                                 kill_switch=self._switch, agreement=lambda: self.stop.agreement,
-                                 also_exclude=lambda: self.stop.exclude_nodes)
+        self._state = state = RunState()  # what the stop controller writes and the hang monitor reads
+        self.hangs = HangMonitor(topology, HangSettings.of(options), executor, state=state, signals=signals,
+                                 kill_switch=self._switch)
+        self.stop = StopController(topology, StopSettings.of(options), self._report, state=state, budget=budget,
+                                   end_time=end_time, signals=signals, kill_switch=self._switch,
+                                   phases=PhaseTimes(earlier.phases), groups=self._hooks.groups,
+                                   watch=self._hooks.watch, poll_saves=self.checkpoints.poll,
+                                   settle_saves=self.checkpoints.settle,
+                                   node_of=self.hangs.node_of, can_replace=executor.can_leave_out)
         self._hooks.on_groups = self.hangs.first_collective
         pollers = [p.poll for p in (self._switch, end_time if end_time.asks else None) if p is not None]
         if lease is not None and lease.held:
             pollers.append(lease.refresh)
         if options.watchdog:
             self._hooks.on_uncaught = self.hangs.uncaught
-            pollers.append(self.hangs.watchdog(budget, self.stop.phases, heartbeat=lambda: self.stop.heartbeat,
-                                               activity=lambda: self.stop.activity).poll)
+            pollers.append(self.hangs.watchdog(budget, self.stop.phases).poll)
         self._watcher = Watcher(pollers, period_s=options.watch_interval_s)
         self.outcome: Outcome | None = None  #: how the run ended, once finish() decided
         self._closed = False
@@ -241,7 +240,7 @@ class Runtime(TopologyView):
         if self._closed:
             return
         self._closed = True
-        self.stop.activity = None  # the watchdog stands down
+        self._state.activity = None  # the watchdog stands down
         self.stop.end_rounds()
         self._watcher.stop()
         # A background save still in flight is the user's checkpoint, and its thread is inside a collective: the
