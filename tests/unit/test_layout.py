@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from typing import Any
 
 from radon.complexity import cc_visit  # required (pyproject's test extra): a guard that skips guards nothing
 
@@ -135,13 +136,13 @@ def test_no_module_passes_360_lines_and_the_facade_stays_thin() -> None:
     assert sizes[name] <= most, f"{name} has {sizes[name]} lines: build new parts elsewhere, forward to them"
 
 
-def _complexity(source: str) -> dict[str, int]:
-    """Each function's, method's and nested function's cyclomatic complexity, as radon counts it (boolean
-    operators included); a closure is named inside its function (``outer.inner``)."""
-    found: dict[str, int] = {}
+def _blocks(source: str) -> dict[str, Any]:
+    """Each function, method and nested function as radon reads it, by name; a closure is named inside its
+    function (``outer.inner``), a method inside its class."""
+    found: dict[str, Any] = {}
 
-    def visit(block: object, name: str) -> None:
-        found[name] = block.complexity  # type: ignore[attr-defined]
+    def visit(block: Any, name: str) -> None:
+        found[name] = block
         for method in getattr(block, "methods", []):  # a class's methods, each on its own
             visit(method, f"{name}.{method.name}")
         for inner in getattr(block, "closures", []):  # functions defined inside a function
@@ -151,6 +152,12 @@ def _complexity(source: str) -> dict[str, int]:
         classname = getattr(block, "classname", None)
         visit(block, f"{classname}.{block.name}" if classname else block.name)
     return found
+
+
+def _complexity(source: str) -> dict[str, int]:
+    """Each function's, method's and nested function's cyclomatic complexity, as radon counts it (boolean
+    operators included)."""
+    return {name: block.complexity for name, block in _blocks(source).items()}
 
 
 def test_no_function_passes_complexity_12_counting_boolean_operators() -> None:
@@ -175,19 +182,8 @@ def _unexplained(source: str) -> list[str]:
                 else node.body[0]
             heads[node.name, node.lineno] = lines[node.lineno - 1:first.lineno - 1]
     said = {key for key, head in heads.items() if any(line.strip().startswith("# Shape:") for line in head)}
-    found = []
-
-    def visit(block: object, name: str) -> None:
-        key = (block.name, block.lineno)  # type: ignore[attr-defined]
-        if block.complexity > EXPLAINED_ABOVE and key in heads and key not in said and name not in found:  # type: ignore[attr-defined]
-            found.append(name)
-        for inner in [*getattr(block, "methods", []), *getattr(block, "closures", [])]:
-            visit(inner, f"{name}.{inner.name}")
-
-    for block in cc_visit(source):
-        classname = getattr(block, "classname", None)
-        visit(block, f"{classname}.{block.name}" if classname else block.name)
-    return found
+    return [name for name, block in _blocks(source).items() if block.complexity > EXPLAINED_ABOVE
+            and (key := (block.name, block.lineno)) in heads and key not in said]
 
 
 def test_a_function_above_complexity_10_says_why_its_shape_is_the_clearest() -> None:
