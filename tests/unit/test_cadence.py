@@ -198,6 +198,10 @@ def test_status_says_what_should_save_would_answer_for_a_jobs_measurements() -> 
     again = [*events[:-1], ev(300, 1, "exit", outcome="HUNG", code=5)]
     head, _ = advice(again, node_h=1.0)
     assert "a failure every 2m25s (2 in 4m50s, its own rate, shorter than a prior of 1 in 1 node-hours" in head, head
+    from slurmrt.checkpoint.cadence import saving
+
+    figures = [saving(e, node_h=1.0) for e in (again, events)]
+    assert [f["own_rate"] if f else None for f in figures] == [True, False]
 
 
 def test_status_json_carries_the_figures_the_words_are_made_of(tmp_path: Path,

@@ -92,9 +92,13 @@ class History:
         """Mean time between failures of the job: its history, with a prior of one failure in ``node_h`` node-hours
         over ``nodes`` nodes; from ``OWN_RATE_FROM`` failures, its own rate where that is shorter."""
         with_prior = (node_h * 3600 / max(1, nodes) + self.exposure_s) / (1 + self.failures)
-        if self.failures >= OWN_RATE_FROM:
-            return min(with_prior, max(self.exposure_s, 1.0) / self.failures)
-        return with_prior
+        own = self.own_s()
+        return min(with_prior, own) if own is not None else with_prior
+
+    def own_s(self) -> float | None:
+        """The job's own mean time between failures (time run over failures), once it has seen
+        ``OWN_RATE_FROM`` failures; else None."""
+        return max(self.exposure_s, 1.0) / self.failures if self.failures >= OWN_RATE_FROM else None
 
     def lasting(self, seconds: float) -> History:
         """This history with ``seconds`` more run without a failure (the current run, so far)."""
@@ -257,8 +261,9 @@ def saving(events: list[dict[str, Any]], *, node_h: float) -> dict[str, Any] | N
     def in_steps(t: float | None) -> int | None:
         return None if t is None or step_s is None else max(1, round(t / step_s))
 
+    mtbf = history.mtbf_s(node_h=node_h, nodes=nodes)
     return {"shared_save_s": shared, "local_save_s": local, "failures": history.failures,
-            "exposure_s": history.exposure_s, "mtbf_s": history.mtbf_s(node_h=node_h, nodes=nodes),
+            "exposure_s": history.exposure_s, "mtbf_s": mtbf, "own_rate": mtbf == history.own_s(),
             "prior_node_h": node_h, "nodes": nodes, "step_s": step_s,
             "shared_every_s": plan.shared_s, "shared_every_steps": in_steps(plan.shared_s),
             "local_every_s": plan.local_s, "local_every_steps": in_steps(plan.local_s)}
@@ -278,10 +283,9 @@ def advice(events: list[dict[str, Any]], *, node_h: float) -> list[str]:
         steps = s[f"{tier}_every_steps"]
         return _duration(s[f"{tier}_every_s"]) + (f" (about {steps} steps)" if steps is not None else "")
 
-    own = s["failures"] >= OWN_RATE_FROM and s["mtbf_s"] == max(s["exposure_s"], 1.0) / s["failures"]
     prior = f"a prior of 1 in {node_h:g} node-hours over {s['nodes']} node(s)"
+    weighed = f"its own rate, shorter than {prior}" if s["own_rate"] else f"and {prior}"
     head = (f"saving: saves of {s['shared_save_s']:.3g} s; a failure every {_duration(s['mtbf_s'])}"
-            f" ({s['failures']} in {_duration(s['exposure_s'])}, " + (f"its own rate, shorter than {prior})" if own
-                                                                       else f"and {prior})"))
+            f" ({s['failures']} in {_duration(s['exposure_s'])}, {weighed})")
     said = f"  rt.should_save: a shared save every {every('shared')} of training"
     return [head, said + (f", a local one every {every('local')}" if s["local_every_s"] is not None else "")]
