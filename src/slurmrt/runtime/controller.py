@@ -154,7 +154,8 @@ class StopController:
             return
         node = self._node_of(named.rank)
         self.straggler, self.straggler_node = named, node
-        self.state.exclude = tuple(self.exclude_nodes)
+        # the nodes a restart leaves out by the options, read by the hang monitor too
+        self.state.exclude = (node,) if node is not None and self.settings.straggler != "name" else ()
         action = self.settings.straggler
         step = self.agreement.last_step if self.agreement is not None else None
         self._report.straggler(named, node=node, action=action, step=step)
@@ -169,9 +170,7 @@ class StopController:
     @property
     def exclude_nodes(self) -> list[str]:
         """Nodes the next restart must leave out by the options: the straggler's, with "exclude" or "replace"."""
-        if self.settings.straggler == "name" or self.straggler_node is None:
-            return []
-        return [self.straggler_node]
+        return list(self.state.exclude)
 
     def _switch_seen(self) -> bool:
         return self._switch is not None and self._switch.seen is not None
