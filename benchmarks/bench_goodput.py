@@ -18,7 +18,9 @@ it queues; here compressed with the rest).
 4. in-job, the local tier, and ``rt.should_save``: Daly's intervals for each tier from the measured stalls and
    slurmrt's default prior, learned from the job's own history after that, as a user's job learns it (no oracle).
 
-Each job is read by ``slurmrt.record.goodput``. Every comparison is over the seeds: each policy's median ETTR and its
+Each job is read by ``slurmrt.record.goodput``, and its faults answered in the job counted (:func:`in_job`): the
+in-job restarts its event log holds, against the faults injected that were neither a preemption nor the loss of the
+batch script's node. Every comparison is over the seeds: each policy's median ETTR and its
 range, and the median of the per-seed differences to policy 1 with their range. The model at scale is
 :mod:`benchmarks.goodput_model`.
 """
@@ -26,6 +28,7 @@ range, and the median of the per-seed differences to policy 1 with their range. 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -110,7 +113,33 @@ def _run(work: Path, policy: Policy, trace: Path, steps: int) -> dict[str, Any]:
     said = next(line for line in out.stdout.splitlines() if line.startswith("faults ("))
     events = list(read_events(log))
     return {"ledger": account(events), "faults": said.split(": ", 1)[1], "met": int(said.split(": ")[1].split()[0]),
-            "seconds": time.monotonic() - started, "weights": _weights(directory), "events": events}
+            "seconds": time.monotonic() - started, "weights": _weights(directory), "events": events,
+            "in_job": in_job(out.stdout, events)}
+
+
+#: A line of the simulator's list of injected faults: ``  2026-11-27T19:40:01.123 node-loss: n2``.
+_INJECTED = re.compile(r"^  (\d{4}-\d\d-\d\dT[\d:.]+) ([a-z-]+): (.+)$")
+
+
+def in_job(sim_out: str, events: list[dict[str, Any]]) -> tuple[int, int]:
+    """(faults answered in the job, faults it could answer): every fault the simulator injected but a preemption
+    (the cluster wants the job gone: its requeue is the answer) and the loss of the batch script's node (the first of
+    its run's nodes: the guard job requeues), against the in-job restarts ``slurmrt run`` recorded."""
+    from datetime import datetime
+
+    from slurmrt.record.events import timestamp
+
+    runs = sorted((timestamp(e), e["nodelist"][0]) for e in events
+                  if e["event"] == "init" and "attempt" not in e and e.get("nodelist"))
+    could = 0
+    for line in sim_out.splitlines():
+        match = _INJECTED.match(line)
+        if match is None or match[2] == "preemption":
+            continue
+        at = datetime.fromisoformat(match[1]).timestamp()
+        batch = next((node for started, node in reversed(runs) if started <= at), None)
+        could += not (match[2] == "node-loss" and match[3] == batch)
+    return sum(e["event"] == "in_job_restart" for e in events), could
 
 
 def _weights(directory: Path) -> list[float]:
@@ -154,6 +183,12 @@ def run(seeds: int = SEEDS, first_seed: int = FIRST_SEED, steps: int = STEPS, mt
                    _body(results, drawn, steps, mtbf_s))
 
 
+def _share(jobs: list[dict[str, Any]]) -> str:
+    """The faults answered in the job over those it could answer, summed over the seeds."""
+    answered, could = (sum(j["in_job"][i] for j in jobs) for i in (0, 1))
+    return f"{answered}/{could} ({answered / could:.0%})" if could else f"{answered}/0"
+
+
 def _median_range(values: list[float], scale: float = 100.0, fmt: str = ".1f") -> str:
     return (f"{statistics.median(values) * scale:{fmt}} ({min(values) * scale:{fmt}} to "
             f"{max(values) * scale:{fmt}})")
@@ -171,9 +206,10 @@ def _body(results: dict[int, dict[str, dict[str, Any]]], drawn: dict[int, int], 
         rows.append([name, f"**{statistics.median(ettr[name]):.1%}**", _median_range(ettr[name]),
                      f"{statistics.median(j['ledger'].node_goodput or 0.0 for j in jobs):.1%}",
                      sum(j["met"] for j in jobs), f"{statistics.median(j['ledger'].wall_s for j in jobs):.0f}",
-                     *[f"{share:.1%}" for share in shares], statistics.median(_saves(j) for j in jobs)])
+                     *[f"{share:.1%}" for share in shares], statistics.median(_saves(j) for j in jobs),
+                     _share(jobs)])
     per_policy = table(["policy", "median ETTR", "ETTR % median (range)", "node-hours", "faults met", "wall s",
-                        *CATEGORIES[1:], "saves"], rows)
+                        *CATEGORIES[1:], "saves", "answered in the job"], rows)
     first = names[0]
     diffs = {name: [results[s][name]["ledger"].ettr - results[s][first]["ledger"].ettr for s in results]
              for name in names[1:]}

@@ -86,3 +86,32 @@ def test_the_conclusion_is_the_medians_and_says_when_the_policies_met_different_
     results[2][names[3]]["met"] = 2
     said = bench_goodput._conclusion(ettr, diffs, results, {1: 3, 2: 3, 3: 3})
     assert "different numbers of faults in seed(s) 2" in said and "1 drawn fault(s) never came" in said
+
+
+def test_faults_answered_in_the_job_are_counted_against_those_the_job_could_answer() -> None:
+    """A preemption and the loss of the batch script's node (the first node of the run it hit: n1, then n2 after a
+    requeue that left n1 out) go through the queue by design; every other fault the job could answer itself."""
+    def init(time: str, nodes: list[str], **more: object) -> dict[str, object]:
+        return {"event": "init", "time": f"2026-11-27T10:00:{time}+00:00", "nodelist": nodes, **more}
+
+    events = [init("00.000", ["n1", "n2"]), {"event": "in_job_restart", "time": "2026-11-27T10:00:05.000+00:00"},
+              init("06.000", ["n1", "n3"], attempt=1), init("20.000", ["n2", "n3"])]
+    sim_out = "\n".join([
+        "faults (trace t.csv): 5 injected (2 node-loss, 1 rank-crash, 1 hang, 1 preemption)",
+        "  2026-11-27T10:00:04.000 rank-crash: task 1",   # the job could answer it, and did
+        "  2026-11-27T10:00:10.000 node-loss: n1",        # the batch node of the first run: the queue's
+        "  2026-11-27T10:00:25.000 preemption: the job",  # the cluster's
+        "  2026-11-27T10:00:30.000 node-loss: n1",        # n1 is not this run's batch node (n2 is): could, did not
+        "  2026-11-27T10:00:40.000 hang: task 0",         # could, did not
+        "slurmrt sim: 3 runs"])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TZ", "UTC")
+        import time
+        time.tzset()
+        try:
+            assert bench_goodput.in_job(sim_out, events) == (1, 3)
+            assert bench_goodput._share([{"in_job": (1, 3)}, {"in_job": (2, 3)}]) == "3/6 (50%)"
+            assert bench_goodput._share([{"in_job": (0, 0)}]) == "0/0"
+        finally:
+            mp.undo()
+            time.tzset()
