@@ -20,7 +20,8 @@ FLOORS = [
     ["_errors", "_figures", "_clock", "_env", "_slurm", "_safefs", "_tree", "_comm", "_flock", "log"],
     ["record", "launch"],  # the event log; the launch as Slurm describes it
     ["stop"],  # the parts of an agreed stop: signals, the deadline, the kill switch, the agreement, stragglers
-    ["options", "checkpoint", "trackers"],  # every option validated; the checkpoint store, its tiers and files
+    # the options, declared in sections with their rules and composed; the checkpoint store, its tiers and files
+    ["_rules", "sections", "options", "checkpoint", "trackers"],
     ["recovery"],  # the one plan and its executor: requeue, in-job restart, exclusion, `slurmrt run`
     ["hang"],  # detection and naming (watchdog, census) and the response, which asks recovery
     ["runtime"],  # init(), the Runtime and the coordinators it builds

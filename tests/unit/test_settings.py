@@ -1,6 +1,7 @@
 """Each part is built from the settings it uses: no constructor below the facade takes the whole `Options`, and
-every field of a part's settings section (a dataclass named ``...Settings``) is read by the part. Read from the
-source, as the layout test reads it."""
+every field of a part's settings (a dataclass named ``...Settings``) is read by the part, read from the source as the
+layout test reads it. Each option is declared once, in one section (slurmrt.sections), and `Options` is their
+composition."""
 
 from __future__ import annotations
 
@@ -81,3 +82,66 @@ def test_the_settings_guards_catch_what_they_guard() -> None:
     }
     assert wholesale(planted) == ["stop/part.py:Greedy(options)"]  # the composer may
     assert unused(planted) == ["OrphanSettings: no part takes it", "PartSettings.idle"]
+
+
+def declared_twice(sections: tuple[type, ...]) -> list[str]:
+    """Options that more than one section declares (the composition would keep one of them without a word)."""
+    from dataclasses import fields
+
+    seen: dict[str, str] = {}
+    twice = []
+    for section in sections:
+        for f in fields(section):
+            if f.name in seen:
+                twice.append(f"{f.name}: {seen[f.name]} and {section.__name__}")
+            seen[f.name] = section.__name__
+    return twice
+
+
+def test_each_option_is_declared_once_with_its_rule_and_options_composes_the_sections() -> None:
+    from dataclasses import fields
+
+    from slurmrt.options import Options
+    from slurmrt.sections import SECTIONS
+
+    assert declared_twice(SECTIONS) == []
+    declared = {f.name for section in SECTIONS for f in fields(section)}
+    assert {f.name for f in fields(Options)} == declared
+    assert not Options.__dict__.get("__annotations__"), "Options declares nothing of its own: a section does"
+    assert set(Options.__mro__[1:1 + len(SECTIONS)]) == set(SECTIONS)
+    assert all("rule" in f.metadata for f in fields(Options))
+
+
+def test_each_part_picks_options_by_their_names_and_types() -> None:
+    """A part's settings are options (same name, same type), so ``.of`` picks them from the whole."""
+    from dataclasses import fields
+
+    from slurmrt.hang.monitor import HangSettings
+    from slurmrt.options import Options
+    from slurmrt.runtime.controller import StopSettings
+    from slurmrt.runtime.session import CheckpointSettings
+
+    types = {f.name: str(f.type) for f in fields(Options)}
+    options = Options(checkpoint_dir="/ckpt", hang_floor_s=7.0, straggler="exclude")  # type: ignore[arg-type]
+    for part in (StopSettings, CheckpointSettings, HangSettings):
+        assert {f.name: str(f.type) for f in fields(part)}.items() <= types.items(), part.__name__
+        picked = part.of(options)
+        assert all(getattr(picked, f.name) == getattr(options, f.name) for f in fields(part))
+    assert HangSettings.of(options).hang_floor_s == 7.0 and StopSettings.of(options).straggler == "exclude"
+
+
+def test_the_declared_once_guard_catches_an_option_declared_twice() -> None:
+    from dataclasses import dataclass
+
+    from slurmrt._rules import setting
+
+    @dataclass(frozen=True, kw_only=True)
+    class One:
+        keep_last: int = setting(3, "count", least=1)
+
+    @dataclass(frozen=True, kw_only=True)
+    class Other:
+        keep_last: int = setting(5, "count", least=1)
+        new: bool = setting(False, "flag")
+
+    assert declared_twice((One, Other)) == ["keep_last: One and Other"]

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from .._comm import torch_distributed
+from .._rules import Part
 from ..launch.topology import Topology
-from ..options import Options
 from ..recovery.executor import Executor
 from ..recovery.policy import ExitCode
 from ..stop.deadline import Budget
@@ -43,21 +43,17 @@ _MISSED = re.compile(r"Ranks? ([\d, ]+) failed")
 
 
 @dataclass(frozen=True, kw_only=True)
-class HangSettings:
-    """The options the hang monitor uses (``init()`` takes them from :class:`slurmrt.Options`)."""
+class HangSettings(Part):
+    """The options the hang monitor uses (declared in :class:`slurmrt.sections.HangSection` and, for the kill switch
+    and the watcher's pace, :class:`~slurmrt.sections.StopSection`)."""
 
-    floor_s: float  #: hang_floor_s
-    startup_s: float  #: startup_timeout_s
-    fixed_s: float | None  #: hang_timeout_s
-    census_wait_s: float  #: census_wait_s, or 3 watch intervals (at least 10 s)
+    hang_floor_s: float
+    startup_timeout_s: float
+    hang_timeout_s: float | None
+    census_wait_s: float | None  #: None: 3 watch intervals, at least 10 s
+    watch_interval_s: float
     kill_switch: Path | None
     health_check: bool
-
-    @classmethod
-    def of(cls, o: Options) -> HangSettings:
-        return cls(floor_s=o.hang_floor_s, startup_s=o.startup_timeout_s, fixed_s=o.hang_timeout_s,
-                   census_wait_s=o.census_wait_s or max(10.0, 3 * o.watch_interval_s), kill_switch=o.kill_switch,
-                   health_check=o.health_check)
 
 
 class HangMonitor:
@@ -77,15 +73,16 @@ class HangMonitor:
         """The watchdog to poll on the watcher thread (over the run state's heartbeat and activity), and the
         response it calls when the run is hung."""
         s, state = self.settings, self._state
+        census_wait_s = s.census_wait_s or max(10.0, 3 * s.watch_interval_s)
         self._response = HangResponse(
             self.topology, self.executor, kill_switch_seen=self.kill_switch_seen, last_step=self._last_step,
-            census=self.census, census_wait_s=s.census_wait_s, also_exclude=lambda: list(state.exclude),
+            census=self.census, census_wait_s=census_wait_s, also_exclude=lambda: list(state.exclude),
             terminating=lambda: signal.SIGTERM in self._signals.first_seen,
             cancel=functools.partial(cancel_and_exit, s.kill_switch, self.topology.requeue_id)
             if s.kill_switch else None)
         return Watchdog(budget, phases, heartbeat=lambda: state.heartbeat, activity=lambda: state.activity,
-                        on_hang=self._response.hung,
-                        floor_s=s.floor_s, startup_s=s.startup_s, fixed_s=s.fixed_s, probe=self._probe)
+                        on_hang=self._response.hung, floor_s=s.hang_floor_s, startup_s=s.startup_timeout_s,
+                        fixed_s=s.hang_timeout_s, probe=self._probe)
 
     def _last_step(self) -> int | None:
         agreement = self._state.agreement
@@ -167,7 +164,7 @@ class HangMonitor:
     def _barrier(self, group: Any, census: Census | None) -> None:
         import torch.distributed as dist
 
-        floor = self.settings.floor_s
+        floor = self.settings.hang_floor_s
         try:
             dist.monitored_barrier(group=group, timeout=datetime.timedelta(seconds=floor), wait_all_ranks=True)
         except RuntimeError as err:

@@ -15,6 +15,7 @@ from typing import Any
 
 from ..launch.topology import Topology
 from ..options import Options
+from ..sections import RecoverySection
 
 __all__ = ["ATTEMPT_ENV", "DIR_ENV", "MAX_ENV", "SPARES_ENV", "Facts", "InJob", "in_job_from_environ", "resolve"]
 
@@ -52,8 +53,8 @@ class Facts:
     #: resumed from. Only the rank that acts knows it, from the event log, when it acts (:meth:`with_futile`); 0
     #: before that, so that every rank asking "could a restart happen?" gets the same answer.
     futile: int = 0
-    max_futile_runs: int | None = Options.max_futile_runs  # the defaults are the options', said once
-    max_excluded_nodes: int = Options.max_excluded_nodes
+    max_futile_runs: int | None = RecoverySection.max_futile_runs  # the defaults are the section's, said once
+    max_excluded_nodes: int = RecoverySection.max_excluded_nodes
     #: Set under ``slurmrt run``: an in-job restart is possible in principle.
     in_job: InJob | None = None
     #: The kill switch's path, for the words of a kill-switch stop.

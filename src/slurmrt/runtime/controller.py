@@ -16,10 +16,10 @@ from dataclasses import dataclass
 
 from .. import _clock
 from .._comm import Groups
+from .._rules import Part
 from ..hang.state import RunState
 from ..hang.watchdog import Activity, PhaseTimes
 from ..launch.topology import Topology
-from ..options import Options
 from ..stop.agreement import Agreement, DistributedAgreement, LocalAgreement
 from ..stop.deadline import Budget, EndTime
 from ..stop.decision import Contribution, Reason, StopDecision, contribution
@@ -33,9 +33,9 @@ __all__ = ["StopController", "StopSettings"]
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class StopSettings:
-    """The options the stop controller uses (``init()`` takes them from :class:`slurmrt.Options`)."""
+@dataclass(frozen=True, kw_only=True)
+class StopSettings(Part):
+    """The options the stop controller uses (declared in :class:`slurmrt.sections.StopSection`)."""
 
     progress_s: float | None  #: rank 0's progress events, every this many seconds (None: none)
     deadline: bool  #: stop before the time limit, from the job's end time
@@ -44,12 +44,6 @@ class StopSettings:
     straggler_margin: float
     straggler_window: int
     straggler_windows: int
-
-    @classmethod
-    def of(cls, o: Options) -> StopSettings:
-        return cls(progress_s=o.progress_s, deadline=o.deadline, deadline_margin_s=o.deadline_margin_s,
-                   straggler=o.straggler, straggler_margin=o.straggler_margin, straggler_window=o.straggler_window,
-                   straggler_windows=o.straggler_windows)
 
 
 class StopController:

@@ -18,13 +18,13 @@ from typing import Any
 from .. import _clock
 from .._comm import Comm
 from .._errors import CheckpointError, ConfigError
+from .._rules import Part
 from .._safefs import group_id
 from ..checkpoint import progress
 from ..checkpoint.background import PendingSave, SaveResult, Staged
 from ..checkpoint.local import LocalTier
 from ..checkpoint.manifest import read_manifest
 from ..checkpoint.store import CheckpointStore, Loaded, SaveFn
-from ..options import Options
 from ..stop.deadline import Budget
 from ..stop.decision import StopDecision
 from .report import Reporter
@@ -34,11 +34,11 @@ __all__ = ["CheckpointSession", "CheckpointSettings"]
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class CheckpointSettings:
-    """The options the checkpoint session uses (``init()`` takes them from :class:`slurmrt.Options`)."""
+@dataclass(frozen=True, kw_only=True)
+class CheckpointSettings(Part):
+    """The options the checkpoint session uses (declared in :class:`slurmrt.sections.CheckpointSection`)."""
 
-    directory: Path | None  #: checkpoint_dir
+    checkpoint_dir: Path | None
     keep_last: int
     keep_every: int | None
     save_threads: int
@@ -47,12 +47,6 @@ class CheckpointSettings:
     trusted_group: str | None
     local_checkpoint_dir: Path | None
     local_keep: int
-
-    @classmethod
-    def of(cls, o: Options) -> CheckpointSettings:
-        return cls(directory=o.checkpoint_dir, keep_last=o.keep_last, keep_every=o.keep_every,
-                   save_threads=o.save_threads, save_nice=o.save_nice, save_process=o.save_process,
-                   trusted_group=o.trusted_group, local_checkpoint_dir=o.local_checkpoint_dir, local_keep=o.local_keep)
 
 
 class CheckpointSession:
@@ -63,7 +57,7 @@ class CheckpointSession:
         work group on first use; ``guard`` raises when this job no longer holds the directory; ``node`` and
         ``per_node`` place this rank for the local tier's partners."""
         self.settings, self._report, self._budget = settings, report, budget
-        self.directory = settings.directory
+        self.directory = settings.checkpoint_dir
         self._token, self._work, self._guard = token, work, guard
         self._node, self._per_node = node, per_node
         self._store: CheckpointStore | None = None
