@@ -145,3 +145,13 @@ def test_the_declared_once_guard_catches_an_option_declared_twice() -> None:
         new: bool = setting(False, "flag")
 
     assert declared_twice((One, Other)) == ["keep_last: One and Other"]
+
+
+def test_the_recovery_facts_take_their_defaults_from_the_recovery_section() -> None:
+    from dataclasses import fields
+
+    from slurmrt.recovery.facts import Facts
+    from slurmrt.sections import RecoverySection
+
+    section = RecoverySection()
+    assert all(getattr(Facts(), f.name) == getattr(section, f.name) for f in fields(RecoverySection))

@@ -45,10 +45,10 @@ class Facts:
     #: The id ``scontrol requeue`` takes (``ARRAY_TASK`` for a task of an array); None: not a Slurm job.
     job: str | None = None
     #: The ``requeue`` option.
-    requeue: bool = True
+    requeue: bool = RecoverySection.requeue
     #: ``SLURM_RESTART_COUNT``: requeues before this run.
     restart_count: int = 0
-    max_restarts: int | None = None
+    max_restarts: int | None = RecoverySection.max_restarts
     #: Runs (or in-job steps) in a row, this one included, that committed no checkpoint newer than the one they
     #: resumed from. Only the rank that acts knows it, from the event log, when it acts (:meth:`with_futile`); 0
     #: before that, so that every rank asking "could a restart happen?" gets the same answer.
