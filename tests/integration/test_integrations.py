@@ -73,6 +73,35 @@ def test_a_preempted_run_saves_at_the_agreed_step_requeues_and_ends_with_the_sam
     assert _equal(_weights(tmp_path / "w.pt"), weights)
 
 
+def test_an_evaluation_due_at_the_stops_step_still_runs_and_the_resumed_run_keeps_the_weights(tmp_path: Path) -> None:
+    """The Trainer evaluates at every step here, so an evaluation is due wherever the preemption's stop lands. It
+    runs, then the save, as in the uninterrupted run: skipping it (as the callback once did at every stop) changed
+    the random stream the run resumed with (the evaluation's data loader draws from it), and the final weights."""
+    pytest.importorskip("transformers")
+
+    def args(tmp: Path) -> list[str]:
+        tmp.mkdir()
+        a = _args("transformers", tmp)
+        a[a.index("--eval-steps") + 1] = "1"
+        return a
+
+    ref = sim(tmp_path, "-N", "1", "--ntasks-per-node", "2", "--", sys.executable, str(EXAMPLES["transformers"]),
+              *args(tmp_path / "ref"), timeout=500)
+    assert ref.returncode == 0, ref.stdout[-3000:] + ref.stderr[-3000:]
+    out = sim(tmp_path, "-N", "1", "--ntasks-per-node", "2", "--preempt-at", "0", "--after-checkpoint", "--signal",
+              "USR1", "--grace", "60", "--requeue", "--", sys.executable, str(EXAMPLES["transformers"]),
+              *args(tmp_path / "run"), env={"SLURMRT_PROGRESS_S": "1"}, timeout=500)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    first, second = summary_rows(out.stdout)
+    assert first["stop reasons"] == "signal" and second["exit"] == "0"
+    (log,) = (tmp_path / "run" / "ckpt").glob("events-*.jsonl")
+    events = [json.loads(line) for line in log.read_text().splitlines()]
+    stop = next(e for e in events if e["event"] == "decision")
+    after = events[events.index(stop):]
+    assert _equal(_weights(tmp_path / "run" / "w.pt"), _weights(tmp_path / "ref" / "w.pt"))
+    assert [e["name"] for e in after if e["event"] == "phase" and e["restart"] == 0][:1] == ["evaluate"], after
+
+
 def test_with_save_every_auto_the_saves_come_when_slurmrt_says_and_a_preempted_run_keeps_the_weights(
         reference: tuple[str, dict], tmp_path: Path) -> None:
     framework, weights = reference

@@ -17,7 +17,9 @@ What the callback does:
   cut by SIGKILL leaves at most a partial ``checkpoint-N`` in ``output_dir``, which nothing resumes from.
 - Retention is slurmrt's ``keep_last``: the Trainer's ``save_total_limit`` finds no checkpoints of its own to rotate.
 - The time the Trainer spends in evaluation is left out of the measured step time. A stop that comes during an
-  evaluation is acted on at the first optimizer step after it.
+  evaluation is acted on at the first optimizer step after it. An evaluation due at the stop's own step still runs,
+  before the save, unless the stop leaves no time for it (SIGTERM, the deadline, Ctrl-C): then the resumed run's
+  random stream differs from an uninterrupted run's from that step on.
 - The Trainer's own SIGTERM checkpoint, ``TrainingArguments(enable_jit_checkpoint=True)``, is refused next to the
   callback (see :data:`JIT_CHECKPOINT_REFUSED`): slurmrt already saves on SIGTERM, at a step every rank agreed on.
 """
@@ -33,6 +35,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from .._errors import ConfigError
+from ..stop.decision import Reason
 from ._latest import latest_directory
 
 __all__ = ["SlurmrtCallback", "resume_from"]
@@ -61,6 +64,14 @@ def resume_from(rt: Any) -> str | None:
     if directory is None:
         return None
     return str(directory)
+
+
+#: The stops that leave no time for an evaluation due at their step: the job's end is seconds away (SIGTERM, the
+#: deadline) or the user wants out (Ctrl-C). At the others (the --signal warning, the kill switch, a straggler) the
+#: Trainer evaluates, then saves, as an uninterrupted run does at that step: skipping it would lose that point of the
+#: curve and change the random stream the run resumes with (the evaluation's data loader draws from it), so the
+#: resumed run would not end with an uninterrupted run's weights.
+_NO_TIME_TO_EVALUATE = frozenset({Reason.TERM, Reason.DEADLINE, Reason.INTERRUPT})
 
 
 class SlurmrtCallback(TrainerCallback):  # type: ignore[misc]
@@ -101,7 +112,8 @@ class SlurmrtCallback(TrainerCallback):  # type: ignore[misc]
         if self.rt.should_stop(state.global_step):
             control.should_save = True
             control.should_training_stop = True
-            control.should_evaluate = False  # no time to evaluate: the job is asked to go
+            if self.rt.stop_reason in _NO_TIME_TO_EVALUATE:
+                control.should_evaluate = False  # the save first: an evaluation due now would be cut short
         elif self.save_every == "auto" and self.rt.should_save(state.global_step):
             control.should_save = True
         # The Trainer evaluates, then writes its checkpoint, after this callback and before the next step: a phase
