@@ -125,10 +125,14 @@ def _committed(ckpt: Path) -> list[int]:
     return complete_steps(ckpt)
 
 
+TRIALS = 12
+
+
 def test_sigkill_at_random_moments_of_sharded_background_saves_leaves_whole_checkpoints(tmp_path: Path) -> None:
-    """20 trials: 2 ranks save a sharded model in the background at every step; once this trial committed a
+    """12 trials: 2 ranks save a sharded model in the background at every step; once this trial committed a
     checkpoint, both ranks get SIGKILL after a random pause (mostly mid-save: the saves run back to back). Every
-    committed checkpoint then matches its manifest, checksums included, and the next trial resumes from the newest."""
+    committed checkpoint then matches its manifest, checksums included, and the next trial resumes from the newest.
+    (20 trials took 211 s of the 300 s limit under load; with 12, kills still land mid-save, as asserted.)"""
     import random
     import signal
     import time
@@ -139,7 +143,7 @@ def test_sigkill_at_random_moments_of_sharded_background_saves_leaves_whole_chec
     rng = random.Random(13)
     mid_save = 0
     resumed_from: list[int] = []
-    for trial in range(20):
+    for trial in range(TRIALS):
         out = tmp_path / f"t{trial}"
         out.mkdir()
         before = _committed(ckpt)
@@ -168,7 +172,7 @@ def test_sigkill_at_random_moments_of_sharded_background_saves_leaves_whole_chec
             assert "unusable" not in log, log[-3000:]
             resumed_from.append(max(before))
     assert mid_save >= 1, "no kill landed during a save: the test did not test"
-    assert len(resumed_from) == 19
+    assert len(resumed_from) == TRIALS - 1
 
 
 def test_two_hundred_background_saves_beside_training_collectives_never_deadlock(tmp_path: Path) -> None:
