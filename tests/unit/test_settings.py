@@ -155,3 +155,14 @@ def test_the_recovery_facts_take_their_defaults_from_the_recovery_section() -> N
 
     section = RecoverySection()
     assert all(getattr(Facts(), f.name) == getattr(section, f.name) for f in fields(RecoverySection))
+
+
+def test_the_launch_sections_shape_options_are_the_declared_shapes_fields() -> None:
+    """Each field of the job's declared shape is an option of its own (``tp=2``, ``SLURMRT_TP``), with a rule, and so
+    is Megatron-LM's command line: a field added to the shape without a rule would be refused as unknown."""
+    from dataclasses import fields
+
+    from slurmrt.launch.parallel import ParallelConfig
+    from slurmrt.sections import LaunchSection
+
+    assert set(LaunchSection.SHAPE) == {f.name for f in fields(ParallelConfig)} | {"megatron_args"}
