@@ -28,8 +28,10 @@ demo: $(VENV)/.installed
 	@echo 'Draw it as a picture (needs matplotlib: $(PY) -m pip install matplotlib):'
 	@echo '  $(VENV)/bin/slurmrt status $(DEMO_DIR) --plot job.png'
 
+# The cluster scenarios (pytest -m slurm) run beside the rest (tests/run.sh says why); `$(PY) -m pytest` runs it all
+# in one process.
 test: $(VENV)/.installed
-	$(PY) -m pytest
+	PY=$(PY) tests/run.sh
 
 # The unit tests alone: pure, no process started (tests/unit/conftest.py refuses one).
 test-unit: $(VENV)/.installed

@@ -35,6 +35,17 @@ def test_simulated_jobs_started_together_get_distinct_ids_and_ports(tmp_path: Pa
     assert len(ports) == 12 * 3  # no two jobs share a port, whatever their steps
 
 
+def test_simulated_ports_stay_clear_of_a_real_slurms_first_jobs(tmp_path: Path) -> None:
+    """A Slurm on the same machine numbers its jobs from 1 (the test cluster from 100, beside the integration tests:
+    tests/run.sh); a simulated job's ports lie above those of such a Slurm's first 2,845 jobs, every step of them."""
+    highest = max(master_port_for(str(job), str(step)) for job in range(1, 2846) for step in range(8))
+    for _ in range(200):
+        job, path = jobids.reserve(tmp_path)
+        assert 100000 <= job <= 999999
+        assert min(master_port_for(str(job), str(step)) for step in range(8)) > highest, job
+        jobids.release(path)
+
+
 def test_a_reservation_left_by_a_killed_simulator_is_taken_back(tmp_path: Path) -> None:
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()

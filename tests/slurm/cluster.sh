@@ -27,15 +27,24 @@ need_root() {
     fi
 }
 
+installed() {
+    command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v munged >/dev/null \
+        && command -v sbatch >/dev/null
+}
+
 install() {
-    if command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v munged >/dev/null \
-        && command -v sbatch >/dev/null; then
-        return
+    installed && return
+    # One install at a time: the hostlist tests and the cluster scenarios may ask for it at once (tests/run.sh runs
+    # them side by side), and two apt-get runs fail on the package manager's lock.
+    exec 9>/tmp/.slurmrt-cluster-install.lock
+    flock 9
+    if ! installed; then
+        log "installing slurm-wlm and munge"
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -qq
+        apt-get install -y -qq slurm-wlm munge >/dev/null
     fi
-    log "installing slurm-wlm and munge"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq slurm-wlm munge >/dev/null
+    exec 9>&-
 }
 
 hosts() {
@@ -104,6 +113,9 @@ PreemptType=preempt/partition_prio
 PreemptMode=REQUEUE
 SlurmctldParameters=preempt_send_user_signal
 JobRequeue=1
+# Job ids from 100 (slurmctld -c starts them afresh): a job's ids decide its rendezvous ports, and the integration
+# tests, which may run beside the cluster's jobs (tests/run.sh), fake the ids 5 and 7.
+FirstJobId=100
 NodeName=n[1-4] NodeHostname=$host NodeAddr=127.0.0.1 Port=17001-17004 CPUs=8 RealMemory=4000 State=UNKNOWN
 PartitionName=low Nodes=n[1-4] Default=YES MaxTime=INFINITE State=UP PriorityTier=1 GraceTime=20 OverSubscribe=NO
 PartitionName=high Nodes=n[1-4] MaxTime=INFINITE State=UP PriorityTier=10 PreemptMode=OFF OverSubscribe=NO

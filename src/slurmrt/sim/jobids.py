@@ -5,6 +5,10 @@ started in the same second once got the same id, hence the same port, and one fa
 reserved by creating ``<tmp>/.slurmrt-sim-port-<block>`` with ``O_EXCL``, where the block is the range of ports the id
 maps to, so that two live reservations never share a port. The file names its holder (pid and start time): one
 left by a simulator that was killed is taken back. It is removed when the simulation ends.
+
+A Slurm on the same machine (a test cluster, a workstation's own) numbers its jobs up from its ``FirstJobId`` (1 by
+default), and so fills the blocks from the bottom: simulated ids keep to the upper half of the blocks, which such a
+Slurm reaches only at its 2,846th job.
 """
 
 from __future__ import annotations
@@ -23,7 +27,13 @@ from ..launch.ports import PORT_SPAN, STEP_SLOTS
 __all__ = ["release", "reserve"]
 
 _BLOCKS = PORT_SPAN // STEP_SLOTS
-_FIRST, _COUNT = 100000, 900000
+_LOWEST = _BLOCKS // 2  # the first block a simulated id may take
+_FIRST, _LAST = 100000 // _BLOCKS + 1, 999999 // _BLOCKS  # ids of six digits: _BLOCKS * round + block
+
+
+def _draw() -> int:
+    """A six-digit id whose block lies in the upper half."""
+    return (_FIRST + secrets.randbelow(_LAST - _FIRST)) * _BLOCKS + _LOWEST + secrets.randbelow(_BLOCKS - _LOWEST)
 
 
 def _block(job: int) -> int:
@@ -42,7 +52,7 @@ def reserve(directory: Path | None = None, *, tries: int = 200) -> tuple[int, Pa
     """A free job id, and the file that reserves it (for :func:`release`)."""
     where = directory or Path(tempfile.gettempdir())
     for _ in range(tries):
-        job = _FIRST + secrets.randbelow(_COUNT)
+        job = _draw()
         path = where / f".slurmrt-sim-port-{_block(job)}"
         try:
             fd = open_new(path, 0o644)
