@@ -174,6 +174,10 @@ start() {
     munge_up
     configure
     if ! running; then
+        # A fresh state: `slurmctld -c` clears the jobs and the nodes' states but keeps counting job ids from where
+        # the last start left off, and the ids must start at FirstJobId (see the configuration).
+        rm -rf "${DIR:?}/state"
+        mkdir -p "$DIR/state"
         slurmctld -c -f "$CONF"
         for _ in $(seq 100); do running && break; sleep 0.1; done
     fi

@@ -105,6 +105,9 @@ def test_1_two_nodes_two_tasks_topology_and_all_reduce_across_nodes(cluster: Pat
     assert {(r["world_size"], r["local_world_size"], r["nnodes"]) for r in ranks} == {(4, 2, 2)}
     assert {r["master_addr"] for r in ranks} == {r["env_master_addr"] for r in ranks} == {"n1"}
     assert len({r["master_port"] for r in ranks}) == 1
+    # The cluster numbers its jobs from 100, afresh at each start (cluster.sh): its ports stay clear of the fake ids
+    # of the integration tests and of simulated jobs, which run beside it (tests/run.sh).
+    assert 100 <= int(job.id) < 1384, f"job id {job.id}: restart the test cluster (cluster.sh stop, then start)"
     assert ranks[0]["w"] == pytest.approx(expected_weights(5, 4), abs=1e-5)  # gradients all_reduced over 2 nodes
 
 
