@@ -18,8 +18,17 @@ PY=${PY:-python3}
 log=$(mktemp /tmp/slurmrt-tests-slurm-XXXXXX.log)
 started=0
 cluster=""
+shown=0
+show() {  # the cluster scenarios' output, once: also when interrupted (a CI time limit, Ctrl-C), so none is lost
+    [ "$shown" = 1 ] && return
+    shown=1
+    echo
+    echo "======================== the cluster scenarios (pytest -m slurm) ========================"
+    cat "$log"
+}
 finish() {
     [ -n "$cluster" ] && kill -- "$cluster" 2>/dev/null && wait "$cluster" 2>/dev/null
+    show
     [ "$started" = 1 ] && bash tests/slurm/cluster.sh stop >/dev/null 2>&1
     rm -f "$log"
 }
@@ -42,9 +51,7 @@ rest=$?
 wait "$cluster"
 slurm=$?
 cluster=""
-echo
-echo "======================== the cluster scenarios (pytest -m slurm) ========================"
-cat "$log"
+show
 echo "tests/run.sh: pytest -m 'not slurm' exited $rest, pytest -m slurm exited $slurm"
 
 if [ "$rest" -eq 5 ] && [ "$slurm" -eq 5 ]; then exit 5; fi
