@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from .options import Options
     from .recovery.policy import ExitCode, Outcome
     from .runtime import Runtime, init
+    from .runtime.inprocess import run_restartable
     from .stop.decision import Reason, StopDecision
 
 #: Public name -> the module that defines it (a module's own name: the module itself).
@@ -60,6 +61,7 @@ _LAZY = {
     "Outcome": ".recovery.policy",
     "Runtime": ".runtime",
     "init": ".runtime",
+    "run_restartable": ".runtime.inprocess",
     "Reason": ".stop.decision",
     "StopDecision": ".stop.decision",
     "trackers": ".trackers",
@@ -117,5 +119,6 @@ __all__ = [
     "init",
     "log",
     "printflock",
+    "run_restartable",
     "trackers",
 ]

@@ -169,6 +169,13 @@ class Tree:
             pair.shutdown()
         self._pairs.clear()
 
+    def abort(self) -> None:
+        """Close the pairs at once, without waiting for a peer (an in-process restart): a peer in a round with this
+        rank gets gloo's "connection closed" and its round fails."""
+        for pair in self._pairs.values():
+            pair.abort()
+        self._pairs.clear()
+
 
 def _run(issue: Callable[[], Any], tensor: Any, abandon: threading.Event | None = None) -> bool:
     """Issue one operation of a pair on ``tensor`` and wait for it by polling; False (the tensor kept alive) if

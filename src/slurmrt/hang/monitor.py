@@ -96,6 +96,10 @@ class HangMonitor:
         decision = agreement.decision if agreement is not None else None
         return decision is not None and Reason.KILL_SWITCH in decision.reasons
 
+    def restart(self) -> None:
+        """An in-process restart: the next census lives in the rebuilt default group's store."""
+        self._census = False
+
     def census(self) -> Census | None:
         """This run's census, in the store of torch.distributed's default group; None for one process."""
         if self._census is False:

@@ -58,6 +58,9 @@ class Event(str, enum.Enum):
     CRASH = "crash"  # error (a rank whose program ended on an exception of its own: a software error, not a node)
     HEALTH = "health"  # ok, failed [what], node (a rank whose node failed the health check)
     IN_JOB_RESTART = "in_job_restart"  # nodes, spares, why, next_attempt (`slurmrt run` starts a step without nodes)
+    # generation, action ("restart", "refused"), rank (the first to fail), error, step, why, fault_time, seconds
+    # (rt.run_restartable: the training function raised; it runs again in the same processes, or the run ends)
+    IN_PROCESS = "in_process"
     IN_JOB_REFUSED = "in_job_refused"  # nodes, why (no in-job restart: the requeue takes over)
     # trigger, evidence [{node, in_job, failures, hangs_before, class}], class, action, kept, left_out, why
     # (`slurmrt run`'s judgement of a failed step, one per attempt)
@@ -186,14 +189,16 @@ def _reasons(value: Any) -> bool:
 
 #: Each field's type, when present and not null: (fields, test, what it must be).
 _FIELDS: tuple[tuple[tuple[str, ...], Any, str], ...] = (
-    (("restart", "attempt", "step", "count", "bytes", "world_size", "nnodes", "job_nodes", "from_peers", "straggler"),
+    (("restart", "attempt", "step", "count", "bytes", "world_size", "nnodes", "job_nodes", "from_peers", "straggler",
+      "generation"),
      lambda v: figures.count(v) is not None,
      f"a whole number from 0 to {figures.MAX_COUNT}"),
     (("rank",), lambda v: figures.count(v, -1) is not None, "a rank (-1 or more)"),
     (("code",), lambda v: figures.count(v, -255) is not None, "an exit code"),
     (("seconds", "step_s", "save_s", "worst_step_s", "idle_s", "allowed_s", "process_s"),
      lambda v: figures.seconds(v) is not None, f"a duration (finite, 0 to {figures.MAX_SECONDS:.0f} s)"),
-    (("end_time",), lambda v: figures.epoch(v) is not None, "a time (seconds since the epoch, before 2200)"),
+    (("end_time", "fault_time"), lambda v: figures.epoch(v) is not None,
+     "a time (seconds since the epoch, before 2200)"),
     (("ratio", "cost"), lambda v: figures.ratio(v) is not None, f"a ratio (finite, 0 to {figures.MAX_RATIO:g})"),
     (("job", "outcome", "name", "experiment", "why", "signal"), lambda v: isinstance(v, str), "a string"),
     (("reasons",), _reasons, "a list of names"),

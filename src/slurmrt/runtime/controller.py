@@ -217,6 +217,15 @@ class StopController:
         finally:
             self.state.activity = outer.resumed(_clock.mono()) if outer else None
 
+    def restart(self) -> None:
+        """An in-process restart: the agreement thread leaves its round (its peers' rounds fail, or already failed),
+        and the next ``should_stop`` opens a new agreement on the new groups. The step clock starts again there."""
+        agreement, self.state.agreement = self.state.agreement, None
+        if agreement is not None:
+            agreement.abandon(collectively=False)
+        self.state.activity = None  # the watchdog watches the new start as it watched the first
+        self._last_tick = None
+
     def restart_step_clock(self) -> None:
         self._last_tick = None
         self.state.heartbeat = _clock.mono()

@@ -66,6 +66,13 @@ class ProcessHooks:
                 self.on_groups(getattr(self._groups.work, "group", None))
         return self._groups
 
+    def drop_groups(self) -> None:
+        """Abort slurmrt's groups; the next call that needs them opens new ones on the default group of the time
+        (an in-process restart, after the user's default group was rebuilt)."""
+        groups, self._groups, self._agreement = self._groups, None, None
+        if groups is not None:
+            groups.abort()
+
     def reclaim_signals(self) -> None:
         """Put the signal recorders back where a framework replaced them with handlers of its own."""
         taken = self.signals.reclaim()

@@ -59,6 +59,7 @@ class CheckpointSession:
         self.settings, self._report, self._budget = settings, report, budget
         self.directory = settings.checkpoint_dir
         self._token, self._work, self._guard = token, work, guard
+        self._first_token = token
         self._node, self._per_node = node, per_node
         self._store: CheckpointStore | None = None
         self._local: LocalTier | None = None
@@ -156,6 +157,15 @@ class CheckpointSession:
         self.wait()
         if self._store is not None:
             self._store.close()
+
+    def restart(self, generation: int) -> None:
+        """An in-process restart: forget the store and the local tier, which were made on the aborted work group,
+        and the load; the next save or load makes them again, writing under a token of ``generation``'s own. A
+        background save in flight fails with the groups (its files are never committed: the commit needs every
+        rank)."""
+        self._background, self._store, self._local = None, None, None
+        self._token = f"{self._first_token}-p{generation}"
+        self.resumed_step, self.local_state, self.loaded = None, None, False
 
     def _saved(self, result: SaveResult, *, blocking: bool, periodic: bool) -> None:
         self._last_bytes = result.bytes or self._last_bytes

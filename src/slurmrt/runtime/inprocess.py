@@ -1,0 +1,239 @@
+"""The in-process restart (``slurmrt.run_restartable(rt, train)``): when the training function raises on some rank
+and every process lives through it, the ranks rebuild the default process group and call the function again,
+without a new step or a requeue.
+
+One generation is one call of ``train(generation)`` on a default group made here, on a prefix of its own of one
+TCP store that outlives the groups (rank 0 holds it at ``MASTER_ADDR:MASTER_PORT``, for the whole process). When
+``train`` raises an ``Exception`` on a rank:
+
+1. the rank posts its fault under the generation's key (the first post wins: the root cause, not the peers' "connection
+   closed" that follows), then aborts the default group (every group made from it goes with it) and slurmrt's two
+   trees. A peer in a collective with it, or in an agreement round, fails at once; its own ``Exception`` takes it
+   here too, and so on: every rank that trains with the others reaches this point within one collective.
+2. Each rank decides from the first fault, the same on every rank: restart, unless a stop was already agreed, the
+   same error (type and step) ended an earlier generation (a software error that repeats), or ``max_restarts``
+   generations were restarted. A rank that refuses says so in the store, and the others refuse with it.
+3. Each rank puts slurmrt's per-run parts back to their state before the first step (the agreement, the groups, the
+   checkpoint session, the census), arrives at the generation's rejoin count, and waits for every rank. A rank whose
+   process died never arrives: after ``rejoin_timeout_s`` the others raise their own exception, and the process ends
+   as it would have without the wrapper (under ``slurmrt run``, a new step; else the requeue).
+
+What is not recovered in the process: a process that died (SIGKILL, a segfault, the OOM killer: the new step's or the
+requeue's), a hang (the watchdog's: the stacks, then the exit), a node that failed its health check, and a CUDA error
+that leaves the device unusable (a sticky error: the process must end). State that lives outside ``train`` (a model
+built before it, a data loader's worker processes, a CUDA graph) is the user's to rebuild inside it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from .._comm import torch_distributed
+from .._errors import ConfigError
+from ..launch.topology import LaunchMode
+from ..record.events import Event
+from ..recovery import injob
+
+if TYPE_CHECKING:
+    from .view import TopologyView as Runtime  # the facade's base: the facade itself would make an import cycle
+
+__all__ = ["Fault", "InProcess", "refusal", "run_restartable"]
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+PREFIX = "slurmrt/inprocess"
+
+
+@dataclass(frozen=True)
+class Fault:
+    """The first fault of a generation, as the rank that raised it posted it."""
+
+    rank: int
+    error: str  #: the exception's type and the start of its message
+    kind: str  #: the exception's type: with the step, what makes an error the same as an earlier one
+    step: int | None  #: the last step that rank reported (None before its first)
+    time: float  #: when it was caught (epoch s)
+
+    def to_json(self) -> str:
+        return json.dumps({"rank": self.rank, "error": self.error, "kind": self.kind, "step": self.step,
+                           "time": self.time})
+
+    @classmethod
+    def from_json(cls, text: str) -> Fault:
+        d = json.loads(text)
+        return cls(int(d["rank"]), str(d["error"]), str(d["kind"]),
+                   None if d["step"] is None else int(d["step"]), float(d["time"]))
+
+    @property
+    def signature(self) -> tuple[str, int | None]:
+        return self.kind, self.step
+
+
+def refusal(fault: Fault, *, restarted: list[Fault], max_restarts: int, stopping: bool) -> str | None:
+    """Why ``fault`` is not restarted in the process (None: it is). Pure, and the same on every rank, which all
+    decide from the same first fault and the same earlier ones."""
+    if stopping:
+        return "a stop was already agreed: the run ends as it would have"
+    if any(f.signature == fault.signature for f in restarted):
+        at = f"step {fault.step}" if fault.step is not None else "before the first step"
+        return f"the same error ({fault.kind}) at {at} ended an earlier generation: a software error that repeats"
+    if len(restarted) >= max_restarts:
+        return f"max_restarts={max_restarts} in-process restarts were used"
+    return None
+
+
+def run_restartable(rt: Runtime, train: Callable[[int], T], *, backend: str = "gloo", max_restarts: int = 3,
+                    rejoin_timeout_s: float = 60.0, timeout: datetime.timedelta | None = None) -> T:
+    """Make the default process group (``backend``) and return ``train(generation)``; when it raises on a rank and
+    every process lives, rebuild the group and call it again in the same processes (generation 1, 2, ...), without a
+    new step or a requeue. ``train`` builds its model and loads the newest checkpoint itself, as a script's start
+    does. Not restarted: an error after an agreed stop, the same error at the same step twice, more than
+    ``max_restarts``, a rank that does not come back within ``rejoin_timeout_s`` (its process died: the new step's or
+    the requeue's); then the exception is raised, as without the wrapper (docs/guides/in-job.md)."""
+    return InProcess(rt, backend=backend, max_restarts=max_restarts, rejoin_timeout_s=rejoin_timeout_s,
+                     timeout=timeout).run(train)
+
+
+class InProcess:
+    def __init__(self, rt: Any, *, backend: str, max_restarts: int, rejoin_timeout_s: float,
+                 timeout: datetime.timedelta | None) -> None:
+        if max_restarts < 0 or not rejoin_timeout_s > 0:
+            raise ConfigError("run_restartable(): max_restarts must be 0 or more and rejoin_timeout_s above 0",
+                              max_restarts=max_restarts, rejoin_timeout_s=rejoin_timeout_s)
+        self.rt, self.backend, self.max_restarts = rt, backend, max_restarts
+        self.rejoin_timeout_s, self.timeout = rejoin_timeout_s, timeout
+        self.restarted: list[Fault] = []
+        self._store: Any = None
+        self._ended_read = float("-inf")
+
+    def run(self, train: Callable[[int], T]) -> T:
+        dist = _dist()
+        if dist.is_initialized():
+            raise ConfigError("run_restartable() makes the default process group itself, for each generation: "
+                              "call it instead of torch.distributed.init_process_group(), not after it")
+        self._store = self._base_store(dist)
+        generation = 0
+        while True:
+            self._init_group(dist, generation)
+            try:
+                return train(generation)
+            except Exception as err:  # noqa: BLE001 - every rank's error is weighed; refused ones are raised
+                fault = self._post(generation, err)
+                self._abort(dist)
+                why = refusal(fault, restarted=self.restarted, max_restarts=self.max_restarts,
+                              stopping=self.rt.stop.decision is not None)
+                if why is None:
+                    why = self._rejoin(generation)
+                self._record(generation, fault, why)
+                if why is not None:
+                    raise
+                self.restarted.append(fault)
+                generation += 1
+                self._restarted(generation)
+
+    # -- the store and the groups ------------------------------------------------------------------------------------
+    def _base_store(self, dist: Any) -> Any:
+        t = self.rt.topology
+        timeout = datetime.timedelta(seconds=max(self.rejoin_timeout_s, 60.0))
+        return dist.TCPStore(t.master_addr, t.master_port, t.world_size, t.rank == 0, timeout=timeout,
+                             wait_for_workers=False)
+
+    def _init_group(self, dist: Any, generation: int) -> None:
+        t = self.rt.topology
+        store = dist.PrefixStore(f"{PREFIX}/{generation}/", self._store)
+        kwargs = {"timeout": self.timeout} if self.timeout is not None else {}
+        dist.init_process_group(self.backend, store=store, rank=t.rank, world_size=t.world_size, **kwargs)
+
+    def _abort(self, dist: Any) -> None:
+        """This rank's groups closed at once, the agreement out of its round: peers waiting on it fail instead of
+        waiting."""
+        self.rt.stop.restart()
+        self.rt._hooks.drop_groups()  # noqa: SLF001 - the runtime's parts, put back to their state before a first step
+        if dist.is_initialized():
+            dist.distributed_c10d._abort_process_group()
+
+    def _restarted(self, generation: int) -> None:
+        """Every rank is back: the next generation starts as the first did, its saves in directories of its own."""
+        self.rt.checkpoints.restart(generation)
+        self.rt.hangs.restart()
+
+    # -- one fault -------------------------------------------------------------------------------------------------
+    def _post(self, generation: int, err: Exception) -> Fault:
+        """This rank's fault, posted unless a rank posted first; returns the first one."""
+        mine = Fault(self.rt.rank, f"{type(err).__name__}: {str(err)[:200]}", type(err).__name__,
+                     self.rt.stop.last_step, time.time())
+        try:
+            first = self._store.compare_set(f"{PREFIX}/fault/{generation}", "", mine.to_json())
+            return Fault.from_json(first.decode() if isinstance(first, bytes) else first)
+        except Exception as store_err:  # noqa: BLE001 - the store's host is gone: no rejoin either
+            logger.warning("the in-process restart's store does not answer (%s): this rank's own fault counts",
+                           store_err)
+            return mine
+
+    def _rejoin(self, generation: int) -> str | None:
+        """Every rank back, or why not (a rank refused, or one did not arrive in time: its process is gone)."""
+        refused, arrived = f"{PREFIX}/refused/{generation}", f"{PREFIX}/arrived/{generation}"
+        world = self.rt.topology.world_size
+        deadline = time.monotonic() + self.rejoin_timeout_s
+        try:
+            self._store.add(arrived, 1)
+            pause = 0.001
+            while self._store.add(arrived, 0) < world:
+                if self._store.check([refused]):
+                    return f"rank {self._store.get(refused).decode()}"  # "N: why", as that rank posted it
+                gone = self._ended()
+                if gone:
+                    return f"srun saw task(s) {', '.join(map(str, gone))} end: their process is gone"
+                if time.monotonic() > deadline:
+                    return (f"{world - self._store.add(arrived, 0)} rank(s) did not come back within "
+                            f"{self.rejoin_timeout_s:.0f} s: their process is probably gone")
+                time.sleep(pause)
+                pause = min(pause * 2, 0.05)
+        except Exception as err:  # noqa: BLE001
+            return f"the store does not answer ({type(err).__name__}: {err}): rank 0's process is probably gone"
+        return None
+
+    def _ended(self) -> list[int]:
+        """The tasks srun saw end, as ``slurmrt run`` tells (:mod:`slurmrt.recovery.tasks`); none without it, or
+        when srun's tasks are not the ranks (a launcher per node). Read at most twice a second."""
+        sup = self.rt._executor.facts.in_job  # noqa: SLF001
+        if sup is None or self.rt.topology.mode is not LaunchMode.SRUN:
+            return []
+        now = time.monotonic()
+        if now - self._ended_read >= 0.5:
+            self._ended_read = now
+            return sorted(injob.read_ended(sup.directory, sup.attempt))
+        return []
+
+    def _record(self, generation: int, fault: Fault, why: str | None) -> None:
+        if why is not None and self._store is not None:
+            with contextlib.suppress(Exception):  # the store's host is gone: the others time out instead
+                self._store.compare_set(f"{PREFIX}/refused/{generation}", "", f"{self.rt.rank}: {why}")  # first
+        action = "restart" if why is None else "refused"
+        if self.rt.rank == 0:
+            self.rt.events.emit(Event.IN_PROCESS, generation=generation, action=action, first_rank=fault.rank,
+                                error=fault.error, step=fault.step, why=why, fault_time=fault.time,
+                                seconds=max(0.0, time.time() - fault.time))
+        if why is None:
+            if self.rt.rank == 0:
+                logger.warning("in-process restart %d: rank %d raised %s (its last step %s); every rank back "
+                               "%.2f s later", generation + 1, fault.rank, fault.error, fault.step,
+                               time.time() - fault.time)
+        else:
+            logger.error("no in-process restart after rank %d's %s: %s", fault.rank, fault.error, why)
+
+
+def _dist() -> Any:
+    dist = torch_distributed()
+    if dist is None:
+        import torch.distributed as dist
+    return dist
+

@@ -1,0 +1,99 @@
+"""A training script as a user of ``slurmrt.run_restartable`` writes it: a small model trained with gloo
+all-reduces, saved every few steps to the shared tier and every step to the local one, built and loaded inside the
+training function.
+
+``--fail G:R:S`` (repeatable): in generation G, rank R raises after step S's update (a software fault: the process
+lives); G may be ``*`` (every generation). ``--kill G:R:S``: that rank's process dies there (SIGKILL). Rank 0 writes
+the final weights to ``--out`` and, per generation, the pid that ran it (one process throughout, or the restart was
+not in the process).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import slurmrt
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--steps", type=int, default=30)
+parser.add_argument("--every", type=int, default=5)
+parser.add_argument("--fail", action="append", default=[])
+parser.add_argument("--kill", action="append", default=[], help="G:R:S, as --fail, but SIGKILL: the process dies")
+parser.add_argument("--out", type=Path, required=True)
+parser.add_argument("--rejoin-timeout", type=float, default=60.0)
+parser.add_argument("--max-restarts", type=int, default=3)
+parser.add_argument("--step-time", type=float, default=0.0)
+parser.add_argument("--ready", type=Path, help="touched by rank 0 at the first step of a restarted generation")
+args = parser.parse_args()
+
+rt = slurmrt.init()
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+seen: list[dict[str, object]] = []
+
+
+def due(specs: list[str], generation: int, step: int) -> bool:
+    if rt.topology.attempt or rt.topology.restart_count:  # a fault comes once: not again in a new step or run
+        return False
+    parsed = [spec.split(":") for spec in specs]
+    return any(g in ("*", str(generation)) and int(r) == rt.rank and int(s) == step for g, r, s in parsed)
+
+
+def train(generation: int) -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    got = rt.load_latest()
+    start = 0
+    if got is not None:
+        step, state = got
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        start = step + 1
+    seen.append({"generation": generation, "pid": os.getpid(), "start": start,
+                 "resumed": rt.resumed_step})
+    for step in range(start, args.steps):
+        x = torch.randn(16, 8, generator=torch.Generator().manual_seed(step * 100 + rt.rank))
+        loss = (model(x) - 1.0).pow(2).mean()
+        loss.backward()
+        for p in model.parameters():
+            assert p.grad is not None
+            dist.all_reduce(p.grad)
+            p.grad /= rt.world_size
+        opt.step()
+        opt.zero_grad()
+        if step == start:  # the first step of this generation (or process): when training was back
+            print(f"worker: first step {step} of generation {generation} done at {time.time():.6f}", flush=True)
+            if args.ready is not None and generation > 0 and rt.rank == 0:
+                args.ready.touch()
+        time.sleep(args.step_time)
+        if due(args.fail, generation, step):
+            print(f"worker: fault raise on rank {rt.rank} at {time.time():.6f}", flush=True)
+            raise RuntimeError(f"injected fault at step {step}")
+        if due(args.kill, generation, step):
+            print(f"worker: fault kill on rank {rt.rank} at {time.time():.6f}", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        state = {"model": model.state_dict(), "opt": opt.state_dict()}
+        if rt.should_stop(step):
+            rt.save(state, step=step)
+            break
+        rt.save(state, step=step, tier="local")
+        if step % args.every == 0:
+            rt.save(state, step=step)
+    return model
+
+
+model = slurmrt.run_restartable(rt, train, max_restarts=args.max_restarts, rejoin_timeout_s=args.rejoin_timeout)
+if rt.rank == 0:
+    args.out.mkdir(parents=True, exist_ok=True)
+    torch.save(model.state_dict(), args.out / "weights.pt")
+    (args.out / "generations.json").write_text(json.dumps(seen))
+sys.stdout.flush()
+rt.exit()
