@@ -195,3 +195,36 @@ def test_the_totals_and_the_ledger_give_one_account_of_the_work_lost() -> None:
     life = build(EVENTS)
     assert life.lost_s == pytest.approx(account(EVENTS).seconds["lost_work"]) == pytest.approx(60.0)
     assert life.runs[0].fault_at is not None and life.runs[1].fault_at is None
+
+
+def test_an_in_process_restart_counts_its_fault_to_the_reload_as_recovery_and_the_steps_since_a_save_as_lost() -> None:
+    fault = (T0 + timedelta(seconds=50)).timestamp()
+    events = [  # one run: fresh start at 10 s, a save at 40 s, rank 1 raises at 50 s, all back and reloaded at 53 s
+        ev(0, 0, "init", nnodes=2, job_nodes=2), ev(10, 0, "fresh_start", seconds=0.0),
+        ev(40, 0, "save", step=30, seconds=1.0, blocking=True),
+        ev(51, 0, "in_process", generation=0, action="restart", first_rank=1, error="RuntimeError: boom", step=39,
+           fault_time=fault, seconds=1.0),
+        ev(53, 0, "resume", step=30, seconds=1.5), ev(100, 0, "progress", step=90),
+        ev(100, 0, "exit", outcome="FINISHED", step=90)]
+    ledger = account(events)
+    assert ledger.seconds == pytest.approx({
+        "productive": 100 - 10 - 1 - 10 - 3, "process_start": 0.0, "startup": 10.0, "load": 0.0,
+        "checkpoint_stall": 1.0, "lost_work": 10.0, "recovery": 3.0, "stopping": 0.0, "waiting": 0.0})
+    # a refused restart ends nothing by itself: the run's end says how it ended
+    refused = [{**e, "action": "refused", "why": "max_restarts"} if e["event"] == "in_process" else e for e in events]
+    assert account(refused).seconds["recovery"] == 0.0
+
+
+def test_slurmrt_status_says_each_in_process_restart_in_the_run_line(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    fault = (T0 + timedelta(seconds=50)).timestamp()
+    events = [ev(0, 0, "init", nnodes=2), ev(10, 0, "fresh_start", seconds=0.0),
+              ev(51, 0, "in_process", generation=0, action="restart", first_rank=1, error="RuntimeError: boom",
+                 step=39, fault_time=fault, seconds=0.25),
+              ev(53, 0, "resume", step=30, seconds=1.5), ev(100, 0, "exit", outcome="FINISHED", step=90)]
+    (tmp_path / "events-12.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    assert main(["status", "--no-chart", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "1 in-process restart(s)" in out
+    assert "run 0: fresh start;" in out  # the run's first load, not the reload after the restart
+    assert "in-process restart(s): rank 1's RuntimeError after step 39, every rank back in 0.25 s" in out

@@ -104,11 +104,7 @@ def status(dirs: Iterable[Path], *, chart: bool = True, plot: Path | None = None
 
 def _job(life: JobLife, f: Path, *, chart: bool) -> list[str]:
     """One job's lines: its runs, the timeline, the totals."""
-    restarts = max((r.restart for r in life.runs), default=0)
-    in_job = sum(1 for r in life.runs if r.attempt)
-    experiment = f", experiment {life.experiment}" if life.experiment else ""
-    out = [f"job {life.job}{experiment}: {len(life.runs)} run(s): {restarts} requeue(s), {in_job} in-job "
-           f"restart(s)  [{f}]"]
+    out = [_header(life, f)]
     for i, run_ in enumerate(life.runs):
         out.append(f"  run {run_.label}: {'; '.join(_describe(run_, life.gaps[i - 1] if i else None))}")
     if chart:
@@ -117,6 +113,16 @@ def _job(life: JobLife, f: Path, *, chart: bool) -> list[str]:
         out.extend(f"    {line}" for line in render(life))
     out.append(f"  {totals(life)}")
     return out
+
+
+def _header(life: JobLife, f: Path) -> str:
+    """The job's first line: its runs, and how many of each restart."""
+    restarts = max((r.restart for r in life.runs), default=0)
+    in_job = sum(1 for r in life.runs if r.attempt)
+    in_process = sum(1 for r in life.runs for said in r.in_process if " not restarted: " not in said)
+    experiment = f", experiment {life.experiment}" if life.experiment else ""
+    return (f"job {life.job}{experiment}: {len(life.runs)} run(s): {restarts} requeue(s), {in_job} in-job "
+            f"restart(s)" + (f", {in_process} in-process restart(s)" if in_process else "") + f"  [{f}]")
 
 
 def _draw(life: JobLife, path: Path, ledger: Goodput) -> Path:
@@ -169,6 +175,8 @@ def _describe(run_: RunLife, gap: float | None) -> list[str]:
         parts.append(f"{'reached' if run_.outcome else 'last seen at'} step {run_.last_step}")
     if run_.stragglers:
         parts.append(f"straggler {'; '.join(run_.stragglers)}")
+    if run_.in_process:
+        parts.append(f"in-process restart(s): {'; '.join(run_.in_process)}")
     if run_.recovery is not None:
         parts.append(_decided(run_.recovery))
     elif run_.left:

@@ -51,9 +51,15 @@ class Run:
         return timestamp(self.events[-1])
 
     @property
+    def first_load(self) -> dict[str, Any] | None:
+        """The run's first load, its ``resume`` or ``fresh_start`` (the loads after an in-process restart apart)."""
+        return next((e for e in self.events if e.get("event") in (Event.RESUME.value, Event.FRESH_START.value)), None)
+
+    @property
     def resumed_from(self) -> int | None:
-        resume = self.first(Event.RESUME)
-        return resume.get("step") if resume else None
+        """The step the run's first load resumed from; None for a fresh start."""
+        load = self.first_load
+        return load.get("step") if load is not None and load.get("event") == Event.RESUME.value else None
 
     @property
     def reasons(self) -> tuple[str, ...]:

@@ -42,6 +42,8 @@ class RunLife:
     recovery: dict[str, Any] | None = None
     #: The stragglers this run named: "rank 3 on n2 (1.90x slower, 45 % of a step)".
     stragglers: tuple[str, ...] = ()
+    #: The in-process restarts of this run (``slurmrt.run_restartable``), and a refusal: "rank 1's RuntimeError...".
+    in_process: tuple[str, ...] = ()
     #: (time, step) at each step the events name, in time order; the step only grows.
     points: list[tuple[float, int]] = field(default_factory=list)
     #: (commit time, step, seconds the save took)
@@ -155,6 +157,18 @@ def _straggler(e: dict[str, Any]) -> str:
     return f"rank {e.get('straggler')} on {e.get('node') or 'an unknown node'}" + (f" ({said})" if said else "")
 
 
+def _in_process(e: dict[str, Any]) -> str:
+    """An in-process restart (runtime/inprocess.py), or its refusal, in a few words."""
+    error = str(e.get("error") or "an error").split(":")[0]
+    step = f" after step {e['step']}" if isinstance(e.get("step"), int) else ""
+    fault = f"rank {e.get('first_rank')}'s {error}{step}"
+    if e.get("action") == "restart":
+        back = figures.seconds(e.get("seconds"))
+        return fault + (f", every rank back in {back:.2f} s" if back is not None else "")
+    why = str(e.get("why") or "")
+    return f"{fault} not restarted: " + (why if len(why) <= 100 else why[:99] + "…")
+
+
 def _run_life(run: Run) -> RunLife:
     # Shape: a run's life assembled from its events, one fact per line; each fact's reading is its own function
     moved = run.first(Event.IN_JOB_RESTART)
@@ -165,6 +179,7 @@ def _run_life(run: Run) -> RunLife:
                    left_why=str(moved.get("why") or "") if moved else "", process_s=process_s)
     _judgement(run, life)
     life.stragglers = tuple(_straggler(e) for e in run.all(Event.STRAGGLER))
+    life.in_process = tuple(_in_process(e) for e in run.all(Event.IN_PROCESS))
     life.resumed_tier, life.from_peers = _resumed_where(run)
     life.loaded = run.first(Event.RESUME) is not None or run.first(Event.FRESH_START) is not None
     _points(run, life)
@@ -220,8 +235,8 @@ def _judgement(run: Run, life: RunLife) -> None:
 
 def _resumed_where(run: Run) -> tuple[str | None, int | None]:
     """The tier the run resumed from, and the bytes it received from other nodes' local tiers (None: unknown)."""
-    resume = run.first(Event.RESUME)
-    if resume is None:
+    resume = run.first_load
+    if resume is None or resume.get("event") != Event.RESUME.value:
         return None, None
     tier, peers = resume.get("tier"), resume.get("from_peers")
     return (tier if isinstance(tier, str) else None,
