@@ -12,6 +12,8 @@ package, the CLI, the simulator and the integrations stand above it.
   78). :mod:`.facade`: the ``Runtime``; :mod:`.view`: its read-only properties.
 - :mod:`.controller`: the stop controller. :mod:`.session`: one run's checkpoints. :mod:`.report`: what a run says.
 - :mod:`.hooks`: every process-global change, made and undone in one place; :mod:`.logs`: the default log handler.
+- :mod:`.inprocess`: ``slurmrt.run_restartable``, which calls the training again in the same processes after a rank
+  raised, putting the parts above back to their state before a first step.
 """
 
 from __future__ import annotations
