@@ -102,3 +102,23 @@ def test_a_stop_after_an_in_process_restart_is_agreed_by_every_rank(tmp_path: Pa
     saves = [e["step"] for e in _events(tmp_path, "save") if e.get("tier") != "local"]
     assert saves[-1] == decision["step"] > 7  # the stop's checkpoint, at the agreed step, after the restart
     assert "requeue 4242" in (tmp_path / "slurm-calls.log").read_text()
+
+
+def test_under_torchrun_the_restart_uses_the_agents_store_and_stays_in_the_same_processes(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from .launch import free_port
+
+    (tmp_path / "local").mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "MASTER_"))}
+    env.update({"SLURMRT_CHECKPOINT_DIR": str(tmp_path / "ckpt"), "OMP_NUM_THREADS": "1",
+                "SLURMRT_LOCAL_CHECKPOINT_DIR": str(tmp_path / "local"), "PYTHONPATH": str(ROOT / "src")})
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+                           str(free_port()), str(WORKER), "--out", str(tmp_path / "out"), "--fail", "0:1:7"],
+                          env=env, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    generations = json.loads((tmp_path / "out" / "generations.json").read_text())
+    assert [(g["generation"], g["resumed"]) for g in generations] == [(0, None), (1, 6)]
+    assert generations[0]["pid"] == generations[1]["pid"]

@@ -3,7 +3,8 @@ and every process lives through it, the ranks rebuild the default process group 
 without a new step or a requeue.
 
 One generation is one call of ``train(generation)`` on a default group made here, on a prefix of its own of one
-TCP store that outlives the groups (rank 0 holds it at ``MASTER_ADDR:MASTER_PORT``, for the whole process). When
+TCP store that outlives the groups (rank 0 holds it at ``MASTER_ADDR:MASTER_PORT`` for the whole process; under
+torchrun, its agent's store there). When
 ``train`` raises an ``Exception`` on a rank:
 
 1. the rank posts its fault under the generation's key (the first post wins: the root cause, not the peers' "connection
@@ -30,6 +31,7 @@ import contextlib
 import datetime
 import json
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -112,6 +114,10 @@ class InProcess:
         self.rejoin_timeout_s, self.timeout = rejoin_timeout_s, timeout
         self.restarted: list[Fault] = []
         self._store: Any = None
+        # The keys of this set of processes: a store that outlives them (torchrun's agent's, across its worker
+        # restarts) holds an earlier set's keys too.
+        t = rt.topology
+        self._prefix = f"{PREFIX}/{t.restart_count}.{t.attempt}.{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
         self._ended_read = float("-inf")
 
     def run(self, train: Callable[[int], T]) -> T:
@@ -143,12 +149,14 @@ class InProcess:
     def _base_store(self, dist: Any) -> Any:
         t = self.rt.topology
         timeout = datetime.timedelta(seconds=max(self.rejoin_timeout_s, 60.0))
-        return dist.TCPStore(t.master_addr, t.master_port, t.world_size, t.rank == 0, timeout=timeout,
+        # Under torchrun its agent already holds a store there (TORCHELASTIC_USE_AGENT_STORE): every rank is a client.
+        serve = t.rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
+        return dist.TCPStore(t.master_addr, t.master_port, t.world_size, serve, timeout=timeout,
                              wait_for_workers=False)
 
     def _init_group(self, dist: Any, generation: int) -> None:
         t = self.rt.topology
-        store = dist.PrefixStore(f"{PREFIX}/{generation}/", self._store)
+        store = dist.PrefixStore(f"{self._prefix}/{generation}/", self._store)
         kwargs = {"timeout": self.timeout} if self.timeout is not None else {}
         dist.init_process_group(self.backend, store=store, rank=t.rank, world_size=t.world_size, **kwargs)
 
@@ -171,7 +179,7 @@ class InProcess:
         mine = Fault(self.rt.rank, f"{type(err).__name__}: {str(err)[:200]}", type(err).__name__,
                      self.rt.stop.last_step, time.time())
         try:
-            first = self._store.compare_set(f"{PREFIX}/fault/{generation}", "", mine.to_json())
+            first = self._store.compare_set(f"{self._prefix}/fault/{generation}", "", mine.to_json())
             return Fault.from_json(first.decode() if isinstance(first, bytes) else first)
         except Exception as store_err:  # noqa: BLE001 - the store's host is gone: no rejoin either
             logger.warning("the in-process restart's store does not answer (%s): this rank's own fault counts",
@@ -180,7 +188,7 @@ class InProcess:
 
     def _rejoin(self, generation: int) -> str | None:
         """Every rank back, or why not (a rank refused, or one did not arrive in time: its process is gone)."""
-        refused, arrived = f"{PREFIX}/refused/{generation}", f"{PREFIX}/arrived/{generation}"
+        refused, arrived = f"{self._prefix}/refused/{generation}", f"{self._prefix}/arrived/{generation}"
         world = self.rt.topology.world_size
         deadline = time.monotonic() + self.rejoin_timeout_s
         try:
@@ -216,7 +224,7 @@ class InProcess:
     def _record(self, generation: int, fault: Fault, why: str | None) -> None:
         if why is not None and self._store is not None:
             with contextlib.suppress(Exception):  # the store's host is gone: the others time out instead
-                self._store.compare_set(f"{PREFIX}/refused/{generation}", "", f"{self.rt.rank}: {why}")  # first
+                self._store.compare_set(f"{self._prefix}/refused/{generation}", "", f"{self.rt.rank}: {why}")  # first
         action = "restart" if why is None else "refused"
         if self.rt.rank == 0:
             self.rt.events.emit(Event.IN_PROCESS, generation=generation, action=action, first_rank=fault.rank,
