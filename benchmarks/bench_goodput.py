@@ -88,7 +88,7 @@ def faults_for(seed: int, steps: int, mtbf_s: float = MTBF_S) -> list[Any]:
     return [f for f in moved if f.at_step is not None and f.at_step <= last]
 
 
-def _run(work: Path, policy: Policy, trace: Path, steps: int) -> dict[str, Any]:
+def _run(work: Path, policy: Policy, trace: Path, steps: int, requeue_wait_s: float = REQUEUE_WAIT_S) -> dict[str, Any]:
     """One policy's job under the trace: its ledger, the faults it met, its final weights."""
     from slurmrt.record.events import read_events
     from slurmrt.record.goodput import account
@@ -97,7 +97,7 @@ def _run(work: Path, policy: Policy, trace: Path, steps: int) -> dict[str, Any]:
     directory.mkdir()
     nodes = NODES + (1 if policy.spare else 0)
     args = ["-N", str(nodes), "--ntasks-per-node", "1", "--trace", str(trace), "--requeue-wait",
-            str(REQUEUE_WAIT_S), "--signal", SIGNAL, "--grace", str(GRACE_S),
+            str(requeue_wait_s), "--signal", SIGNAL, "--grace", str(GRACE_S),
             *(["--no-kill"] if policy.spare else []), str(_script(directory, policy, steps))]
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("SLURM_", "SLURMD_", "RANK", "WORLD_SIZE", "SLURMRT_"))}
@@ -156,7 +156,7 @@ def _saves(result: dict[str, Any]) -> int:
 
 
 def run(seeds: int = SEEDS, first_seed: int = FIRST_SEED, steps: int = STEPS, mtbf_s: float = MTBF_S, *,
-        quick: bool = False) -> Section:
+        quick: bool = False, requeue_wait_s: float = REQUEUE_WAIT_S) -> Section:
     """Every policy's job under each seed's faults; a progress line per job on stderr. ``quick``: 400 steps, 2
     seeds (``python -m benchmarks.run --quick goodput``)."""
     from slurmrt.sim.faults import write_trace
@@ -174,13 +174,13 @@ def run(seeds: int = SEEDS, first_seed: int = FIRST_SEED, steps: int = STEPS, mt
             write_trace(work / "trace.csv", faults)
             results[seed] = {}
             for policy in POLICIES:
-                r = results[seed][policy.name] = _run(work, policy, work / "trace.csv", steps)
+                r = results[seed][policy.name] = _run(work, policy, work / "trace.csv", steps, requeue_wait_s)
                 print(f"seed {seed} ({n}/{seeds}), policy {policy.name}: ETTR {r['ledger'].ettr:.1%}, {r['met']} of "
                       f"{len(faults)} faults met, {r['seconds']:.0f} s", file=sys.stderr, flush=True)
         finally:
             shutil.rmtree(work, ignore_errors=True)
     return Section("Goodput under failures: four policies, the same faults, over seeds",
-                   _body(results, drawn, steps, mtbf_s))
+                   _body(results, drawn, steps, mtbf_s, requeue_wait_s))
 
 
 def _share(jobs: list[dict[str, Any]]) -> str:
@@ -194,7 +194,8 @@ def _median_range(values: list[float], scale: float = 100.0, fmt: str = ".1f") -
             f"{max(values) * scale:{fmt}})")
 
 
-def _body(results: dict[int, dict[str, dict[str, Any]]], drawn: dict[int, int], steps: int, mtbf_s: float) -> str:
+def _body(results: dict[int, dict[str, dict[str, Any]]], drawn: dict[int, int], steps: int, mtbf_s: float,
+          requeue_wait_s: float = REQUEUE_WAIT_S) -> str:
     from slurmrt.record.goodput import CATEGORIES
 
     names = [p.name for p in POLICIES]
@@ -222,7 +223,7 @@ def _body(results: dict[int, dict[str, dict[str, Any]]], drawn: dict[int, int], 
     return (f"**(a) Measured under `slurmrt sim`**: {len(results)} seeds ({', '.join(map(str, results))}), each: "
             f"{steps} steps of {STEP_TIME} s, {NODES} training nodes, {STATE_MB} MiB per rank, faults at a mean of "
             f"{mtbf_s:g} s of training apart (at least {MIN_GAP} steps), injected at the same steps for every "
-            f"policy; a requeue waits {REQUEUE_WAIT_S:g} s; a preemption sends --signal={SIGNAL} and SIGTERM "
+            f"policy; a requeue waits {requeue_wait_s:g} s; a preemption sends --signal={SIGNAL} and SIGTERM "
             f"{GRACE_S:g} s later.\n\n{per_policy}\n\nPer seed:\n\n{per_seed}\n\n"
             + _conclusion(ettr, diffs, results, drawn)
             + f" Final weights of all {len(results) * len(names)} jobs: "
@@ -273,6 +274,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, help=f"the job's steps (default {STEPS}; --quick 400)")
     parser.add_argument("--mtbf", type=float, default=MTBF_S, metavar="SECS",
                         help=f"the mean seconds of training between faults (default {MTBF_S:g})")
+    parser.add_argument("--requeue-wait", type=float, default=REQUEUE_WAIT_S, metavar="SECS",
+                        help=f"how long a requeued job waits before its next run (default {REQUEUE_WAIT_S:g}; the test "
+                        "cluster's Slurm holds one at least 11 s)")
     parser.add_argument("--quick", action="store_true", help="400 steps, 2 seeds unless --seeds says")
     parser.add_argument("--model", action="store_true", help="the model and its sensitivity table only: no job is "
                         "run (seconds)")
@@ -282,8 +286,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     steps = args.steps or (400 if args.quick else STEPS)
     seeds = args.seeds or (2 if args.quick else SEEDS)
-    if seeds < 1 or steps < 100 or not args.mtbf > 0:
-        parser.error("--seeds 1 or more, --steps 100 or more, --mtbf above 0")
+    if seeds < 1 or steps < 100 or not args.mtbf > 0 or not 0 <= args.requeue_wait < 3600:
+        parser.error("--seeds 1 or more, --steps 100 or more, --mtbf above 0, --requeue-wait 0 to 3600")
     if args.keep is not None:
         chosen = args.policies.split(",")
         if not set(chosen) <= {"1", "2", "3", "4"}:
@@ -292,7 +296,7 @@ def main(argv: list[str] | None = None) -> None:
     elif args.model:
         print(model_section())
     else:
-        print(run(seeds, args.seed, steps, args.mtbf).body)
+        print(run(seeds, args.seed, steps, args.mtbf, requeue_wait_s=args.requeue_wait).body)
 
 
 if __name__ == "__main__":
