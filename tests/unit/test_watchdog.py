@@ -502,3 +502,19 @@ def test_a_stalled_rank_told_that_a_peer_ended_responds_at_once(tmp_path, monkey
     assert hang["activity"] == "lost_peer" and "srun saw rank 1 (Segmentation fault, on n2) end" in hang["where"]
     (suspects,) = [e for e in events if e["event"] == "suspects"]
     assert [s["rank"] for s in suspects["suspects"]] == [1]
+
+
+def test_a_clean_up_error_raised_on_the_way_out_of_a_lost_peer_is_still_a_lost_peer() -> None:
+    from slurmrt.hang.response import is_peer_failure
+
+    try:
+        try:
+            raise RuntimeError("[pair.cc:553] Connection closed by peer [127.0.0.1]:3461")
+        except RuntimeError:
+            raise BufferError("cannot close exported pointers exist")  # noqa: B904 - as contextlib's exit raises it
+    except BufferError as err:
+        assert is_peer_failure(err)
+    looped = ValueError("x")
+    looped.__context__ = looped  # a cycle ends the walk
+    assert not is_peer_failure(looped)
+    assert not is_peer_failure(BufferError("cannot close exported pointers exist"))

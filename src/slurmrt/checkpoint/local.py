@@ -165,7 +165,8 @@ class LocalTier:
             if size:
                 assert own is not None
                 f = stack.enter_context(open(own, "rb"))
-                mapped = stack.enter_context(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY))
+                mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+                stack.callback(_close_mapped, mapped)
                 out = _as_tensor(memoryview(mapped))
             _pairwise([(out, partner, True), (got, source, False)], group)
             del out
@@ -334,3 +335,10 @@ def _write_file(path: Path, data: bytes | memoryview) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def _close_mapped(mapped: Any) -> None:
+    """Close a mapped part; when a failed send still holds a view of it (its exception's traceback keeps the tensor),
+    leave it to be unmapped with its last view, and let the send's own error (a lost partner) through."""
+    with contextlib.suppress(BufferError):
+        mapped.close()

@@ -52,11 +52,21 @@ def all_stacks() -> str:
 
 
 def is_peer_failure(err: BaseException | None) -> bool:
-    """An exception that says a peer is gone: a collective that failed on a closed connection, or the agreement."""
+    """An exception that says a peer is gone: a collective that failed on a closed connection, or the agreement; or
+    one raised while such an exception was being handled (a clean-up that failed on its way out, as a buffer that
+    cannot be closed while the failed send still holds it, must not hide the lost peer)."""
+    seen: list[BaseException] = []
+    while err is not None and len(seen) < 16 and all(err is not e for e in seen):
+        if _says_peer_gone(err):
+            return True
+        seen.append(err)
+        err = err.__cause__ or err.__context__
+    return False
+
+
+def _says_peer_gone(err: BaseException) -> bool:
     from .._errors import AgreementError
 
-    if err is None:
-        return False
     if isinstance(err, AgreementError):
         return True
     text = str(err)
