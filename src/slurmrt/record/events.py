@@ -193,7 +193,7 @@ _FIELDS: tuple[tuple[tuple[str, ...], Any, str], ...] = (
       "generation"),
      lambda v: figures.count(v) is not None,
      f"a whole number from 0 to {figures.MAX_COUNT}"),
-    (("rank",), lambda v: figures.count(v, -1) is not None, "a rank (-1 or more)"),
+    (("rank", "first_rank"), lambda v: figures.count(v, -1) is not None, "a rank (-1 or more)"),
     (("code",), lambda v: figures.count(v, -255) is not None, "an exit code"),
     (("seconds", "step_s", "save_s", "worst_step_s", "idle_s", "allowed_s", "process_s"),
      lambda v: figures.seconds(v) is not None, f"a duration (finite, 0 to {figures.MAX_SECONDS:.0f} s)"),

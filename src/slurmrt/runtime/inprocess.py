@@ -52,6 +52,7 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 PREFIX = "slurmrt/inprocess"
+GO = "go"  #: the verdict that every rank is back
 
 
 @dataclass(frozen=True)
@@ -187,27 +188,36 @@ class InProcess:
             return mine
 
     def _rejoin(self, generation: int) -> str | None:
-        """Every rank back, or why not (a rank refused, or one did not arrive in time: its process is gone)."""
-        refused, arrived = f"{self._prefix}/refused/{generation}", f"{self._prefix}/arrived/{generation}"
-        world = self.rt.topology.world_size
+        """Every rank back, or why not, as one verdict for all: the first rank to see every rank arrived, or to give
+        up (a rank refused, srun saw a task end, the rejoin time passed), sets it; each rank acts on the verdict, never
+        on its own view, so no rank starts the next generation while another gives up."""
+        arrived, world = f"{self._prefix}/arrived/{generation}", self.rt.topology.world_size
         deadline = time.monotonic() + self.rejoin_timeout_s
         try:
             self._store.add(arrived, 1)
             pause = 0.001
-            while self._store.add(arrived, 0) < world:
-                if self._store.check([refused]):
-                    return f"rank {self._store.get(refused).decode()}"  # "N: why", as that rank posted it
-                gone = self._ended()
-                if gone:
-                    return f"srun saw task(s) {', '.join(map(str, gone))} end: their process is gone"
-                if time.monotonic() > deadline:
-                    return (f"{world - self._store.add(arrived, 0)} rank(s) did not come back within "
-                            f"{self.rejoin_timeout_s:.0f} s: their process is probably gone")
+            while (verdict := self._verdict(generation, arrived, world, deadline)) is None:
                 time.sleep(pause)
                 pause = min(pause * 2, 0.05)
         except Exception as err:  # noqa: BLE001
             return f"the store does not answer ({type(err).__name__}: {err}): rank 0's process is probably gone"
-        return None
+        return None if verdict == GO else f"rank {verdict}"  # "N: why", as the rank that gave up set it
+
+    def _verdict(self, generation: int, arrived: str, world: int, deadline: float) -> str | None:
+        """The generation's verdict if set, or set now (first wins) when this rank can decide; None: wait on."""
+        key = f"{self._prefix}/verdict/{generation}"
+        if self._store.check([key]):
+            return str(self._store.get(key).decode())
+        count = self._store.add(arrived, 0)
+        gone = self._ended() if count < world else []
+        why = (None if count >= world else
+               f"srun saw task(s) {', '.join(map(str, gone))} end: their process is gone" if gone else
+               f"{world - count} rank(s) did not come back within {self.rejoin_timeout_s:.0f} s: their process is "
+               "probably gone" if time.monotonic() > deadline else "")
+        if why == "":
+            return None
+        got = self._store.compare_set(key, "", GO if why is None else f"{self.rt.rank}: {why}")
+        return got.decode() if isinstance(got, bytes) else str(got)
 
     def _ended(self) -> list[int]:
         """The tasks srun saw end, as ``slurmrt run`` tells (:mod:`slurmrt.recovery.tasks`); none without it, or
@@ -222,20 +232,18 @@ class InProcess:
         return []
 
     def _record(self, generation: int, fault: Fault, why: str | None) -> None:
-        if why is not None and self._store is not None:
+        if why is not None and self._store is not None:  # a refusal before the rejoin: the others' verdict too
             with contextlib.suppress(Exception):  # the store's host is gone: the others time out instead
-                self._store.compare_set(f"{self._prefix}/refused/{generation}", "", f"{self.rt.rank}: {why}")  # first
+                self._store.compare_set(f"{self._prefix}/verdict/{generation}", "", f"{self.rt.rank}: {why}")
         action = "restart" if why is None else "refused"
         if self.rt.rank == 0:
             self.rt.events.emit(Event.IN_PROCESS, generation=generation, action=action, first_rank=fault.rank,
                                 error=fault.error, step=fault.step, why=why, fault_time=fault.time,
                                 seconds=max(0.0, time.time() - fault.time))
-        if why is None:
-            if self.rt.rank == 0:
-                logger.warning("in-process restart %d: rank %d raised %s (its last step %s); every rank back "
-                               "%.2f s later", generation + 1, fault.rank, fault.error, fault.step,
-                               time.time() - fault.time)
-        else:
+        if why is None and self.rt.rank == 0:
+            logger.warning("in-process restart %d: rank %d raised %s (its last step %s); every rank back %.2f s "
+                           "later", generation + 1, fault.rank, fault.error, fault.step, time.time() - fault.time)
+        elif why is not None:
             logger.error("no in-process restart after rank %d's %s: %s", fault.rank, fault.error, why)
 
 
