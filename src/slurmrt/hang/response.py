@@ -18,7 +18,7 @@ import logging
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
@@ -105,8 +105,8 @@ class HangResponse:
     #: Nodes to leave out besides the suspects' (a straggler's, with straggler="exclude" or "replace").
     also_exclude: Callable[[], list[str]] = lambda: []
     _once: threading.Lock = field(default_factory=threading.Lock)
-    #: When the tasks that ended were last read (monotonic), and what they were (rank: node, how).
-    _ended_read: tuple[float, dict[int, tuple[str, str]]] = (-1e9, {})
+    #: The tasks srun saw end (rank: node, how), read at most twice a second: made at the first reading.
+    _tasks: injob.EndedReader | None = None
 
     def hung(self, hang: Hang) -> NoReturn:
         """The watchdog fired on this rank."""
@@ -162,8 +162,8 @@ class HangResponse:
         """The training thread is stalled (in a collective that does not fail: NCCL waits on the GPU), and srun saw
         a peer's task end on a signal or an error, not on an answer of slurmrt's own: that peer is lost. Returns
         when srun saw none."""
-        seen = [r for r in self._ended() if r != self.topology.rank]
-        lost = {r: self._ended_read[1][r] for r in seen if self._ended_read[1][r][1] not in _ANSWERED}
+        ended = self._ended()
+        lost = {r: ended[r] for r in ended if r != self.topology.rank and ended[r][1] not in _ANSWERED}
         if lost:
             what = ", ".join(f"rank {r} ({how}, on {node})" for r, (node, how) in sorted(lost.items()))
             self._respond(Trigger.RANK_LOST, f"a peer was lost: srun saw {what} end while this rank waited "
@@ -297,23 +297,19 @@ class HangResponse:
 
     def _seen_ending(self, suspects: list[int], states: dict[int, RankState]) -> str:
         """What srun saw of the suspects that never answered, as ``slurmrt run`` told it."""
-        seen = self._ended_read[1]
+        seen = self._tasks.last if self._tasks is not None else {}
         ended = [f"rank {r} end ({seen[r][1]}, on {seen[r][0]})" for r in suspects if r not in states and r in seen]
         return "; srun saw " + ", ".join(ended) if ended else ""
 
     def _wait(self, seconds: float) -> float:
         return min(seconds, HURRIED_S) if self.terminating() else seconds
 
-    def _ended(self) -> Iterable[int]:
-        """The ranks whose task srun saw end, as ``slurmrt run`` tells (:mod:`slurmrt.recovery.tasks`); none
-        without it, or when srun's tasks are not the ranks (a launcher per node). Read at most twice a second."""
-        sup = self.executor.facts.in_job
-        if sup is None or self.topology.mode is not LaunchMode.SRUN:
-            return []
-        now = time.monotonic()
-        if now - self._ended_read[0] >= 0.5:
-            self._ended_read = (now, injob.read_ended(sup.directory, sup.attempt))
-        return self._ended_read[1].keys()
+    def _ended(self) -> dict[int, tuple[str, str]]:
+        """The ranks whose task srun saw end, as ``slurmrt run`` tells (:mod:`slurmrt.recovery.tasks`), and how."""
+        if self._tasks is None:
+            self._tasks = injob.EndedReader(self.executor.facts.in_job,
+                                            tasks_are_ranks=self.topology.mode is LaunchMode.SRUN)
+        return self._tasks()
 
     def _exit(self, code: ExitCode) -> NoReturn:
         exit_now(code)

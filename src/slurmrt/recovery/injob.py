@@ -15,14 +15,15 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any
 
 from .._safefs import open_new, private_dir, read_capped, replace_text
 from .facts import InJob
 
-__all__ = ["ended_path", "facts_path", "read_ended", "read_facts", "read_request", "request_path", "share_facts",
-           "write_ended", "write_request"]
+__all__ = ["EndedReader", "ended_path", "facts_path", "read_ended", "read_facts", "read_request", "request_path",
+           "share_facts", "write_ended", "write_request"]
 
 logger = logging.getLogger(__name__)
 
@@ -153,6 +154,23 @@ def read_ended(directory: Path, attempt: int) -> dict[int, tuple[str, str]]:
         logger.error("the tasks that ended, %s, are not what slurmrt writes", path)
         return {}
     return ended
+
+
+class EndedReader:
+    """The step's side, for a rank: the tasks srun saw end (:func:`read_ended`), read at most every ``every_s``, the
+    last reading kept between two (:attr:`last`). None without ``slurmrt run`` (``sup`` None), or when srun's tasks
+    are not the ranks (``tasks_are_ranks`` false: a launcher per node)."""
+
+    def __init__(self, sup: InJob | None, *, tasks_are_ranks: bool, every_s: float = 0.5) -> None:
+        self._sup = sup if tasks_are_ranks else None
+        self._every_s = every_s
+        self._read_at = float("-inf")
+        self.last: dict[int, tuple[str, str]] = {}  #: the last reading (task id: node, how)
+
+    def __call__(self) -> dict[int, tuple[str, str]]:
+        if self._sup is not None and time.monotonic() - self._read_at >= self._every_s:
+            self._read_at, self.last = time.monotonic(), read_ended(self._sup.directory, self._sup.attempt)
+        return self.last
 
 
 def _ended_record(data: Any, attempt: int) -> dict[int, tuple[str, str]] | None:

@@ -119,7 +119,7 @@ class InProcess:
         # restarts) holds an earlier set's keys too.
         t = rt.topology
         self._prefix = f"{PREFIX}/{t.restart_count}.{t.attempt}.{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
-        self._ended_read = float("-inf")
+        self._tasks: injob.EndedReader | None = None
 
     def run(self, train: Callable[[int], T]) -> T:
         dist = _dist()
@@ -220,16 +220,11 @@ class InProcess:
         return got.decode() if isinstance(got, bytes) else str(got)
 
     def _ended(self) -> list[int]:
-        """The tasks srun saw end, as ``slurmrt run`` tells (:mod:`slurmrt.recovery.tasks`); none without it, or
-        when srun's tasks are not the ranks (a launcher per node). Read at most twice a second."""
-        sup = self.rt._executor.facts.in_job  # noqa: SLF001
-        if sup is None or self.rt.topology.mode is not LaunchMode.SRUN:
-            return []
-        now = time.monotonic()
-        if now - self._ended_read >= 0.5:
-            self._ended_read = now
-            return sorted(injob.read_ended(sup.directory, sup.attempt))
-        return []
+        """The tasks srun saw end, as ``slurmrt run`` tells (:class:`slurmrt.recovery.injob.EndedReader`)."""
+        if self._tasks is None:
+            self._tasks = injob.EndedReader(self.rt._executor.facts.in_job,  # noqa: SLF001
+                                            tasks_are_ranks=self.rt.topology.mode is LaunchMode.SRUN)
+        return sorted(self._tasks())
 
     def _record(self, generation: int, fault: Fault, why: str | None) -> None:
         if why is not None and self._store is not None:  # a refusal before the rejoin: the others' verdict too
