@@ -13,7 +13,7 @@ import pytest
 
 from slurmrt import _clock
 from slurmrt._comm import SoloComm
-from slurmrt.checkpoint.cadence import WARMUP_STEPS, Cadence, History, daly, intervals
+from slurmrt.checkpoint.cadence import LOCAL_OVERHEAD, WARMUP_STEPS, Cadence, History, daly, intervals
 
 T0 = datetime(2026, 11, 21, 10, 0, tzinfo=timezone.utc)
 
@@ -49,9 +49,10 @@ def test_the_history_counts_the_runs_a_fault_cut_and_whether_the_local_tier_serv
     assert history.exposure_s == pytest.approx(100 + 190 + 300)
     # the prior: one failure in node_h node-hours over the nodes, then one failure per observed one
     assert History().mtbf_s(node_h=1000, nodes=4) == pytest.approx(1000 * 3600 / 4)
+    # from its first failure the job's own rate wins where it is shorter: 1 in 590 s, against 900,000 s
     one = History(exposure_s=590, failures=1)
-    assert one.mtbf_s(node_h=1000, nodes=4) == pytest.approx((900_000 + 590) / 2)
-    # from two failures the job's own rate wins where it is shorter: 2 in 590 s, against a prior of 900,000 s
+    assert one.mtbf_s(node_h=1000, nodes=4) == pytest.approx(590)
+    assert History(exposure_s=9e9, failures=1).mtbf_s(node_h=1000, nodes=4) == pytest.approx((900_000 + 9e9) / 2)
     assert history.mtbf_s(node_h=1000, nodes=4) == pytest.approx(590 / 2)
     assert History(exposure_s=9e9, failures=2).mtbf_s(node_h=1000, nodes=4) == pytest.approx((900_000 + 9e9) / 3)
     # time run without a failure is evidence too
@@ -66,6 +67,19 @@ def test_with_a_local_tier_local_saves_come_more_often_than_shared_ones() -> Non
     assert intervals(History(), shared_cost_s=30.0, local_cost_s=None, node_h=5000, nodes=128).local_s is None
     # a local save as slow as the shared one is pointless: shared saves only
     assert intervals(History(), shared_cost_s=5.0, local_cost_s=50.0, node_h=5000, nodes=128).local_s is None
+
+
+def test_a_cheap_local_save_comes_at_least_as_often_as_its_overhead_allows() -> None:
+    # a 2-node job under the default prior (9,000,000 s between failures): Daly alone would save locally every
+    # ~5,000 s for a 1 s stall; the floor saves every 1 s / LOCAL_OVERHEAD of training, the stall's share of the time
+    plan = intervals(History(), shared_cost_s=0.5, local_cost_s=1.0, node_h=5000, nodes=2)
+    assert daly(1.0, 9e6 / 0.5) > 5000
+    assert plan.local_s == pytest.approx(1.0 / LOCAL_OVERHEAD) and plan.shared_s > 3000
+    # where the failure rate asks for more, Daly's interval is the shorter and wins
+    flaky = History(exposure_s=600, failures=6)
+    plan = intervals(flaky, shared_cost_s=0.5, local_cost_s=1.0, node_h=5000, nodes=2)
+    share = flaky.shared_share()  # the local tier serves 1 - share of the failures, one every 100 s
+    assert plan.local_s == pytest.approx(daly(1.0, 100 / (1 - share))) and plan.local_s < 1.0 / LOCAL_OVERHEAD / 5
 
 
 class Clock:
@@ -187,21 +201,23 @@ def test_status_says_what_should_save_would_answer_for_a_jobs_measurements() -> 
               ev(110, 1, "init", nnodes=4), ev(120, 1, "resume", step=119),
               ev(200, 1, "save", step=300, seconds=12.0, blocking=True),
               ev(300, 1, "exit", outcome="FINISHED", code=0)]
-    head, said = advice(events, node_h=1.0)
-    mtbf = (3600 / 4 + 100 + 190) / 2  # the prior's 900 s and the runs' 290 s, over the prior and the hang
-    assert head.startswith("saving: saves of 10 s; a failure every 9m55s (1 in 4m50s, and a prior of 1 in 1 "
+    head, said = advice(events, node_h=0.1)
+    mtbf = (3600 * 0.1 / 4 + 100 + 190) / 2  # the prior's 90 s and the runs' 290 s, over the prior and the hang
+    assert head.startswith("saving: saves of 10 s; a failure every 3m10s (1 in 4m50s, and a prior of 1 in 0.1 "
                            "node-hours over 4 node(s))"), head
     expected = daly(10.0, mtbf)
     assert f"about {round(expected / 0.5)} steps" in said, (said, expected)
-    assert advice([e for e in events if e["event"] != "save"], node_h=1.0) == []  # no save measured: nothing said
-    # a second failure: the job's own rate (290 s over 2), shorter than the prior's, is the one used, and said
+    assert advice([e for e in events if e["event"] != "save"], node_h=0.1) == []  # no save measured: nothing said
+    # a prior of 900 s: the job's own rate (290 s over its one failure) is shorter, and the one used, and said
+    head, _ = advice(events, node_h=1.0)
+    assert "a failure every 4m50s (1 in 4m50s, its own rate, shorter than a prior of 1 in 1 node-hours" in head, head
     again = [*events[:-1], ev(300, 1, "exit", outcome="HUNG", code=5)]
     head, _ = advice(again, node_h=1.0)
     assert "a failure every 2m25s (2 in 4m50s, its own rate, shorter than a prior of 1 in 1 node-hours" in head, head
     from slurmrt.checkpoint.cadence import saving
 
-    figures = [saving(e, node_h=1.0) for e in (again, events)]
-    assert [f["own_rate"] if f else None for f in figures] == [True, False]
+    figures = [saving(e, node_h=h) for e, h in ((again, 1.0), (events, 1.0), (events, 0.1))]
+    assert [f["own_rate"] if f else None for f in figures] == [True, True, False]
 
 
 def test_status_json_carries_the_figures_the_words_are_made_of(tmp_path: Path,
@@ -217,13 +233,13 @@ def test_status_json_carries_the_figures_the_words_are_made_of(tmp_path: Path,
               ev(300, 1, "exit", outcome="FINISHED", code=0)]
     (tmp_path / "events-12.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
     monkeypatch = pytest.MonkeyPatch()
-    monkeypatch.setenv("SLURMRT_MTBF_NODE_H", "1")
+    monkeypatch.setenv("SLURMRT_MTBF_NODE_H", "0.1")
     try:
         assert main(["status", str(tmp_path), "--json"]) == 0
     finally:
         monkeypatch.undo()
     saving = json.loads(capsys.readouterr().out)["jobs"][0]["saving"]
-    mtbf = (3600 / 4 + 100 + 190) / 2
+    mtbf = (3600 * 0.1 / 4 + 100 + 190) / 2
     assert saving["shared_save_s"] == pytest.approx(10.0) and saving["local_save_s"] is None
     assert saving["failures"] == 1 and saving["nodes"] == 4 and saving["mtbf_s"] == pytest.approx(mtbf)
     assert saving["shared_every_s"] == pytest.approx(daly(10.0, mtbf))

@@ -12,16 +12,23 @@ the event log). ``M`` is learned from the experiment's own history, the runs and
 time they ran over the failures that cut them (a hang, a lost node or rank, a killed run), plus a prior of one
 failure in ``mtbf_node_h`` node-hours shared by the job's nodes (so a job of twice the nodes fails twice as often).
 The current run's own time counts too, as it grows: a run that lasts is evidence. Once the job has seen
-``OWN_RATE_FROM`` failures of its own, its own rate (time run over failures) wins where it is shorter: a prior of
+``OWN_RATE_FROM`` failure of its own, its own rate (time run over failures) wins where it is shorter: a prior of
 thousands of node-hours would otherwise outweigh a bad batch of nodes failing every few minutes, and the two errors
-do not cost the same (saving too often costs a stall per save; too rarely, the work since the last one).
+do not cost the same (saving too often costs a stall per save; too rarely, the work since the last one). One
+failure is enough: a job that failed once in its first minutes saves often for a while, and less as it lasts
+(its own rate counts the current run's time), where waiting for a second failure lost all the work since the first
+save twice.
 A preemption or a time limit is not a failure: a stop saves first and loses nothing.
 
 With a local tier (``local_checkpoint_dir``) there are two intervals. Local saves serve the failures the local tier
 survives (a node lost while its partner lives: an in-job restart resumes from it); the shared tier serves the rest.
 So the shared interval is Daly's for the shared save's stall and the mean time between failures the local tier did
 not serve, and the local one Daly's for the local save's stall and the time between those it did. Which ones it
-serves is learned too (the tier each resume read), from a prior of one in two.
+serves is learned too (the tier each resume read), from a prior of one in two. The local interval is also at most
+the local stall over ``LOCAL_OVERHEAD`` (a local save at least as often as 1 % of the training time pays for): the
+prior is a guess until the job has failed, and a fast tier's saves are cheap insurance against a guess that is far
+off (CheckFreq, FAST '21, bounds its saves' overhead the same way). The shared tier has no such floor: a shared
+save's cost to the filesystem is more than its stall.
 
 Every rank must get the same answer at the same step, without a collective per step. The answer is decided at
 *check steps*: every rank calls ``should_save`` at every step; at a check step they take part in one broadcast of
@@ -41,7 +48,7 @@ from typing import Any
 from .. import _clock
 from .._comm import Comm
 
-__all__ = ["Cadence", "History", "Intervals", "daly", "intervals"]
+__all__ = ["LOCAL_OVERHEAD", "Cadence", "History", "Intervals", "daly", "intervals"]
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +59,10 @@ SHARED_SHARE_PRIOR = 0.5
 #: broken save shows in minutes, not hours).
 WARMUP_STEPS = 3
 #: From this many failures of its own, the job's own failure rate wins over the prior where it is shorter.
-OWN_RATE_FROM = 2
+OWN_RATE_FROM = 1
+#: The local tier's saves block training for at most this share of its time when the failure rate alone would
+#: save less often: the local interval is at most the local stall over it.
+LOCAL_OVERHEAD = 0.01
 
 
 def daly(cost_s: float, mtbf_s: float) -> float:
@@ -97,7 +107,7 @@ class History:
 
     def own_s(self) -> float | None:
         """The job's own mean time between failures (time run over failures), once it has seen
-        ``OWN_RATE_FROM`` failures; else None."""
+        ``OWN_RATE_FROM`` failure(s); else None."""
         return max(self.exposure_s, 1.0) / self.failures if self.failures >= OWN_RATE_FROM else None
 
     def lasting(self, seconds: float) -> History:
@@ -125,7 +135,8 @@ def intervals(history: History, *, shared_cost_s: float, local_cost_s: float | N
         return Intervals(daly(max(shared_cost_s, 1e-3), mtbf))
     share = history.shared_share()
     shared = daly(max(shared_cost_s, 1e-3), mtbf / share)
-    local = daly(max(local_cost_s, 1e-3), mtbf / (1 - share)) if share < 1 else None
+    local = min(daly(max(local_cost_s, 1e-3), mtbf / (1 - share)), max(local_cost_s, 1e-3) / LOCAL_OVERHEAD) \
+        if share < 1 else None
     return Intervals(shared, local if local is not None and local < shared else None)
 
 
