@@ -9,8 +9,9 @@ script's, is requeued by the guard job of ``slurmrt run``). ``slurmrt sim --trac
 reports that it trains at the fault's step, once the job is back at work after the fault before: every policy meets
 the same faults at the same steps, however long its recoveries take. A preemption comes with the job's ``--signal``
 (SIGUSR1) at once and SIGTERM after the grace time, as Slurm's ``preempt_send_user_signal`` sends them. A requeued
-job waits ``REQUEUE_WAIT_S`` before its next run (Slurm holds it for its credential lifetime, 120 s by default, then
-it queues; here compressed with the rest).
+job waits ``REQUEUE_WAIT_S`` before its next run: the hold the test cluster's real Slurm puts on a requeued job, its
+credential's expiry plus 1 s (``cred_expire=10`` there, shortened from Slurm's default of 120 s; docs/slurm.md),
+before any time in the queue: the least a real requeue waits.
 
 1. requeue only, a shared save every ``EVERY`` steps (the batch script requeues on a failure);
 2. in-job restart on one spare node (``slurmrt run --spare-nodes 1``, ``--no-kill``), shared saves as in 1;
@@ -49,7 +50,7 @@ NODES = 2
 STEP_TIME = 0.05
 EVERY, LOCAL_EVERY = 100, 20
 STATE_MB = 32
-REQUEUE_WAIT_S = 2.0
+REQUEUE_WAIT_S = 11.0
 #: The faults: a mean of MTBF_S seconds of training between them (300 steps, three shared saves of policies 1 and
 #: 2), at least MIN_GAP steps apart; the seeds FIRST_SEED, FIRST_SEED + 1, ...
 MTBF_S, MIN_GAP, FIRST_SEED, SEEDS, STEPS = 15.0, 40, 41, 5, 1200
@@ -248,7 +249,8 @@ def _conclusion(ettr: dict[str, list[float]], diffs: dict[str, list[float]],
     return " ".join(said)
 
 
-def diagnose(keep: Path, steps: int, policies: list[int], seed: int = FIRST_SEED) -> None:
+def diagnose(keep: Path, steps: int, policies: list[int], seed: int = FIRST_SEED,
+             requeue_wait_s: float = REQUEUE_WAIT_S) -> None:
     """The chosen policies' jobs under one seed's faults, their event logs and the simulator's output kept in
     ``keep/policyK`` (read them with ``slurmrt status``), each one's ETTR printed; no table."""
     from slurmrt.sim.faults import write_trace
@@ -257,7 +259,7 @@ def diagnose(keep: Path, steps: int, policies: list[int], seed: int = FIRST_SEED
     write_trace(keep / "trace.csv", faults_for(seed, steps))
     for k in policies:
         policy = POLICIES[k - 1]
-        result = _run(keep, policy, keep / "trace.csv", steps)
+        result = _run(keep, policy, keep / "trace.csv", steps, requeue_wait_s)
         print(f"{policy.name}: {result['faults']}; ETTR {result['ledger'].ettr:.1%}", flush=True)
 
 
@@ -275,8 +277,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--mtbf", type=float, default=MTBF_S, metavar="SECS",
                         help=f"the mean seconds of training between faults (default {MTBF_S:g})")
     parser.add_argument("--requeue-wait", type=float, default=REQUEUE_WAIT_S, metavar="SECS",
-                        help=f"how long a requeued job waits before its next run (default {REQUEUE_WAIT_S:g}; the test "
-                        "cluster's Slurm holds one at least 11 s)")
+                        help=f"how long a requeued job waits before its next run (default {REQUEUE_WAIT_S:g}: the hold "
+                        "the test cluster's Slurm puts on a requeued job)")
     parser.add_argument("--quick", action="store_true", help="400 steps, 2 seeds unless --seeds says")
     parser.add_argument("--model", action="store_true", help="the model and its sensitivity table only: no job is "
                         "run (seconds)")
@@ -292,7 +294,7 @@ def main(argv: list[str] | None = None) -> None:
         chosen = args.policies.split(",")
         if not set(chosen) <= {"1", "2", "3", "4"}:
             parser.error(f"--policies {args.policies!r}: name policies 1 to 4, comma-separated (2,3)")
-        diagnose(args.keep, steps, [int(k) for k in chosen], args.seed)
+        diagnose(args.keep, steps, [int(k) for k in chosen], args.seed, args.requeue_wait)
     elif args.model:
         print(model_section())
     else:
