@@ -42,6 +42,7 @@ from .._errors import ConfigError
 from ..launch.topology import LaunchMode
 from ..record.events import Event
 from ..recovery import injob
+from .release import release
 
 if TYPE_CHECKING:
     from .view import TopologyView as Runtime  # the facade's base: the facade itself would make an import cycle
@@ -134,7 +135,7 @@ class InProcess:
                 return train(generation)
             except Exception as err:  # noqa: BLE001 - every rank's error is weighed; refused ones are raised
                 fault = self._post(generation, err)
-                self._abort(dist)
+                self._abort(dist, err)
                 why = refusal(fault, restarted=self.restarted, max_restarts=self.max_restarts,
                               stopping=self.rt.stop.decision is not None)
                 if why is None:
@@ -161,18 +162,26 @@ class InProcess:
         kwargs = {"timeout": self.timeout} if self.timeout is not None else {}
         dist.init_process_group(self.backend, store=store, rank=t.rank, world_size=t.world_size, **kwargs)
 
-    def _abort(self, dist: Any) -> None:
+    def _abort(self, dist: Any, err: BaseException) -> None:
         """This rank's groups closed at once, the agreement out of its round: peers waiting on it fail instead of
-        waiting."""
+        waiting. The default group is let go of (:mod:`slurmrt.runtime.release`): gloo closes its connections only
+        when nothing holds it."""
         self.rt.stop.restart()
         self.rt._hooks.drop_groups()  # noqa: SLF001 - the runtime's parts, put back to their state before a first step
-        if dist.is_initialized():
-            dist.distributed_c10d._abort_process_group()
+        if not dist.is_initialized():
+            return
+        gloo = dist.get_backend() == "gloo"
+        held = release(dist.group.WORLD, err, dist.distributed_c10d._abort_process_group)
+        if held and gloo:
+            logger.warning("the aborted default group is still held (%d reference(s)): gloo closes its connections "
+                           "only when it is destroyed, so a peer in a collective with this rank waits for its timeout",
+                           held)
 
     def _restarted(self, generation: int) -> None:
         """Every rank is back: the next generation starts as the first did, its saves in directories of its own."""
         self.rt.checkpoints.restart(generation)
         self.rt.hangs.restart()
+        self.rt._cadence.restart()  # noqa: SLF001
 
     # -- one fault -------------------------------------------------------------------------------------------------
     def _post(self, generation: int, err: Exception) -> Fault:
