@@ -1,6 +1,6 @@
 """A training script as a user of ``slurmrt.run_restartable`` writes it: a small model trained with gloo
 all-reduces, saved every few steps to the shared tier and every step to the local one, built and loaded inside the
-training function.
+training function (``--every auto``: where ``rt.should_save`` says).
 
 ``--fail G:R:S`` (repeatable): in generation G, rank R raises after step S's update (a software fault: the process
 lives); G may be ``*`` (every generation). ``--kill G:R:S``: that rank's process dies there (SIGKILL). Rank 0 writes
@@ -22,7 +22,8 @@ import slurmrt
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=30)
-parser.add_argument("--every", type=int, default=5)
+parser.add_argument("--every", default="5", help="shared saves every N steps and local ones every step, or auto: "
+                    "rt.should_save says when and where")
 parser.add_argument("--fail", action="append", default=[])
 parser.add_argument("--kill", action="append", default=[], help="G:R:S, as --fail, but SIGKILL: the process dies")
 parser.add_argument("--out", type=Path, required=True)
@@ -84,8 +85,13 @@ def train(generation: int) -> torch.nn.Module:
         if rt.should_stop(step):
             rt.save(state, step=step)
             break
+        if args.every == "auto":
+            tier = rt.should_save(step)
+            if tier:
+                rt.save(state, step=step, blocking=tier == "local", tier=tier)
+            continue
         rt.save(state, step=step, tier="local")
-        if step % args.every == 0:
+        if step % int(args.every) == 0:
             rt.save(state, step=step)
     return model
 

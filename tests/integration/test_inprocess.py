@@ -66,6 +66,24 @@ def test_a_rank_that_raises_is_restarted_in_the_same_processes_and_ends_bitwise_
     assert not (faulted / "slurm-calls.log").exists() or "requeue" not in (faulted / "slurm-calls.log").read_text()
 
 
+def test_should_save_after_a_restart_asks_every_rank_at_the_same_step(tmp_path: Path) -> None:
+    """``rt.should_save`` counts its steps on each rank, and the ranks left generation 0 at different steps: rank 1
+    raised after step 7's update, the others in step 8's all-reduce. Counted on from there, the ranks would meet
+    ``should_save``'s next exchange at different steps and wait for each other in two different collectives."""
+    import torch
+
+    clean, faulted = tmp_path / "clean", tmp_path / "faulted"
+    assert _run(clean, "--every", "auto") == [0] * N, _logs(clean)
+    assert _run(faulted, "--every", "auto", "--fail", "0:1:7") == [0] * N, _logs(faulted)
+    generations = json.loads((faulted / "out" / "generations.json").read_text())
+    assert [g["generation"] for g in generations] == [0, 1] and generations[0]["pid"] == generations[1]["pid"]
+    assert generations[1]["resumed"] is not None  # the warm-up saves (step 3 shared, step 6 local) are there
+    a, b = _weights(clean), _weights(faulted)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert not _events(faulted, "hang")
+    assert "still held" not in _logs(faulted)  # the aborted group was destroyed: its peers failed at once
+
+
 def test_the_same_error_at_the_same_step_is_restarted_once_then_ends_the_run(tmp_path: Path) -> None:
     codes = _run(tmp_path, "--fail", "*:1:7")
     assert codes == [1] * N, _logs(tmp_path)

@@ -193,6 +193,55 @@ def test_every_rank_gets_rank_0s_answer_at_the_same_step_with_one_exchange_per_c
     assert pair.calls[0] == pair.calls[1] < 3000 / 10  # exchanges at check steps only
 
 
+def test_after_an_in_process_restart_every_rank_asks_at_the_same_step_and_the_fault_counts(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = Clock(monkeypatch)
+    pair = Pair()
+    ranks = [cadence(0, pair.comm(0), node_h=10.0, nodes=2), cadence(1, pair.comm(1))]
+
+    def run(rank: int, steps: range) -> list[tuple[int, str | None]]:
+        return [(step, ranks[rank].due(step)) for step in steps]
+
+    for step in range(40):  # both ranks, in step
+        clock.now += 1.0
+        for c in ranks:
+            if c.due(step):
+                c.saved("shared", 1.0)
+    run(0, range(40, 48))  # rank 0 asked up to step 47; rank 1 raised after step 46's update, before asking
+    run(1, range(40, 47))
+    before = ranks[0].plan
+    for c in ranks:
+        c.restart()
+    answers: list[list[tuple[int, str | None]]] = [[], []]
+    for step in range(45, 400):  # both go on from the same checkpoint (step 44)
+        clock.now += 1.0
+        for rank, c in enumerate(ranks):
+            answers[rank].append((step, c.due(step)))
+            if answers[rank][-1][1]:
+                c.saved("shared", 1.0)
+    assert answers[0] == answers[1] and pair.calls[0] == pair.calls[1]
+    assert any(tier for _, tier in answers[0])
+    # the fault is a failure of this run: its own rate (one in about 50 s) is shorter than the prior's 18,000 s
+    assert before is not None and ranks[0].plan is not None and ranks[0].plan.shared_s < before.shared_s / 5
+
+
+def test_a_check_joins_the_background_save_before_its_broadcast(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A background save's commit runs collectives on the work group from its own thread: a check's broadcast on
+    the same group must wait for it, or the two would pair up differently on different ranks."""
+    clock = Clock(monkeypatch)
+    order: list[str] = []
+
+    class Logged(SoloComm):
+        def broadcast(self, obj: Any) -> Any:
+            order.append("broadcast")
+            return obj
+
+    c = Cadence(rank=0, comm=Logged, events=None, current=(0, 0), nodes=2, node_h=10.0, local=False,
+                step_s=lambda: 1.0, join=lambda: order.append("join"))
+    saves = train(c, clock, 50, stall={"shared": 1.0})
+    assert saves and len(order) >= 4 and order == ["join", "broadcast"] * (len(order) // 2)
+
+
 def test_status_says_what_should_save_would_answer_for_a_jobs_measurements() -> None:
     from slurmrt.checkpoint.cadence import advice
 

@@ -114,6 +114,11 @@ class History:
         """This history with ``seconds`` more run without a failure (the current run, so far)."""
         return replace(self, exposure_s=self.exposure_s + max(0.0, seconds))
 
+    def failing(self, count: int, *, local: bool) -> History:
+        """This history with ``count`` more failures, served by the local tier if ``local``."""
+        return replace(self, failures=self.failures + count,
+                       shared_failures=self.shared_failures + (0 if local else count))
+
     def shared_share(self) -> float:
         """The share of failures the local tier did not serve."""
         return (SHARED_SHARE_PRIOR + self.shared_failures) / (1 + self.failures)
@@ -145,12 +150,14 @@ class Cadence:
 
     ``comm`` opens slurmrt's work group (for the broadcast at check steps); ``events`` is the event log (rank 0 reads
     the history from it once); ``costs`` gives the earlier runs' measured (shared, local) save times; ``step_s`` the
-    measured step time; ``local``: whether the job has a local tier."""
+    measured step time; ``local``: whether the job has a local tier; ``join`` waits for a background save in flight:
+    it holds the work group until it is joined (:mod:`slurmrt._comm`), so the check's broadcast comes after it."""
 
     def __init__(self, *, rank: int, comm: Callable[[], Comm], events: Path | None, current: tuple[int, int],
                  nodes: int, node_h: float, local: bool, step_s: Callable[[], float | None],
-                 costs: tuple[float | None, float | None] = (None, None)) -> None:
-        self._rank, self._comm, self._events, self._current = rank, comm, events, current
+                 costs: tuple[float | None, float | None] = (None, None),
+                 join: Callable[[], None] = lambda: None) -> None:
+        self._rank, self._comm, self._events, self._current, self._join = rank, comm, events, current, join
         self._nodes, self._node_h, self._local, self._step_s = nodes, node_h, local, step_s
         self._check: int | None = None  # the next check step: the same on every rank
         self._last: int | None = None  # the last step asked about, counted on (:meth:`_counted`)
@@ -158,7 +165,8 @@ class Cadence:
         self._history: History | None = None
         self._cost: dict[str, float | None] = {"shared": costs[0], "local": costs[1]}
         self._since: dict[str, float] = {}  # rank 0: when each tier's newest save of this run ended
-        self._started = 0.0  # rank 0: the first call's time (this run's time counts into the history)
+        self._started: float | None = None  # rank 0: the first call's time (this run's time counts into the history)
+        self._faults = 0  # the faults this run lived through (in-process restarts)
         self.plan: Intervals | None = None  #: rank 0's intervals at the last check
 
     def due(self, step: int) -> str | None:
@@ -168,6 +176,7 @@ class Cadence:
         step = self._counted(step)
         if self._check is not None and step < self._check:
             return None
+        self._join()  # a background save's commit runs on the work group: two threads there would cross collectives
         decided = self._decide(step) if self._rank == 0 else None
         answer, self._check = self._comm().broadcast(decided)
         return answer
@@ -194,18 +203,24 @@ class Cadence:
         self._cost[tier] = stall_s
         self._since[tier] = _clock.mono()
 
+    def restart(self) -> None:
+        """An in-process restart: every rank goes on from the same checkpoint, but each left the failed generation at
+        a step of its own (the one that raised, the others in the collective after it). The step count and the check
+        step start again, so that every rank asks at the same step: the next call is a check on every rank. The fault
+        counts as a failure of this run, served by the tier the restart reloaded (the local one, if any)."""
+        self._check = self._last = None
+        self._base = 0
+        self._faults += 1
+
     def _decide(self, step: int) -> tuple[str | None, int]:
         # Shape: the decision's stages in order (first call, unmeasured tiers, the plan, what is due), each ending early
         now = _clock.mono()
-        if self._check is None:  # the first call: the clock starts, nothing is due yet
-            self._since.setdefault("shared", now)
-            self._started = now
-            return None, step + WARMUP_STEPS
+        if self._check is None:  # the first call (or the first after a restart): the clock starts, nothing is due
+            return self._first(step, now)
         unmeasured = self._unmeasured()
         if unmeasured is not None:  # save once to each tier, to measure it
             return unmeasured, step + WARMUP_STEPS
-        history = self._known_history().lasting(now - self._started)
-        plan = self.plan = intervals(history, shared_cost_s=self._cost["shared"] or 0.0,
+        plan = self.plan = intervals(self._failures(now), shared_cost_s=self._cost["shared"] or 0.0,
                                      local_cost_s=self._cost["local"] if self._local else None, node_h=self._node_h,
                                      nodes=self._nodes)
         left = self._left(plan, now)
@@ -214,6 +229,17 @@ class Cadence:
         if due is not None:  # it saves now: that tier's interval starts again (a shared save is newest for both)
             left.update({t: getattr(plan, f"{t}_s") for t in left if t == due or due == "shared"})
         return due, step + _steps(min(left.values()), step_s)
+
+    def _first(self, step: int, now: float) -> tuple[None, int]:
+        self._since.setdefault("shared", now)
+        if self._started is None:  # this run's time counts from its first call, across in-process restarts
+            self._started = now
+        return None, step + WARMUP_STEPS
+
+    def _failures(self, now: float) -> History:
+        """The experiment's failures: the earlier runs', this run's time so far, and the faults it lived through."""
+        lasted = now - self._started if self._started is not None else 0.0
+        return self._known_history().lasting(lasted).failing(self._faults, local=self._local)
 
     def _unmeasured(self) -> str | None:
         """The tier whose stall is not known yet, shared first."""

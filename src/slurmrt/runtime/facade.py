@@ -74,7 +74,8 @@ class Runtime(TopologyView):
         self._cadence = Cadence(rank=topology.rank, comm=lambda: self._hooks.groups().work, events=events.path,
                                 current=(topology.restart_count, topology.attempt), nodes=topology.nnodes,
                                 node_h=options.mtbf_node_h, local=options.local_checkpoint_dir is not None,
-                                step_s=budget.steps.estimate, costs=(earlier.save_s, None))
+                                step_s=budget.steps.estimate, costs=(earlier.save_s, None),
+                                join=self.checkpoints.settle)
         self._state = state = RunState()  # what the stop controller writes and the hang monitor reads
         self.hangs = HangMonitor(topology, HangSettings.of(options), executor, state=state, signals=signals,
                                  kill_switch=self._switch)
