@@ -75,6 +75,10 @@ def test_a_cheap_local_save_comes_at_least_as_often_as_its_overhead_allows() -> 
     plan = intervals(History(), shared_cost_s=0.5, local_cost_s=1.0, node_h=5000, nodes=2)
     assert daly(1.0, 9e6 / 0.5) > 5000
     assert plan.local_s == pytest.approx(1.0 / LOCAL_OVERHEAD) and plan.shared_s > 3000
+    # from the job's first failure its own rate speaks: no floor, Daly's interval for that rate
+    failed = History(exposure_s=9e6, failures=1)
+    plan = intervals(failed, shared_cost_s=0.5, local_cost_s=1.0, node_h=5000, nodes=2)
+    assert plan.local_s == pytest.approx(daly(1.0, 9e6 / (1 - failed.shared_share()))) and plan.local_s > 3000
     # where the failure rate asks for more, Daly's interval is the shorter and wins
     flaky = History(exposure_s=600, failures=6)
     plan = intervals(flaky, shared_cost_s=0.5, local_cost_s=1.0, node_h=5000, nodes=2)

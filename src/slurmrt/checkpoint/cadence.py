@@ -24,11 +24,12 @@ With a local tier (``local_checkpoint_dir``) there are two intervals. Local save
 survives (a node lost while its partner lives: an in-job restart resumes from it); the shared tier serves the rest.
 So the shared interval is Daly's for the shared save's stall and the mean time between failures the local tier did
 not serve, and the local one Daly's for the local save's stall and the time between those it did. Which ones it
-serves is learned too (the tier each resume read), from a prior of one in two. The local interval is also at most
-the local stall over ``LOCAL_OVERHEAD`` (a local save at least as often as 1 % of the training time pays for): the
-prior is a guess until the job has failed, and a fast tier's saves are cheap insurance against a guess that is far
-off (CheckFreq, FAST '21, bounds its saves' overhead the same way). The shared tier has no such floor: a shared
-save's cost to the filesystem is more than its stall.
+serves is learned too (the tier each resume read), from a prior of one in two. Until the job has failed once, the
+local interval is also at most the local stall over ``LOCAL_OVERHEAD`` (a local save at least as often as 1 % of the
+training time pays for): the prior is a guess until then, and a fast tier's saves are cheap insurance against a
+guess that is far off (CheckFreq, FAST '21, bounds its saves' overhead the same way). From the first failure the
+job's own rate speaks, and the insurance ends: where the prior was right, it would cost 1 % for good. The shared
+tier has no such floor: a shared save's cost to the filesystem is more than its stall.
 
 Every rank must get the same answer at the same step, without a collective per step. The answer is decided at
 *check steps*: every rank calls ``should_save`` at every step; at a check step they take part in one broadcast of
@@ -60,8 +61,8 @@ SHARED_SHARE_PRIOR = 0.5
 WARMUP_STEPS = 3
 #: From this many failures of its own, the job's own failure rate wins over the prior where it is shorter.
 OWN_RATE_FROM = 1
-#: The local tier's saves block training for at most this share of its time when the failure rate alone would
-#: save less often: the local interval is at most the local stall over it.
+#: Until the job's first failure, the local tier's saves block training for at least this share of its time when
+#: the prior alone would save less often: the local interval is at most the local stall over it.
 LOCAL_OVERHEAD = 0.01
 
 
@@ -140,8 +141,9 @@ def intervals(history: History, *, shared_cost_s: float, local_cost_s: float | N
         return Intervals(daly(max(shared_cost_s, 1e-3), mtbf))
     share = history.shared_share()
     shared = daly(max(shared_cost_s, 1e-3), mtbf / share)
-    local = min(daly(max(local_cost_s, 1e-3), mtbf / (1 - share)), max(local_cost_s, 1e-3) / LOCAL_OVERHEAD) \
-        if share < 1 else None
+    local = daly(max(local_cost_s, 1e-3), mtbf / (1 - share)) if share < 1 else None
+    if local is not None and history.failures == 0:  # the prior alone speaks: a guess, insured against (docstring)
+        local = min(local, max(local_cost_s, 1e-3) / LOCAL_OVERHEAD)
     return Intervals(shared, local if local is not None and local < shared else None)
 
 
