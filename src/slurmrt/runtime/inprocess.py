@@ -217,16 +217,22 @@ class InProcess:
         key = f"{self._prefix}/verdict/{generation}"
         if self._store.check([key]):
             return str(self._store.get(key).decode())
-        count = self._store.add(arrived, 0)
-        gone = self._ended() if count < world else []
-        why = (None if count >= world else
-               f"srun saw task(s) {', '.join(map(str, gone))} end: their process is gone" if gone else
-               f"{world - count} rank(s) did not come back within {self.rejoin_timeout_s:.0f} s: their process is "
-               "probably gone" if time.monotonic() > deadline else "")
+        missing = world - self._store.add(arrived, 0)
+        why = self._why_not(missing, deadline) if missing > 0 else None
         if why == "":
             return None
         got = self._store.compare_set(key, "", GO if why is None else f"{self.rt.rank}: {why}")
         return got.decode() if isinstance(got, bytes) else str(got)
+
+    def _why_not(self, missing: int, deadline: float) -> str:
+        """Why ``missing`` ranks will not come back, or "" while they still may."""
+        gone = self._ended()
+        if gone:
+            return f"srun saw task(s) {', '.join(map(str, gone))} end: their process is gone"
+        if time.monotonic() > deadline:
+            return (f"{missing} rank(s) did not come back within {self.rejoin_timeout_s:.0f} s: their process is "
+                    "probably gone")
+        return ""
 
     def _ended(self) -> list[int]:
         """The tasks srun saw end, as ``slurmrt run`` tells (:class:`slurmrt.recovery.injob.EndedReader`)."""

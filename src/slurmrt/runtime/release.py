@@ -57,13 +57,13 @@ def release(group: Any, err: BaseException | None, abort: Callable[[], None]) ->
 def _functions(module: Any) -> list[types.FunctionType]:
     """The module's functions, and those of the classes it defines."""
     try:
-        values = list(vars(module).values())
-    except TypeError:  # a stand-in without a __dict__
+        values = list(vars(module).values())  # a copy: another thread may import or define as this runs
+        name = getattr(module, "__name__", None)
+        found = [v for v in values if isinstance(v, types.FunctionType)]
+        for cls in (v for v in values if isinstance(v, type) and getattr(v, "__module__", None) == name):
+            found += [m for m in list(vars(cls).values()) if isinstance(m, types.FunctionType)]
+    except (TypeError, RuntimeError):  # a stand-in without a __dict__; a class changed as it was read
         return []
-    name = getattr(module, "__name__", None)
-    found = [v for v in values if isinstance(v, types.FunctionType)]
-    for cls in (v for v in values if isinstance(v, type) and getattr(v, "__module__", None) == name):
-        found += [m for m in vars(cls).values() if isinstance(m, types.FunctionType)]
     return found
 
 
