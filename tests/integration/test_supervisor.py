@@ -408,3 +408,21 @@ def test_the_options_a_training_shares_are_read_back_whole(tmp_path: Path) -> No
                                       "requeue": False, "max_restarts": 1, "max_futile_runs": None,
                                       "max_excluded_nodes": 2}
     assert injob.read_facts(d, 1) is None  # another attempt's
+
+
+def test_relative_paths_a_training_shares_are_read_back_absolute(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    # `--checkpoint-dir ckpt`, as users write it: the record was refused ("not what slurmrt writes"), and slurmrt run
+    # then kept its judgement of a fault out of the training's event log
+    from slurmrt.recovery import injob
+    from slurmrt.recovery.facts import InJob
+
+    d = tmp_path / "run"
+    d.mkdir(mode=0o700)
+    monkeypatch.chdir(tmp_path)
+    injob.share_facts(InJob(d, 0, (), 3), {"event_log": Path("ckpt/events-7.jsonl"), "checkpoint_dir": "ckpt",
+                                           "requeue": True, "max_restarts": None, "max_futile_runs": 3,
+                                           "max_excluded_nodes": 4})
+    read = injob.read_facts(d, 0)
+    assert read is not None and read["event_log"] == str(tmp_path / "ckpt" / "events-7.jsonl")
+    assert read["checkpoint_dir"] == str(tmp_path / "ckpt")

@@ -83,7 +83,8 @@ def share_facts(sup: InJob, facts: dict[str, Any]) -> None:
     """Rank 0, at ``init()``: the options the training resolved (``checkpoint_dir=`` and the rest passed in code),
     for ``slurmrt run``, which would otherwise know only the environment's. Never raises: the supervisor then goes
     on with the environment, and says so."""
-    data = {k: (str(v) if isinstance(v, Path) else v) for k, v in facts.items() if k in _FACTS}
+    # Paths absolute (the reader refuses others): a relative checkpoint_dir is the training's working directory's
+    data = {k: (os.path.abspath(v) if isinstance(v, (str, Path)) else v) for k, v in facts.items() if k in _FACTS}
     try:
         private_dir(sup.directory)
         fd = open_new(facts_path(sup.directory, sup.attempt))
