@@ -145,8 +145,8 @@ def test_status_tells_the_jobs_life_with_the_figures_of_its_event_log(job: Path,
     assert status.returncode == 0, status.stderr
     text = status.stdout
     assert f"experiment {_experiment(job)}: 2 run(s): 1 requeue(s), 0 in-job restart(s)" in text
-    # Task 1 is killed; task 0, the survivor, names it and records the end of the run (exit 5, HUNG).
-    assert f"run 0: fresh start; no stop; last checkpoint step {SAVE_EVERY - 1}; exit HUNG" in text
+    # Task 1 is killed; task 0, the survivor, names it and records the end of the run (exit 5, PEER_LOST: not a hang).
+    assert f"run 0: fresh start; no stop; last checkpoint step {SAVE_EVERY - 1}; exit PEER_LOST" in text
     assert f"(at least {lost} step(s))" in text
     assert f"run 1: resumed after step {SAVE_EVERY - 1}; no stop; last checkpoint step {STEPS - 1}; exit FINISHED; " \
         f"reached step {STEPS - 1}" in text

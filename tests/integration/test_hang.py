@@ -51,6 +51,7 @@ def test_a_rank_stuck_in_user_code_is_named_while_the_others_block_in_a_gloo_all
     assert not hangs[1]["waiting"] and "hang_worker.py" in hangs[1]["where"]
     found = [e for e in hangs.values() if e["activity"] == "step"]
     assert found and all(e["idle_s"] >= e["allowed_s"] >= 3 for e in found), "found by the learned step allowance"
+    assert [e["outcome"] for e in _events(workdir, "exit")] == ["HUNG"], "a rank that lives and hangs"
     (suspects,) = _events(workdir, "suspects")
     assert [s["rank"] for s in suspects["suspects"]] == [1] and suspects["nodes"] == ["localhost"]
     calls = _calls(workdir)
@@ -72,6 +73,7 @@ def test_a_rank_killed_mid_run_is_named_by_the_survivors(workdir: Path) -> None:
     assert [s["rank"] for s in suspects["suspects"]] == [1] and "did not answer" in suspects["why"]
     assert suspects["nodes"] == ["localhost"], "the dead rank's node, from its registration at the start"
     assert "requeue 4242" in _calls(workdir)
+    assert [e["outcome"] for e in _events(workdir, "exit")] == ["PEER_LOST"], "recorded as what it was, not a hang"
 
 
 def test_a_write_that_never_returns_is_found_in_the_save(workdir: Path) -> None:

@@ -844,7 +844,7 @@ def test_14_a_node_that_fails_with_no_spare_left_is_requeued_without_it(cluster:
     ev = events(tmp_path, job)
     (refused,) = [e for e in ev if e["event"] == "in_job_refused"]
     assert refused["nodes"] == [victim] and "but 0 spare(s) left" in refused["why"]
-    assert [(e["code"], e["outcome"]) for e in ev if e["event"] == "exit" and e["restart"] == 0] == [(5, "HUNG")]
+    assert [(e["code"], e["outcome"]) for e in ev if e["event"] == "exit" and e["restart"] == 0] == [(5, "PEER_LOST")]
     assert [e["done"] for e in ev if e["event"] == "requeue"] == [True]
     (excluded,) = [e for e in ev if e["event"] == "exclude"]
     in_slurm = victim in info.get("ExcNodeList", "")

@@ -28,9 +28,9 @@ MAX_RESTARTS = replace(NO_SPARE, restart_count=5, max_restarts=5)
 
 A = Action
 #: The faults whose nodes come with evidence (a node that left the job, a failed health check).
-NODE_FAULTS = [(Trigger.NODE_GONE, Outcome.HUNG), (Trigger.UNHEALTHY, Outcome.UNHEALTHY)]
+NODE_FAULTS = [(Trigger.NODE_GONE, Outcome.PEER_LOST), (Trigger.UNHEALTHY, Outcome.UNHEALTHY)]
 #: The faults whose nodes are suspects named from inside the step: judged by `slurmrt run` before a spare is spent.
-SUSPECT_FAULTS = [(Trigger.HANG, Outcome.HUNG), (Trigger.RANK_LOST, Outcome.HUNG)]
+SUSPECT_FAULTS = [(Trigger.HANG, Outcome.HUNG), (Trigger.RANK_LOST, Outcome.PEER_LOST)]
 
 
 @pytest.mark.parametrize(("trigger", "outcome"), NODE_FAULTS)
@@ -189,7 +189,7 @@ def test_a_node_lost_with_no_spare_left_is_recorded_once_and_requeued(tmp_path: 
     assert done.action is Action.REQUEUE and requeued == ["7"] and excluded == [["n2"]]
     ev = list(read_events(tmp_path / "events.jsonl"))
     assert [e["event"] for e in ev] == ["in_job_refused", "exit", "requeue"]
-    assert ev[1]["code"] == 5 and ev[1]["outcome"] == "HUNG" and ev[1]["step"] == 12 and ev[1]["lead"] is True
+    assert ev[1]["code"] == 5 and ev[1]["outcome"] == "PEER_LOST" and ev[1]["step"] == 12 and ev[1]["lead"] is True
 
 
 def test_the_supervisor_records_an_in_job_restart_it_makes_itself(tmp_path: Path) -> None:

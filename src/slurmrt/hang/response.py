@@ -181,6 +181,8 @@ class HangResponse:
         census, states, store_lost = self._gather(state)
         self._exit_if_not_a_node(states, idle, step)
         suspects, why, nodes, lead = self._suspects(census, states, store_lost)
+        if trigger is Trigger.HANG and self._lost(suspects, states):
+            trigger = Trigger.RANK_LOST  # every suspect's task was seen to end: a lost peer, and recorded as one
         if not self._leads(lead):
             if census is not None and not store_lost:
                 with contextlib.suppress(CensusError):
@@ -300,6 +302,12 @@ class HangResponse:
         seen = self._tasks.last if self._tasks is not None else {}
         ended = [f"rank {r} end ({seen[r][1]}, on {seen[r][0]})" for r in suspects if r not in states and r in seen]
         return "; srun saw " + ", ".join(ended) if ended else ""
+
+    def _lost(self, suspects: list[int], states: dict[int, RankState]) -> bool:
+        """Whether srun saw every suspect's task end, on a signal or an error, and none of them answered."""
+        seen = self._tasks.last if self._tasks is not None else {}
+        return bool(suspects) and all(r not in states and r in seen and seen[r][1] not in _ANSWERED
+                                      for r in suspects)
 
     def _wait(self, seconds: float) -> float:
         return min(seconds, HURRIED_S) if self.terminating() else seconds

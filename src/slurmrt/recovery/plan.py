@@ -16,7 +16,8 @@ from ..stop.decision import Reason, StopDecision
 from .facts import Facts
 from .policy import Outcome, at_time_limit, futile_why
 
-__all__ = ["IN_JOB_LOOP_GUARD", "Action", "Decision", "FaultClass", "NodeEvidence", "Trigger", "classify", "plan"]
+__all__ = ["IN_JOB_LOOP_GUARD", "Action", "Decision", "FaultClass", "NodeEvidence", "Trigger", "classify",
+           "fault_outcome", "plan"]
 
 #: Two steps in a row that failed without committing a newer checkpoint: the failure follows the job, not a node,
 #: and another node would most likely not cure it.
@@ -70,8 +71,14 @@ class Action(enum.Enum):
 _SUSPECTS = {Trigger.RANK_LOST, Trigger.HANG}
 
 #: The triggers that name bad nodes: an in-job restart can cure them.
-_NODE_FAULTS = {Trigger.RANK_LOST: Outcome.HUNG, Trigger.HANG: Outcome.HUNG, Trigger.NODE_GONE: Outcome.HUNG,
-                Trigger.UNHEALTHY: Outcome.UNHEALTHY}
+_NODE_FAULTS = {Trigger.RANK_LOST: Outcome.PEER_LOST, Trigger.HANG: Outcome.HUNG,
+                Trigger.NODE_GONE: Outcome.PEER_LOST, Trigger.UNHEALTHY: Outcome.UNHEALTHY}
+
+
+def fault_outcome(trigger: Trigger) -> Outcome:
+    """How a run that ``trigger`` ended is recorded (a node's fault, or a suspect's): its outcome, and so its
+    code."""
+    return _NODE_FAULTS.get(trigger, Outcome.HUNG)
 
 
 @dataclass(frozen=True)

@@ -50,7 +50,10 @@ class Outcome(enum.Enum):
     STOPPED = ExitCode.STOPPED, "stopped; not requeued"
     REQUEUE_NEEDED = ExitCode.REQUEUE_NEEDED, "stopped for a requeue that slurmrt could not make"
     FAILED = ExitCode.FAILED, "ended for good, but its last checkpoint failed"
-    HUNG = ExitCode.HUNG, "a rank hung or a peer was lost"
+    HUNG = ExitCode.HUNG, "a rank hung"
+    #: A rank's process or its node was lost (srun saw it end, killed or on a signal; a collective failed on its
+    #: closed connection; Slurm took the node): the same code as a hang, and the record says which it was.
+    PEER_LOST = ExitCode.HUNG, "a peer's process or node was lost"
     UNHEALTHY = ExitCode.UNHEALTHY, "a node failed the start-up health check"
 
     def __init__(self, code: ExitCode, meaning: str) -> None:

@@ -46,7 +46,7 @@ from .evidence import Evidence
 from .executor import Executor
 from .facts import ATTEMPT_ENV, DIR_ENV, MAX_ENV, SPARES_ENV, Facts, InJob
 from .forward import Forwarder
-from .plan import Action, Decision, FaultClass, NodeEvidence, Trigger
+from .plan import Action, Decision, FaultClass, NodeEvidence, Trigger, fault_outcome
 from .policy import ExitCode, Outcome
 from .report import Failure, block
 from .steps import (
@@ -211,7 +211,7 @@ class Supervisor:
         fault, bad, evidence = self.evidence.judge(trigger, suspects, held)
         spares = tuple(n for n in placement.spares if n in held)
         if asked and len(bad) <= len(spares):  # the ranks chose the new step and recorded it
-            decision = self._as_asked(fault, bad, suspects, detail)
+            decision = self._as_asked(fault_outcome(trigger), fault, bad, suspects, detail)
         else:  # the plan decides again with the judged nodes: a spare for each, else the requeue
             judged = trigger if not bad else Trigger.NODE_GONE if fault is FaultClass.NODE_LOST else Trigger.UNHEALTHY
             decision = self._executor(attempt, spares).recover(
@@ -224,14 +224,15 @@ class Supervisor:
             return list(bad), code
         return None, decision.code  # the executor said why, and what it did instead
 
-    def _as_asked(self, fault: FaultClass, bad: tuple[str, ...], suspects: list[str], detail: str) -> Decision:
+    def _as_asked(self, outcome: Outcome, fault: FaultClass, bad: tuple[str, ...], suspects: list[str],
+                  detail: str) -> Decision:
         """The new step the ranks asked for, without the nodes judged bad (none: the same nodes); those go into the
         bad-node ledger."""
         if bad and self.ledger is not None:
             self.ledger.record(bad, reason=f"{fault.value}: {detail}", job=self.requeue_id)
         why = f"{', '.join(bad)}: {fault.value}" if bad else \
             "a new step on the same nodes: no node evidence against " + ", ".join(suspects)
-        return Decision(Action.IN_JOB_RESTART, Outcome.HUNG, why, bad)
+        return Decision(Action.IN_JOB_RESTART, outcome, why, bad)
 
     def _record(self, trigger: Trigger, fault: FaultClass, evidence: list[NodeEvidence], decision: Decision,
                 placement: Placement, attempt: int) -> None:
