@@ -466,6 +466,32 @@ def test_a_step_whose_tasks_all_die_unanswered_under_slurmrt_run_restarts_on_the
     assert finals[0]["start"] == 20 and finals[0]["w"] == pytest.approx(expected_weights(60, 2), abs=1e-5)
 
 
+def test_a_rank_crash_on_the_training_clock_is_one_account_in_the_summary_status_and_the_ledger(
+        tmp_path: Path) -> None:
+    # One rank SIGKILLed at step 30 of 120 (6 s of training: within slurmrt's default 10 s between progress reports,
+    # so the simulator must ask for reports often enough for the fault to land while the job trains). Its peer
+    # asks for a new step naming the dead rank's node; slurmrt run finds no evidence against it and keeps it. The
+    # summary, slurmrt status and the event log must tell that one story: one run in two steps, on the same nodes,
+    # the first step ended by a lost peer (not a hang).
+    (tmp_path / "trace.csv").write_text("step,kind,node\n30,rank-crash,1\n")
+    out = sim(tmp_path, "-N", "3", "--spare-nodes", "1", "--no-kill", "--trace", "trace.csv", "--",
+              sys.executable, str(ROOT / "examples" / "quickstart" / "train.py"), "--steps", "120", "--step-time",
+              "0.05", "--save-every", "10", "--checkpoint-dir", "ckpt", timeout=600)
+    output = out.stdout + out.stderr
+    assert out.returncode == 0, output[-5000:]
+    assert "faults (trace trace.csv): 1 injected (1 rank-crash)" in out.stdout, output[-3000:]
+    (row,) = summary_rows(out.stdout)
+    assert "in-job restart(s) on the same nodes" in row["ended by"] and "without" not in row["ended by"], row
+    assert "\n1 run(s) in 2 step(s): 0 requeue(s), 1 in-job restart(s)\n" in out.stdout, out.stdout[-2000:]
+    status = subprocess.run([sys.executable, "-m", "slurmrt", "status", "--json", "ckpt"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    (job,) = json.loads(status.stdout)["jobs"]
+    assert (job["job_runs"], job["in_job_restarts"]) == (1, 1), job
+    assert [(r["outcome"], r["left"]) for r in job["runs"]] == [("PEER_LOST", []), ("FINISHED", [])], job["runs"]
+    assert job["totals"]["lost_s"] == pytest.approx(job["goodput"]["seconds"]["lost_work"]), job
+
+
 def test_a_signal_storm_stops_the_job_once_saves_once_and_the_requeued_run_finishes(tmp_path: Path) -> None:
     # 30 signals (USR1, USR2, TERM, ten rounds) to every task at once, on training time: one agreed stop, one save,
     # one requeue, and every step applied once.

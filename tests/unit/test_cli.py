@@ -118,7 +118,7 @@ def test_status_shows_the_in_job_restart_which_node_left_and_why(tmp_path: Path)
                                                                  step=79),
     ])
     lines = status([tmp_path], chart=False)
-    assert lines[0].startswith("job 12: 2 run(s): 0 requeue(s), 1 in-job restart(s)")
+    assert lines[0].startswith("job 12: 1 run(s) in 2 step(s): 0 requeue(s), 1 in-job restart(s)")
     assert lines[1].startswith("  run 0: fresh start") and \
         "in-job restart without n1 (rank(s) 0 did not answer)" in lines[1] and "(at least 5 step(s))" in lines[1]
     assert "replaced by a new step in the job; reached step 34" in lines[1]

@@ -61,7 +61,7 @@ def status_data(dirs: Iterable[Path]) -> list[dict[str, Any]]:
             fields["checkpoints"] = [{"time": t, "step": s, "seconds": d} for t, s, d in run_.checkpoints]
             runs.append({"label": run_.label, **fields, "gap_before_s": life.gaps[i - 1] if i else None})
         jobs.append({"job": life.job, "experiment": life.experiment, "event_log": str(f), "runs": runs,
-                     "restarts": max((r.restart for r in life.runs), default=0),
+                     "job_runs": life.job_runs, "restarts": max((r.restart for r in life.runs), default=0),
                      "in_job_restarts": sum(1 for r in life.runs if r.attempt),
                      "totals": {"wall_s": life.wall_s, "last_step": life.last_step, "lost_steps": life.lost_steps,
                                 "lost_s": life.lost_s, "save_s": life.save_s, "checkpoints": life.checkpoints,
@@ -121,7 +121,7 @@ def _header(life: JobLife, f: Path) -> str:
     in_job = sum(1 for r in life.runs if r.attempt)
     in_process = sum(1 for r in life.runs for said in r.in_process if " not restarted: " not in said)
     experiment = f", experiment {life.experiment}" if life.experiment else ""
-    return (f"job {life.job}{experiment}: {len(life.runs)} run(s): {restarts} requeue(s), {in_job} in-job "
+    return (f"job {life.job}{experiment}: {life.counted}: {restarts} requeue(s), {in_job} in-job "
             f"restart(s)" + (f", {in_process} in-process restart(s)" if in_process else "") + f"  [{f}]")
 
 

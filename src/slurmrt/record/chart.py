@@ -17,7 +17,7 @@ __all__ = ["draw", "duration", "render", "totals"]
 
 def totals(life: JobLife) -> str:
     last = "no step recorded" if life.last_step is None else f"reached step {life.last_step}"
-    return (f"totals: {len(life.runs)} run(s), {last} in {duration(life.wall_s)}; work lost {life.lost_steps} "
+    return (f"totals: {life.counted}, {last} in {duration(life.wall_s)}; work lost {life.lost_steps} "
             f"step(s) ({duration(life.lost_s)}); waiting between runs {duration(sum(life.gaps))}; saving "
             f"{duration(life.save_s)} ({life.checkpoints} checkpoint(s))")
 

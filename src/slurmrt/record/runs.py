@@ -72,6 +72,17 @@ class Run:
         return self.first(Event.EXIT)
 
     @property
+    def left_out(self) -> tuple[str, ...] | None:
+        """The nodes the next step of the run left out (None: no in-job restart was recorded): ``slurmrt run``'s
+        judgement of the fault (its ``recovery`` event) where it made one, since the evidence may clear the
+        suspects; else the nodes of the suspects the step named (its ``in_job_restart`` event)."""
+        judged, moved = self.first(Event.RECOVERY), self.first(Event.IN_JOB_RESTART)
+        said = judged.get("left_out") if judged is not None else moved.get("nodes") if moved is not None else None
+        if judged is None and moved is None:
+            return None
+        return tuple(str(n) for n in said) if isinstance(said, list) else ()
+
+    @property
     def last_checkpoint(self) -> int | None:
         saves = self.all(Event.SAVE)
         return saves[-1].get("step") if saves else None

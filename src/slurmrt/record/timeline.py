@@ -80,7 +80,7 @@ class RunLife:
     def cut_short(self) -> bool:
         """The run ended without a clean exit (killed), or on a hang or a failed health check: its training was
         cut, so its last ``progress`` event is a lower bound of what it did."""
-        return self.outcome in (None, "HUNG", "UNHEALTHY")
+        return self.outcome in (None, "HUNG", "PEER_LOST", "UNHEALTHY")
 
     @property
     def stop_time(self) -> float | None:
@@ -100,6 +100,19 @@ class JobLife:
     job: str
     experiment: str | None
     runs: list[RunLife]
+
+    @property
+    def job_runs(self) -> int:
+        """The job's runs: what Slurm started, once and then once per requeue. The new step of an in-job restart
+        (``slurmrt run``) is a step of its run, not a run of its own: ``runs`` holds one entry per step."""
+        return len({r.restart for r in self.runs})
+
+    @property
+    def counted(self) -> str:
+        """``2 run(s)``, or ``1 run(s) in 3 step(s)`` when in-job restarts made new steps: the one count that
+        ``slurmrt status``, its totals and ``slurmrt sim``'s summary say."""
+        steps = f" in {len(self.runs)} step(s)" if len(self.runs) != self.job_runs else ""
+        return f"{self.job_runs} run(s){steps}"
 
     @property
     def gaps(self) -> list[float]:
@@ -174,10 +187,9 @@ def _run_life(run: Run) -> RunLife:
     moved = run.first(Event.IN_JOB_RESTART)
     process_s = _process_s(run)
     life = RunLife(restart=run.restart, start=run.start - process_s, end=run.end, resumed_from=run.resumed_from,
-                   reasons=run.reasons, attempt=run.attempt,
-                   left=tuple(str(n) for n in moved.get("nodes") or ()) if moved else (),
+                   reasons=run.reasons, attempt=run.attempt, left=run.left_out or (),
                    left_why=str(moved.get("why") or "") if moved else "", process_s=process_s)
-    _judgement(run, life)
+    life.recovery = run.first(Event.RECOVERY)
     life.stragglers = tuple(_straggler(e) for e in run.all(Event.STRAGGLER))
     life.in_process = tuple(_in_process(e) for e in run.all(Event.IN_PROCESS))
     life.resumed_tier, life.from_peers = _resumed_where(run)
@@ -223,14 +235,6 @@ def _process_s(run: Run) -> float:
     said = figures.epoch(next((e["slurm_start"] for e in run.all(Event.PROGRESS) if "slurm_start" in e), None))
     since = figures.seconds(run.start - said) if run.attempt == 0 and said is not None else None
     return max(own, since) if since is not None and since <= LAUNCH_MAX_S else own
-
-
-def _judgement(run: Run, life: RunLife) -> None:
-    """`slurmrt run`'s judgement of the step's fault, and so the nodes it really left out (the ranks named
-    suspects; the evidence may have cleared them)."""
-    life.recovery = run.first(Event.RECOVERY)
-    if life.recovery is not None:
-        life.left = tuple(str(n) for n in life.recovery.get("left_out") or ())
 
 
 def _resumed_where(run: Run) -> tuple[str | None, int | None]:

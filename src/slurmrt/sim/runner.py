@@ -37,6 +37,9 @@ __all__ = ["SimRun"]
 
 #: A signal storm sends each of its three signals this many times to every task.
 STORM_ROUNDS = 10
+#: With a trace on the training clock, rank 0 reports its step this often (seconds; slurmrt's default is 10 s,
+#: which would let a fault land up to 10 s of training past its step), unless the job's environment says.
+STEP_TRACE_PROGRESS_S = 1
 
 
 class SimRun:
@@ -62,6 +65,8 @@ class SimRun:
         env[LEDGER_ENV] = str(state.dir / "bad-nodes.json")  # a rehearsal's nodes never reach the user's ledger
         env[COPY_ENV] = str(events)  # the job's own event log stays where it is (next to its checkpoints)
         env.setdefault("SLURMRT_KILL_WAIT_S", str(spec.kill_wait_s))
+        if trace is not None and trace.on_steps:  # a fault comes at the first report past its step: report often
+            env.setdefault("SLURMRT_PROGRESS_S", str(STEP_TRACE_PROGRESS_S))
         script = spec.script
         if script is None:
             script = state.dir / "batch.sh"

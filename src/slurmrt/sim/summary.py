@@ -131,8 +131,8 @@ def _annotate(records: list[RunRecord], events: list[dict[str, Any]]) -> None:
         rec.checkpoint = next((s.last_checkpoint for s in reversed(steps) if s.last_checkpoint is not None), None)
         rec.loaded, rec.resumed_from = _began(steps)
         rec.chosen_code = exit_event.get("code") if exit_event else None
+        rec.in_job = [step.left_out or () for step in steps[:-1]]  # each step a new one followed, as status says
         for step in steps:
-            rec.in_job += [tuple(str(n) for n in e.get("nodes") or ()) for e in step.all(Event.IN_JOB_RESTART)]
             rec.stragglers += [(int(e.get("straggler", -1)), e.get("node")) for e in step.all(Event.STRAGGLER)]
 
 
@@ -150,7 +150,10 @@ def summary(records: list[RunRecord], after: list[str] | None = None) -> str:
     rows += [_row(r) for r in records]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
-    return "\n".join(["", "slurmrt sim summary", *lines, *([""] + after if after else [])])
+    in_job = sum(len(r.in_job) for r in records)
+    steps = f" in {len(records) + in_job} step(s)" if in_job else ""
+    counted = f"{len(records)} run(s){steps}: {max(0, len(records) - 1)} requeue(s), {in_job} in-job restart(s)"
+    return "\n".join(["", "slurmrt sim summary", *lines, "", counted, *([""] + after if after else [])])
 
 
 def ledger(events: Path | None) -> list[str]:

@@ -28,6 +28,12 @@ class Trace:
         self.injected: dict[int, str] = {}  #: index -> what it hit
         self.when: dict[int, float] = {}  #: index -> when it was injected (seconds since the epoch)
 
+    @property
+    def on_steps(self) -> bool:
+        """Whether some fault runs on the training clock (it comes at the job's first progress report past its
+        step)."""
+        return any(f.at_step is not None for f in self.faults)
+
     def schedule(self) -> list[tuple[float, str]]:
         """The faults on the job's clock not injected yet, as (seconds from the run's clock start, action) pairs; a
         fault whose moment passed while a run was ending comes at once."""
