@@ -197,6 +197,32 @@ def test_the_totals_and_the_ledger_give_one_account_of_the_work_lost() -> None:
     assert life.runs[0].fault_at is not None and life.runs[1].fault_at is None
 
 
+def test_a_blocking_save_after_the_kept_checkpoint_is_stall_not_lost_work() -> None:
+    """Run 0 saves again at step 150 (a 20 s blocking save, 130-150 s) after the checkpoint run 1 resumes from (99):
+    its files went with the node. Those 20 s held training: checkpoint stall, and not lost work as well."""
+    from slurmrt.record.timeline import build
+
+    events = [*EVENTS[:3], ev(150, 0, "save", step=150, seconds=20.0, blocking=True), *EVENTS[3:]]
+    ledger = account(events)
+    assert ledger.seconds["checkpoint_stall"] == pytest.approx(2.0 + 20.0 + 8.0)
+    assert ledger.seconds["lost_work"] == pytest.approx(60.0 - 20.0)  # 100 s to the fault at 160 s, less the save
+    assert build(events).lost_s == pytest.approx(ledger.seconds["lost_work"])  # the totals say the same
+    assert sum(ledger.seconds.values()) == pytest.approx(ledger.wall_s) == pytest.approx(620.0)
+
+
+def test_badput_that_would_exceed_its_run_is_cut_to_the_run() -> None:
+    """Records that overlap (a blocking save said to take longer than its run had lasted, two at once) must not
+    count a second twice: each category stays within the run, productive never below zero, the sum the wall."""
+    events = [*EVENTS[:3], ev(140, 0, "save", step=140, seconds=1e6, blocking=True),
+              ev(145, 0, "save", step=145, seconds=140.0, blocking=True), *EVENTS[3:]]
+    ledger = account(events)
+    run0 = ledger.runs[0].seconds
+    assert all(v >= 0.0 for v in run0.values()) and sum(run0.values()) == pytest.approx(230.0)
+    assert run0["productive"] == 0.0
+    assert sum(ledger.seconds.values()) == pytest.approx(ledger.wall_s) == pytest.approx(620.0)
+    assert ledger.runs[1].seconds == account(EVENTS).runs[1].seconds  # the other run untouched
+
+
 def test_an_in_process_restart_counts_its_fault_to_the_reload_as_recovery_and_the_steps_since_a_save_as_lost() -> None:
     fault = (T0 + timedelta(seconds=50)).timestamp()
     events = [  # one run: fresh start at 10 s, a save at 40 s, rank 1 raises at 50 s, all back and reloaded at 53 s

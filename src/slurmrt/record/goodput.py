@@ -10,13 +10,15 @@ Every second from the first run's start to the last run's end falls in one categ
   run that never loads: to its first step; a run that ended before either: up to its fault);
 - ``load``: reading the checkpoint it resumed from;
 - ``checkpoint_stall``: saves that blocked training (blocking saves; a background save's write does not block);
-- ``lost_work``: steps trained after the last checkpoint that survived the run, redone by the next one;
+- ``lost_work``: steps trained after the last checkpoint that survived the run, redone by the next one (a blocking
+  save among them is stall, not lost work as well);
 - ``recovery``: a run cut short (a hang, a lost node or rank, a failed health check): from its last step to its end,
   the hang allowance, the census and the exit;
 - ``stopping``: a run that stopped or finished: from its last step to its end, saves apart (draining, teardown);
 - ``waiting``: between two runs: the requeue, the queue, the next allocation's start.
 
 ``productive`` is what is left of each run once the others are taken out, so the categories add up to the wall time.
+Records that overlap (a save said to last longer than its run) are cut to the run, so no second counts twice.
 The effective training time ratio (ETTR) is productive over wall time. Node-hour goodput weighs each run by its
 nodes: productive node-seconds (the training nodes) over allocated node-seconds (every node of the allocation, spare
 nodes included, while a run holds them).
@@ -136,7 +138,7 @@ def _fill_nodes(runs: list[RunGoodput]) -> None:
 def _run(run: Run, life: RunLife) -> RunGoodput:
     wall = max(0.0, life.end - life.start)
     ready, load = _started(run, life)
-    blocking = [(timestamp(e), _number(e, "seconds")) for e in run.all(Event.SAVE) if e.get("blocking")]
+    blocking = life.stalls
     cut = life.fault_at is not None
     last = max(ready, life.fault_at) if life.fault_at is not None else _last_step_at(life, ready)
     if not life.loaded and not life.points:  # it ended in its start-up: nothing trained, all of it up to the fault
@@ -147,8 +149,24 @@ def _run(run: Run, life: RunLife) -> RunGoodput:
                "load": load, "checkpoint_stall": sum(s for _, s in blocking),
                "lost_work": life.lost_s + redone_s, "recovery": (tail if cut else 0.0) + back_s,
                "stopping": 0.0 if cut else tail}
+    _within(seconds, wall)
     seconds["productive"] = max(0.0, wall - sum(seconds.values()))
     return _with_nodes(run, life.label, seconds)
+
+
+#: The order in which badput that would exceed its run is cut: first what a record states (a save's or a load's
+#: seconds, which other records cannot check), last what the timeline derives (the lost work the totals also say).
+_CUT_FIRST = ("checkpoint_stall", "load", "recovery", "stopping", "startup", "process_start", "lost_work")
+
+
+def _within(seconds: dict[str, float], wall: float) -> None:
+    """A run's badput never exceeds its wall time: records that overlap (saves said to last longer than the run,
+    two blocking saves at once) would count a second twice, and leave productive time below zero."""
+    over = sum(seconds.values()) - wall
+    for category in _CUT_FIRST:
+        cut = min(seconds[category], max(0.0, over))
+        seconds[category] -= cut
+        over -= cut
 
 
 def _in_process(run: Run, ready: float) -> tuple[float, float]:

@@ -48,6 +48,9 @@ class RunLife:
     points: list[tuple[float, int]] = field(default_factory=list)
     #: (commit time, step, seconds the save took)
     checkpoints: list[tuple[float, int, float]] = field(default_factory=list)
+    #: (commit time, seconds) of each blocking save: the time it held training, never before the run's start. It is
+    #: checkpoint stall, and no part of the lost work even when the save was not the one kept.
+    stalls: list[tuple[float, float]] = field(default_factory=list)
     resumed_from: int | None = None
     #: Seconds its process ran before init() recorded it (interpreter, imports); ``start`` is that much earlier.
     process_s: float = 0.0
@@ -261,7 +264,10 @@ def _steps(run: Run, life: RunLife) -> list[tuple[float, int]]:
             continue
         steps.append((timestamp(e), step))
         if kind == Event.SAVE.value:
-            life.checkpoints.append((steps[-1][0], step, float(e.get("seconds") or 0.0)))
+            took = figures.seconds(e.get("seconds")) or 0.0
+            life.checkpoints.append((steps[-1][0], step, took))
+            if e.get("blocking") is True:
+                life.stalls.append((steps[-1][0], min(took, max(0.0, steps[-1][0] - life.start))))
         if kind == Event.DECISION.value:
             life.stop_step = step
     return steps
@@ -280,14 +286,14 @@ def _account_lost(life: RunLife, following: RunLife | None) -> None:
 
 
 def _lost_time(life: RunLife, kept: int) -> float:
-    """The wall time of the steps after ``kept``."""
-    # From the moment the run was at the kept step (the kept checkpoint's commit, when this run made it; else the
-    # first step of the run) to its last step; for a run cut short, to its fault.
+    """The wall time of the steps after ``kept``, the blocking saves among them apart (they are stall)."""
+    # From the moment the run was at the kept step (the kept checkpoint's commit, when this run made it; else its
+    # first step at or past it; none: nothing past it was trained) to its last step; for a run cut short, its fault.
+    until = life.fault_at if life.fault_at is not None else life.points[-1][0]
     since = next((t for t, step, _ in life.checkpoints if step == kept), None)
     if since is None:
-        since = next((t for t, step in life.points if step >= kept), life.start)
-    until = life.fault_at if life.fault_at is not None else life.points[-1][0]
-    return max(0.0, until - since)
+        since = next((t for t, step in life.points if step >= kept), until)
+    return max(0.0, until - since - sum(s for t, s in life.stalls if since < t <= until))
 
 
 def _kept(life: RunLife, following: RunLife | None) -> int:
