@@ -17,7 +17,8 @@ so every fault meets a job that made progress, whatever the machine's speed. The
 
 A trial survives when its job ends COMPLETED (or its last run recorded that the training finished, before Slurm
 ended the job otherwise: its batch node lost as it tore down) with the weights of an uninterrupted run, bit for bit,
-no process of it is left, and every second job was refused. A ``--no-kill`` job that loses its first node (its batch
+no process of it is left, and every second job was refused; as in the simulator's campaign, no run may resume from
+an older checkpoint than the newest committed, nor skip a step or apply one twice (``chaos.continuity``). A ``--no-kill`` job that loses its first node (its batch
 script's) is ended by Slurm without a requeue (docs/slurm.md): the guard job that ``slurmrt run`` armed requeues it.
 
     tests/slurm/cluster.sh start
@@ -43,7 +44,7 @@ from pathlib import Path
 from slurmrt.record.events import read_events, timestamp
 from tests.slurm.conftest import TERMINAL, Job, slurm, submit
 
-from .chaos import final_weights, finished, from_scratch, summarize
+from .chaos import continuity, final_weights, finished, from_scratch, summarize
 
 KINDS = ("node-loss", "rank-crash", "hang", "preemption", "signal-storm", "second-job")
 WEIGHTS = (3.0, 3.0, 2.0, 1.0, 1.0, 1.0)
@@ -227,9 +228,10 @@ def judge(trial: Trial, expected: list[float], mtbf_s: float, steps: int, timeou
         return "dead"
     if final_weights(trial.directory) != expected:
         return "lost"
-    if (scratch := from_scratch(trial.directory)) is not None:
-        trial.problems.append(scratch)
-        return "lost"
+    for wrong in (from_scratch(trial.directory), continuity(trial.directory)):  # the simulator's judge's checks
+        if wrong is not None:
+            trial.problems.append(wrong)
+            return "lost"
     time.sleep(1)
     return "leftover" if processes(trial.job.id) else "survived"
 
