@@ -18,8 +18,9 @@ so every fault meets a job that made progress, whatever the machine's speed. The
 A trial survives when its job ends COMPLETED (or its last run recorded that the training finished, before Slurm
 ended the job otherwise: its batch node lost as it tore down) with the weights of an uninterrupted run, bit for bit,
 no process of it is left, and every second job was refused; as in the simulator's campaign, no run may resume from
-an older checkpoint than the newest committed, nor skip a step or apply one twice (``chaos.continuity``). A ``--no-kill`` job that loses its first node (its batch
-script's) is ended by Slurm without a requeue (docs/slurm.md): the guard job that ``slurmrt run`` armed requeues it.
+an older checkpoint than the newest committed, nor skip a step or apply one twice (``chaos.continuity``). A
+``--no-kill`` job that loses its first node (its batch script's) is ended by Slurm without a requeue (docs/slurm.md):
+the guard job that ``slurmrt run`` armed requeues it.
 
     tests/slurm/cluster.sh start
     python -m benchmarks.chaos_cluster --faults 50 --seed 1 --mtbf 6s
