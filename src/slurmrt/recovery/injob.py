@@ -73,6 +73,9 @@ def read_request(directory: Path, attempt: int) -> dict[str, Any] | None:
 _FACTS: dict[str, tuple[type, ...]] = {"event_log": (str, type(None)), "checkpoint_dir": (str, type(None)),
                                        "requeue": (bool,), "max_restarts": (int, type(None)),
                                        "max_futile_runs": (int, type(None)), "max_excluded_nodes": (int,)}
+#: The names among them that are paths: written absolute, and refused otherwise (a relative path is the training's
+#: working directory's, which the supervisor cannot know).
+_PATHS = ("event_log", "checkpoint_dir")
 
 
 def facts_path(directory: Path, attempt: int) -> Path:
@@ -83,9 +86,9 @@ def share_facts(sup: InJob, facts: dict[str, Any]) -> None:
     """Rank 0, at ``init()``: the options the training resolved (``checkpoint_dir=`` and the rest passed in code),
     for ``slurmrt run``, which would otherwise know only the environment's. Never raises: the supervisor then goes
     on with the environment, and says so."""
-    # Paths absolute (the reader refuses others): a relative checkpoint_dir is the training's working directory's
-    data = {k: (os.path.abspath(v) if isinstance(v, (str, Path)) else v) for k, v in facts.items() if k in _FACTS}
     try:
+        data = {k: (os.path.abspath(v) if k in _PATHS and v is not None else v) for k, v in facts.items()
+                if k in _FACTS}
         private_dir(sup.directory)
         fd = open_new(facts_path(sup.directory, sup.attempt))
         try:
@@ -121,7 +124,7 @@ def _well_formed(data: Any, attempt: int) -> bool:
         value = data[name]
         if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
             return False
-    return all(data[k] is None or os.path.isabs(data[k]) for k in ("event_log", "checkpoint_dir"))
+    return all(data[k] is None or os.path.isabs(data[k]) for k in _PATHS)
 
 
 # -- the tasks srun saw end, for the step's ranks ---------------------------------------------------------------------
