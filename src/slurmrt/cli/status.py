@@ -21,7 +21,7 @@ from ..options import Options
 from ..record.chart import draw, duration, render, totals
 from ..record.events import read_events
 from ..record.goodput import Goodput, account, draw_bar
-from ..record.timeline import JobLife, RunLife, build
+from ..record.timeline import JobLife, RunLife, build, counted
 from ._common import add_command, default_dirs, event_files
 from ._json import add_flag, emit
 
@@ -62,7 +62,7 @@ def status_data(dirs: Iterable[Path]) -> list[dict[str, Any]]:
             runs.append({"label": run_.label, **fields, "gap_before_s": life.gaps[i - 1] if i else None})
         jobs.append({"job": life.job, "experiment": life.experiment, "event_log": str(f), "runs": runs,
                      "job_runs": life.job_runs, "restarts": max((r.restart for r in life.runs), default=0),
-                     "in_job_restarts": sum(1 for r in life.runs if r.attempt),
+                     "in_job_restarts": life.in_job_restarts,
                      "totals": {"wall_s": life.wall_s, "last_step": life.last_step, "lost_steps": life.lost_steps,
                                 "lost_s": life.lost_s, "save_s": life.save_s, "checkpoints": life.checkpoints,
                                 "waiting_s": sum(life.gaps)},
@@ -118,11 +118,11 @@ def _job(life: JobLife, f: Path, *, chart: bool) -> list[str]:
 def _header(life: JobLife, f: Path) -> str:
     """The job's first line: its runs, and how many of each restart."""
     restarts = max((r.restart for r in life.runs), default=0)
-    in_job = sum(1 for r in life.runs if r.attempt)
     in_process = sum(1 for r in life.runs for said in r.in_process if " not restarted: " not in said)
     experiment = f", experiment {life.experiment}" if life.experiment else ""
-    return (f"job {life.job}{experiment}: {life.counted}: {restarts} requeue(s), {in_job} in-job "
-            f"restart(s)" + (f", {in_process} in-process restart(s)" if in_process else "") + f"  [{f}]")
+    process = f", {in_process} in-process restart(s)" if in_process else ""
+    return (f"job {life.job}{experiment}: {counted(life.job_runs, life.in_job_restarts)}: {restarts} requeue(s), "
+            f"{life.in_job_restarts} in-job restart(s){process}  [{f}]")
 
 
 def _draw(life: JobLife, path: Path, ledger: Goodput) -> Path:

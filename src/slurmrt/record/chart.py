@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .timeline import JobLife, RunLife
+from .timeline import JobLife, RunLife, counted
 
 __all__ = ["draw", "duration", "render", "totals"]
 
@@ -17,9 +17,9 @@ __all__ = ["draw", "duration", "render", "totals"]
 
 def totals(life: JobLife) -> str:
     last = "no step recorded" if life.last_step is None else f"reached step {life.last_step}"
-    return (f"totals: {life.counted}, {last} in {duration(life.wall_s)}; work lost {life.lost_steps} "
-            f"step(s) ({duration(life.lost_s)}); waiting between runs {duration(sum(life.gaps))}; saving "
-            f"{duration(life.save_s)} ({life.checkpoints} checkpoint(s))")
+    return (f"totals: {counted(life.job_runs, life.in_job_restarts)}, {last} in {duration(life.wall_s)}; work lost "
+            f"{life.lost_steps} step(s) ({duration(life.lost_s)}); waiting between runs {duration(sum(life.gaps))}; "
+            f"saving {duration(life.save_s)} ({life.checkpoints} checkpoint(s))")
 
 
 class _Canvas:

@@ -21,7 +21,7 @@ from .. import _figures as figures
 from .events import Event, timestamp
 from .runs import Run, runs
 
-__all__ = ["JobLife", "RunLife", "build"]
+__all__ = ["JobLife", "RunLife", "build", "counted"]
 
 
 @dataclass
@@ -98,6 +98,12 @@ class RunLife:
         return self.last_step - self.lost_steps if self.lost_steps and self.last_step is not None else None
 
 
+def counted(runs: int, in_job: int) -> str:
+    """``2 run(s)``, or ``1 run(s) in 3 step(s)`` when ``in_job`` in-job restarts made new steps: the one way
+    ``slurmrt status``, its totals and ``slurmrt sim``'s summary say a job's runs."""
+    return f"{runs} run(s)" + (f" in {runs + in_job} step(s)" if in_job else "")
+
+
 @dataclass
 class JobLife:
     job: str
@@ -111,11 +117,9 @@ class JobLife:
         return len({r.restart for r in self.runs})
 
     @property
-    def counted(self) -> str:
-        """``2 run(s)``, or ``1 run(s) in 3 step(s)`` when in-job restarts made new steps: the one count that
-        ``slurmrt status``, its totals and ``slurmrt sim``'s summary say."""
-        steps = f" in {len(self.runs)} step(s)" if len(self.runs) != self.job_runs else ""
-        return f"{self.job_runs} run(s){steps}"
+    def in_job_restarts(self) -> int:
+        """The new steps in-job restarts started: every step after its run's first."""
+        return sum(1 for r in self.runs if r.attempt)
 
     @property
     def gaps(self) -> list[float]:

@@ -14,6 +14,7 @@ from typing import IO, Any
 from .._errors import SlurmrtError
 from ..record.events import Event, EventFollower
 from ..record.runs import Run, runs
+from ..record.timeline import counted
 
 __all__ = ["RunRecord", "ledger", "summary"]
 
@@ -151,9 +152,8 @@ def summary(records: list[RunRecord], after: list[str] | None = None) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
     in_job = sum(len(r.in_job) for r in records)
-    steps = f" in {len(records) + in_job} step(s)" if in_job else ""
-    counted = f"{len(records)} run(s){steps}: {max(0, len(records) - 1)} requeue(s), {in_job} in-job restart(s)"
-    return "\n".join(["", "slurmrt sim summary", *lines, "", counted, *([""] + after if after else [])])
+    said = f"{counted(len(records), in_job)}: {max(0, len(records) - 1)} requeue(s), {in_job} in-job restart(s)"
+    return "\n".join(["", "slurmrt sim summary", *lines, "", said, *([""] + after if after else [])])
 
 
 def ledger(events: Path | None) -> list[str]:
