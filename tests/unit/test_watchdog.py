@@ -339,6 +339,41 @@ def test_once_slurm_takes_the_step_down_the_census_waits_only_briefly_for_a_dead
     assert [s["rank"] for s in suspects["suspects"]] == [1] and suspects["nodes"] == ["n2"]
 
 
+@pytest.mark.parametrize(("seen", "outcome"), [({1: ("n2", "Killed")}, "PEER_LOST"),
+                                               ({}, "HUNG"),
+                                               ({1: ("n2", "Exited with exit code 3")}, "HUNG")])
+def test_a_hang_whose_every_suspect_srun_saw_killed_is_recorded_as_a_lost_peer(
+        tmp_path, monkeypatch: pytest.MonkeyPatch, seen: dict[int, tuple[str, str]], outcome: str) -> None:
+    """The watchdog fired on rank 0 (its collective waits on a peer); rank 1 never answers the census. Where srun saw
+    rank 1's task killed (slurmrt run's record of the step), the run ended on a lost peer, not a hang; where srun saw
+    nothing, or an answer of slurmrt's own, it stays a hang."""
+    import json
+
+    from torch.distributed import HashStore
+
+    from slurmrt.hang import response as _hang
+    from slurmrt.hang.census import Census
+    from slurmrt.recovery.injob import EndedReader
+
+    topo = _rank0_of_two()
+    store = HashStore()
+    census = Census(store, prefix="c/", rank=0, world=2)
+    Census(store, prefix="c/", rank=1, world=2).register("n2")  # rank 1 registered, then never answered
+    log = tmp_path / "events.jsonl"
+    exits = _no_exit(monkeypatch)
+    monkeypatch.setattr(_hang, "HURRIED_S", 0.3)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no scontrol: the requeue fails, and says so
+    response = _hang.HangResponse(topo, _executor(topo, log), kill_switch_seen=lambda: False, last_step=lambda: 5,
+                                  census=lambda: census, census_wait_s=3600.0, terminating=lambda: True)
+    response._tasks = EndedReader(None, tasks_are_ranks=False)  # what slurmrt run would have told: srun's view
+    response._tasks.last = seen
+    with pytest.raises(SystemExit):
+        response.hung(Hang(Activity("step", 0.0), 200.0, 180.0))
+    assert exits == [5]
+    events = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [e["outcome"] for e in events if e["event"] == "exit"] == [outcome]
+
+
 def test_a_requeue_its_leader_chose_but_did_not_live_to_make_is_made_by_the_rank_that_finds_it(
         tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The chaos campaign (seed 308, trial 7): rank 0 stopped on a signal and recorded its exit (REQUEUED), then was

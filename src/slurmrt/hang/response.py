@@ -297,17 +297,20 @@ class HangResponse:
             nodes.update(census.nodes(r for r in suspects if r not in nodes))
         return suspects, why + self._seen_ending(suspects, states), nodes, min(states) == t.rank
 
-    def _seen_ending(self, suspects: list[int], states: dict[int, RankState]) -> str:
-        """What srun saw of the suspects that never answered, as ``slurmrt run`` told it."""
+    def _seen_ended(self, suspects: list[int], states: dict[int, RankState]) -> dict[int, tuple[str, str]]:
+        """The suspects that never answered and whose task srun saw end, as ``slurmrt run`` told it: (node, how)."""
         seen = self._tasks.last if self._tasks is not None else {}
-        ended = [f"rank {r} end ({seen[r][1]}, on {seen[r][0]})" for r in suspects if r not in states and r in seen]
+        return {r: seen[r] for r in suspects if r not in states and r in seen}
+
+    def _seen_ending(self, suspects: list[int], states: dict[int, RankState]) -> str:
+        ended = [f"rank {r} end ({how}, on {node})" for r, (node, how) in self._seen_ended(suspects, states).items()]
         return "; srun saw " + ", ".join(ended) if ended else ""
 
     def _lost(self, suspects: list[int], states: dict[int, RankState]) -> bool:
-        """Whether srun saw every suspect's task end, on a signal or an error, and none of them answered."""
-        seen = self._tasks.last if self._tasks is not None else {}
-        return bool(suspects) and all(r not in states and r in seen and seen[r][1] not in _ANSWERED
-                                      for r in suspects)
+        """Whether srun saw every suspect's task end, on a signal or an error (not an answer of slurmrt's own)."""
+        ended = self._seen_ended(suspects, states)
+        return bool(suspects) and len(ended) == len(set(suspects)) and \
+            all(how not in _ANSWERED for _, how in ended.values())
 
     def _wait(self, seconds: float) -> float:
         return min(seconds, HURRIED_S) if self.terminating() else seconds
