@@ -168,3 +168,17 @@ def test_local_tier_partners_and_the_step_chosen_across_nodes() -> None:
     assert choose([{7: {0: {**part, "world_size": 4}}}, {7: {1: part}}], 2, None) is None  # another world size
 
 
+
+
+def test_the_trainings_event_log_is_the_environments_when_both_name_one_file(tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """SLURMRT_CHECKPOINT_DIR=ckpt, as users set it: the environment's event log is relative, the training's is
+    shared absolute. The same file is no difference to report ("the training's own options differ")."""
+    monkeypatch.chdir(tmp_path)
+    data = {"event_log": str(tmp_path / "ckpt" / "events-7.jsonl"), "checkpoint_dir": str(tmp_path / "ckpt"),
+            "requeue": True, "max_restarts": None, "max_futile_runs": 3, "max_excluded_nodes": 4}
+    facts = Facts(job="7", requeue=True, max_futile_runs=3, max_excluded_nodes=4)
+    assert facts.learned(data, Path("ckpt/events-7.jsonl"))[1] == ""
+    assert facts.learned(data, tmp_path / "ckpt" / "events-7.jsonl")[1] == ""
+    assert facts.learned(data, Path("other/events-7.jsonl"))[1] == f"event log {tmp_path / 'ckpt' / 'events-7.jsonl'}"
+    assert facts.learned(data, None)[1].startswith("event log ")

@@ -80,7 +80,7 @@ class Facts:
         differ = [f"{name}={getattr(new, name)!r}" for name in ("requeue", "max_restarts", "max_futile_runs",
                                                                "max_excluded_nodes")
                   if getattr(new, name) != getattr(self, name)]
-        if learned_log != event_log:
+        if learned_log != (Path(os.path.abspath(event_log)) if event_log is not None else None):  # it is absolute
             differ.append(f"event log {learned_log}")
         return new, ", ".join(differ)
 
