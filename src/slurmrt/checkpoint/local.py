@@ -86,7 +86,7 @@ class LocalTier:
         self.per_node = per_node
         self.keep = keep
 
-    def _ready(self) -> Path:
+    def ready(self) -> Path:
         """The node's directory, made ours and private on the way (``base`` must exist: it is the node's)."""
         if not self.base.is_dir():
             raise CheckpointError(f"local checkpoint directory {self.base} does not exist on this node")
@@ -105,7 +105,7 @@ class LocalTier:
         directory: Path | None = None
         info: dict[str, Any] = {"size": 0, HASH: "0"}
         try:
-            directory = self._ready() / f"step_{step:09d}"
+            directory = self.ready() / f"step_{step:09d}"
             directory.mkdir(exist_ok=True)
             info = self._write_own(directory, rank, world, step, state)
         except Exception as err:  # every rank still takes part in the exchange below

@@ -55,6 +55,7 @@ from .loading import Loaded, load_latest
 from .manifest import MANIFEST, complete_steps, verify
 from .parts import write_parts
 from .retention import Retention
+from .visible import require_parts
 
 __all__ = ["CheckpointStore", "Loaded", "PendingSave", "SaveFn", "SaveResult", "Staged", "verify"]
 
@@ -248,6 +249,7 @@ class CheckpointStore:
             except CheckpointError as err:
                 raise CheckpointError(f"checkpoint of step {step}: {err}", step=step) from err
             files[sharded.METADATA] = sharded.write_metadata(tmp, merged)
+        require_parts(tmp, parts, step=step, threads=self.threads)  # a manifest never names a file rank 0 cannot see
         if kind == "dir":  # what the function wrote, now that every rank finished writing
             names = [n for n in fsync_tree(tmp) if n not in files]
             files.update(checksum_files(tmp, names, threads=self.threads))

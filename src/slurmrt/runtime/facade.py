@@ -70,7 +70,8 @@ class Runtime(TopologyView):
         self.checkpoints = CheckpointSession(CheckpointSettings.of(options), self._report, budget, token=token,
                                              work=lambda: self._hooks.groups().work,
                                              guard=lease.guard if lease is not None else None,
-                                             node=topology.hostname, per_node=topology.local_world_size)
+                                             node=topology.hostname, per_node=topology.local_world_size,
+                                             lead=topology.local_rank == 0)
         self._cadence = Cadence(rank=topology.rank, comm=lambda: self._hooks.groups().work, events=events.path,
                                 current=(topology.restart_count, topology.attempt), nodes=topology.nnodes,
                                 node_h=options.mtbf_node_h, local=options.local_checkpoint_dir is not None,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,13 +21,14 @@ from .._comm import Comm
 from .._errors import CheckpointError, ConfigError
 from .._rules import Part
 from .._safefs import group_id
-from ..checkpoint import progress
+from ..checkpoint import progress, visible
 from ..checkpoint.background import PendingSave, SaveResult, Staged
 from ..checkpoint.local import LocalTier
 from ..checkpoint.manifest import read_manifest
 from ..checkpoint.store import CheckpointStore, Loaded, SaveFn
 from ..stop.deadline import Budget
 from ..stop.decision import StopDecision
+from . import misconfigured
 from .report import Reporter
 
 __all__ = ["CheckpointSession", "CheckpointSettings"]
@@ -52,15 +54,15 @@ class CheckpointSettings(Part):
 class CheckpointSession:
     def __init__(self, settings: CheckpointSettings, report: Reporter, budget: Budget, *, token: str,
                  work: Callable[[], Comm], guard: Callable[[], None] | None = None, node: str = "local",
-                 per_node: int = 1) -> None:
+                 per_node: int = 1, lead: bool = True) -> None:
         """``token`` names this attempt's temporary directories (job id and restart); ``work`` opens slurmrt's
         work group on first use; ``guard`` raises when this job no longer holds the directory; ``node`` and
-        ``per_node`` place this rank for the local tier's partners."""
+        ``per_node`` place this rank for the local tier's partners; ``lead``: the first rank of its node."""
         self.settings, self._report, self._budget = settings, report, budget
         self.directory = settings.checkpoint_dir
         self._token, self._work, self._guard = token, work, guard
         self._first_token = token
-        self._node, self._per_node = node, per_node
+        self._node, self._per_node, self._lead = node, per_node, lead
         self._store: CheckpointStore | None = None
         self._local: LocalTier | None = None
         self._background: PendingSave | None = None
@@ -79,6 +81,7 @@ class CheckpointSession:
                     "set SLURMRT_CHECKPOINT_DIR (a path every node sees)",
                 )
             o = self.settings
+            self._one_directory(self.directory)
             self._store = CheckpointStore(self.directory, self._work(), keep_last=o.keep_last,
                                           keep_every=o.keep_every, token=self._token, threads=o.save_threads,
                                           nice=o.save_nice, process=o.save_process,
@@ -90,7 +93,38 @@ class CheckpointSession:
         if self._local is None and self.settings.local_checkpoint_dir is not None and self.directory is not None:
             self._local = LocalTier(self.settings.local_checkpoint_dir, self.directory, node=self._node,
                                     comm=self._work(), per_node=self._per_node, keep=self.settings.local_keep)
+            self._node_local(self._local)
         return self._local
+
+    def _one_directory(self, directory: Path) -> None:
+        """Before the first save or load: the checkpoint directory is one directory for every node, or every rank
+        stops here with one line (:func:`misconfigured.arm`, exit 78) that names the nodes and the fix."""
+        seen = visible.survey(directory, self._work(), node=self._node, lead=self._lead, token=self._token)
+        if seen.one_directory:
+            return
+        apart = seen.apart()
+        why = [f"{', '.join(apart)} see(s) another directory at that path than {seen.nodes[0]} does (node-local "
+               "there: /tmp, a local scratch, a mount only some nodes have)"] if apart else []
+        why += seen.errors.values()
+        error = ConfigError(f"checkpoint directory {directory} is not one directory for every node: {'; '.join(why)}. "
+                            "Their parts of every checkpoint would be lost. Fix: a checkpoint_dir on the filesystem "
+                            "every node mounts (the one your job's output goes to)")
+        misconfigured.arm(error, os.environ)
+        raise error
+
+    def _node_local(self, tier: LocalTier) -> None:
+        """The local tier's directory is each node's own: when nodes share it, the partner's replica protects
+        nothing (both copies on one disk). Said once, by rank 0; the tier goes on."""
+        try:
+            where: Path | None = tier.ready().parent
+        except (CheckpointError, OSError):
+            where = None  # the tier's first save says why; the survey is collective all the same
+        seen = visible.survey(where or tier.base, tier.comm, node=self._node, lead=self._lead and where is not None,
+                              token=self._token)
+        if seen.shared_by and tier.comm.rank == 0:
+            logger.warning("local checkpoint directory %s is shared by nodes %s (a network filesystem?): a "
+                           "partner's replica there protects nothing when a node is lost. Give a node-local path "
+                           "(/dev/shm, a local NVMe)", tier.base, ", ".join(seen.shared_by))
 
     def save(self, state: dict[str, Any] | SaveFn | Staged, *, step: int, blocking: bool, local: Any,
              decision: StopDecision | None, tier: str = "shared") -> bool:
