@@ -6,7 +6,12 @@ import shutil
 import signal
 import subprocess
 
-__all__ = ["run"]
+__all__ = ["available", "run"]
+
+
+def available(command: str) -> bool:
+    """Whether ``command`` is on PATH (a container may have none of Slurm's commands)."""
+    return shutil.which(command) is not None
 
 
 def run(command: str, *args: str, timeout_s: float = 30.0) -> subprocess.CompletedProcess[str] | str:

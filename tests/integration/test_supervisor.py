@@ -16,6 +16,7 @@ import pytest
 
 from slurmrt.recovery.policy import ExitCode
 from slurmrt.recovery.supervisor import Supervisor
+from slurmrt.recovery.word import Word, read_word
 
 
 @pytest.fixture(autouse=True)
@@ -229,8 +230,8 @@ def test_a_stale_request_from_a_killed_supervisor_is_not_read_as_this_runs(tmp_p
 
 
 def test_the_cli_passes_usr1_to_the_training_processes_of_the_step(tmp_path: Path) -> None:
-    """`slurmrt run` as a process: USR1 becomes an `srun --overlap ... slurmrt signal USR1` on the step's nodes
-    (the replacement step's, after n2 failed its health check)."""
+    """`slurmrt run` as a process: USR1 goes into the running step's word (the replacement step's, after n2 failed
+    its health check), which its rank 0 reads; no process is signalled and no side step is started."""
     wait = tmp_path / "step1-running"
     env = {**os.environ, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-3]", "FAKE_LOG": str(tmp_path / "log"),
            "FAKE_UNHEALTHY": "n2",
@@ -238,20 +239,19 @@ def test_the_cli_passes_usr1_to_the_training_processes_of_the_step(tmp_path: Pat
     fake_srun(tmp_path)
     proc = subprocess.Popen([sys.executable, "-m", "slurmrt", "run", "--spare-nodes", "1", "--", "python", "t.py"],
                             env=env, stderr=subprocess.PIPE, text=True)
+    word = tmp_path / ".slurmrt-run-7" / "word-1.json"
     try:
         while not wait.exists():  # the replacement step runs
             assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
             time.sleep(0.05)
         proc.send_signal(signal.SIGUSR1)
-        while len((tmp_path / "log").read_text().splitlines()) < 3:
+        while "SIGUSR1" not in (read_word(word) or Word()).signals:
             assert proc.poll() is None
             time.sleep(0.05)
     finally:
         Path(str(wait) + ".go").touch()
     assert proc.wait(timeout=60) == 0
-    forward = json.loads((tmp_path / "log").read_text().splitlines()[2])["argv"]
-    assert forward[:2] == ["--overlap", "--jobid=7"] and "--nodelist=n1,n3" in forward
-    assert forward[-4:] == ["signal", "SIGUSR1", "--job", "7"] and "--ntasks-per-node=1" in forward
+    assert len((tmp_path / "log").read_text().splitlines()) == 2  # the two steps: no `srun --overlap`
     err = proc.stderr.read() if proc.stderr else ""
     assert "in-job restart 1" in err and "SIGUSR1: passed to the training processes on n[1,3]" in err
 
@@ -334,30 +334,35 @@ def test_a_spare_that_left_the_job_is_not_given_a_step(tmp_path: Path, monkeypat
     assert "requeue 7" in calls and "update JobId=7 ExcNodeList=n2" in calls
 
 
-def test_a_signal_before_the_step_runs_is_passed_on_once_its_processes_have_registered(tmp_path: Path) -> None:
-    """USR1 while no step runs (here: before the first) waits for the step; `slurmrt signal` finding no training
-    process yet on a node (still importing torch) is tried again while the step runs."""
+def test_a_signal_before_the_step_runs_is_in_its_word_with_the_jobs_times_when_it_starts(tmp_path: Path) -> None:
+    """USR1 while no step runs (here: before the first) is in the step's word before the step starts, with the
+    job's end time as squeue (outside any container) says it; the step reads both from the word, and a second
+    USR1 is not passed twice."""
     wait = tmp_path / "step-running"
     env = {**os.environ, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]", "FAKE_LOG": str(tmp_path / "log"),
-           "FAKE_WAIT": str(wait), "FAKE_WAIT_FIRST": "1", "FAKE_OVERLAP_FAILS": "1"}
+           "FAKE_WAIT": str(wait), "FAKE_WAIT_FIRST": "1"}
     sup = Supervisor(["x"], spare_nodes=0, max_restarts=0, env=env, directory=tmp_path / "d",
-                     srun=str(fake_srun(tmp_path)), retry_s=0.01)
+                     srun=str(fake_srun(tmp_path)))
+    sup.forwarder.times = lambda job: (1000.0, 2000.0 if job == "7" else None)
     sup._on_signal(signal.SIGUSR1, None)  # the handler, as Python calls it: no step yet
-    assert sup.forwarder.pending == [signal.SIGUSR1]
+    sup._on_signal(signal.SIGUSR1, None)
+    assert [s for s, _ in sup.forwarder.pending] == [signal.SIGUSR1, signal.SIGUSR1]
+    seen: list[Word | None] = []
 
-    def release() -> None:  # the step runs until both tries were made (or a minute, for a failing test to end)
-        log, deadline = tmp_path / "log", time.monotonic() + 60
-        while time.monotonic() < deadline and (
-                not log.exists() or sum('"--overlap"' in line for line in log.read_text().splitlines()) < 2):
+    def read() -> None:  # what the step sees while it runs
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not wait.exists():
             time.sleep(0.01)
+        seen.append(read_word(tmp_path / "d" / "word-0.json"))
         Path(str(wait) + ".go").touch()
 
     import threading
 
-    threading.Thread(target=release, daemon=True).start()
+    threading.Thread(target=read, daemon=True).start()
     assert sup.run() == 0
-    overlaps = [json.loads(line) for line in (tmp_path / "log").read_text().splitlines() if "--overlap" in line]
-    assert len(overlaps) == 2 and all(o["argv"][-4:] == ["signal", "SIGUSR1", "--job", "7"] for o in overlaps)
+    assert seen and seen[0] is not None and seen[0].end == 2000.0 and seen[0].start == 1000.0
+    assert list(seen[0].signals) == ["SIGUSR1"]
+    assert not sup.forwarder.pending
 
 
 def test_the_supervisor_records_in_the_event_log_the_training_resolved_in_code(tmp_path: Path) -> None:

@@ -59,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
     options = Options.resolve({}, env)
     supervisor = Supervisor(command, spare_nodes=args.spare_nodes, max_restarts=args.max_in_job_restarts, env=env,
                             directory=directory, srun_args=srun_args, forward=forward, wait_s=args.step_wait,
+                            refresh_s=options.end_time_refresh_s,
                             evidence=Evidence("srun", job, env, checkpoint_dir=options.checkpoint_dir),
                             **_recorded(options, slurm_job, env))
     if (args.spare_nodes > 0 if args.guard is None else args.guard) and options.requeue:

@@ -18,6 +18,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .. import _slurm
 from ..record.events import Event, EventLog
 from ..record.ledger import Ledger
 from ..record.runs import Run, runs_of
@@ -127,6 +128,14 @@ class Executor:
         self.events.emit(Event.EXIT, code=int(outcome.code), outcome=outcome.name, why=said, reasons=reasons,
                          step=step, lead=True, action=decision.action.value, exclude=list(decision.exclude), **extra)
 
+    def _made_outside(self) -> bool:
+        """A step of ``slurmrt run`` with no ``scontrol`` (in a container): the supervisor, outside, makes the
+        requeue that the exit event names once the step has ended (:meth:`complete_requeue`)."""
+        if self.facts.in_job is None or _slurm.available("scontrol"):
+            return False
+        logger.warning("no scontrol here (a container?): slurmrt run requeues the job once the step has ended")
+        return True
+
     def complete_requeue(self, run: Run | None) -> Decision | None:
         """The requeue that ``run``'s exit event chose and nobody made: the process acting for the run was killed
         between its exit event and ``scontrol requeue``. A rank that finds the run answered, or ``slurmrt run`` once
@@ -151,6 +160,8 @@ class Executor:
         # Shape: the requeue's steps in order: what to exclude, scontrol requeue, its record, the exclusion
         job = self.facts.job
         assert job is not None  # plan() requeues only a Slurm job
+        if self._made_outside():
+            return decision
         bad = list(decision.exclude)  # this run's own first, then the ledger's, within max_excluded_nodes
         bad += [n for n in (self.ledger.nodes() if self.ledger is not None else []) if n not in bad]
         prepared = exclusion.prepare(job, bad, max_excluded=self.facts.max_excluded_nodes,

@@ -5,9 +5,10 @@ The job is allocated with spare nodes and ``--no-kill`` (``#SBATCH --nodes=3 --n
 
 1. It starts the training as an ``srun`` step on all but the spare nodes, ``--kill-on-bad-exit=1`` (a rank that
    exits non-zero ends the step), and tells the step's processes how to ask for a restart (:mod:`..recovery.injob`).
-2. Slurm's warning signals (``--signal=B:USR1@120``) reach the batch shell only; the supervisor passes them to the
-   training processes only (``slurmrt signal`` on each node of the step), never to a launcher (torchrun dies of
-   SIGUSR1).
+2. Slurm's warning signals (``--signal=B:USR1@120``) reach the batch shell only; the supervisor passes them, with the
+   job's end time asked of Slurm here, to the step's rank 0 through a file in its directory (:mod:`.forward`,
+   :mod:`.word`): never to a launcher (torchrun dies of SIGUSR1), and inside a container without Slurm's commands
+   too.
 3. When the step ends, a request left by its processes (slurmrt named bad nodes and chose an in-job restart) starts
    a new step without those nodes, in the same job: same job id, same run of the experiment, the event log goes on
    with the step's ``attempt``. A node that left the job (nobody in the step could ask) goes to the recovery plan
@@ -83,10 +84,8 @@ class Supervisor:
     ledger: Ledger | None = None
     #: The job's event log for a step (by attempt); by default none.
     event_log: Callable[[int], EventLog] = lambda attempt: EventLog(None, job=None, restart=0, rank=-1)
-    #: Passing a signal on: seconds between two tries while a node's training processes have not registered yet,
-    #: and the tries (see :class:`~slurmrt.recovery.forward.Forwarder`).
-    retry_s: float = 2.0
-    tries: int = 60
+    #: How often the job's times are asked of Slurm again for the step's word (the job's ``end_time_refresh_s``).
+    refresh_s: float = 900.0
     _terminating: bool = False
     #: The step that failed last and why (said when its replacement starts).
     _failure: Failure | None = None
@@ -113,8 +112,7 @@ class Supervisor:
         self.restart_count = job.restart_count
         if self.evidence is None:
             self.evidence = Evidence(self.srun, self.job, self.env)
-        self.forwarder = Forwarder(self.job, self.env, self._say, self.srun, self.retry_s, self.tries,
-                                   terminating=lambda: self._terminating)
+        self.forwarder = Forwarder(self.job, self.directory, self._say, refresh_s=self.refresh_s)
 
     def run(self) -> int:
         if under_batch_shell(os.getppid()):
@@ -122,7 +120,7 @@ class Supervisor:
                       "which dies of it (and ends the job) before slurmrt run could pass it on. Start it with exec: "
                       "`exec slurmrt run ...` as the script's last line")
         private_dir(self.directory)
-        for name in ("request", "ended"):  # left by a supervisor that was killed: not this run's
+        for name in ("request", "ended", "word"):  # left by a supervisor that was killed: not this run's
             for stale in self.directory.glob(f"{name}-*.json"):
                 stale.unlink()
         self.forwarder.start()
@@ -323,16 +321,16 @@ class Supervisor:
         else:
             self._say(f"step {attempt} on {hostlist.compress(placement.nodes)}" +
                       (f", spare {hostlist.compress(placement.spares)}" if placement.spares else ", no spare left"))
+        self.forwarder.running(attempt, placement)  # its word first: the job's times, a signal that came meanwhile
         proc = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE)
         assert proc.stderr is not None
         output = StepOutput(proc.stderr, sys.stderr.fileno(), self.directory, attempt,
                             len(placement.nodes) * self.per_node)
         output.start()  # srun's standard error, passed on; the tasks it saw end, told to the step's ranks at once
-        self.forwarder.running(placement, proc)  # a signal that came between two steps goes to this one
         try:
             return step_code(proc.wait())
         finally:
-            self.forwarder.running(placement, None)
+            self.forwarder.running(None)
             output.join(timeout=10)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:

@@ -27,7 +27,8 @@ from ..record.runs import measured_earlier
 from ..recovery.conclude import conclude
 from ..recovery.executor import Executor
 from ..recovery.policy import ExitCode, Outcome
-from ..stop.deadline import Budget, EndTime
+from ..recovery.word import listen
+from ..stop.deadline import Budget
 from ..stop.decision import Reason, StopDecision
 from ..stop.killswitch import KillSwitch
 from ..stop.signals import SignalRecorder
@@ -56,13 +57,14 @@ class Runtime(TopologyView):
         self._report = Reporter(events, topology)
         self._lease, self._experiment_id = lease, experiment_id
         # Asked even with deadline=False: a SIGTERM at the end time is the time limit (requeue), not a scancel.
-        end_time = EndTime(env, job_id=topology.job_id, ask=topology.rank == 0, refresh_s=options.end_time_refresh_s)
+        signals = SignalRecorder(options.signals)  # and rank 0 hears slurmrt run's word: its signals, the job's times
+        end_time, word = listen(executor.facts.in_job, signals.record, env, job_id=topology.job_id,
+                                lead=topology.rank == 0, refresh_s=options.end_time_refresh_s)
         self._switch = KillSwitch(options.kill_switch) if options.kill_switch and topology.local_rank == 0 else None
         earlier = measured_earlier(events.path)  # one read of the log's tail, on every rank
         budget = Budget.from_options(margin_s=options.deadline_margin_s, save_time_s=options.save_time_s,
                                      kill_wait_s=options.kill_wait_s, measured_step_s=earlier.step_s,
                                      measured_save_s=earlier.save_s)
-        signals = SignalRecorder(options.signals)
         self._hooks = ProcessHooks(signals, job_id=topology.job_id, world_size=topology.world_size)
         token = f"{topology.requeue_id or 'local'}-r{topology.restart_count}" + \
             (f"-a{topology.attempt}" if topology.attempt else "")
@@ -87,7 +89,7 @@ class Runtime(TopologyView):
                                    settle_saves=self.checkpoints.settle,
                                    node_of=self.hangs.node_of, can_replace=executor.can_leave_out)
         self._hooks.on_groups = self.hangs.first_collective
-        pollers = [p.poll for p in (self._switch, end_time if end_time.asks else None) if p is not None]
+        pollers = [p.poll for p in (self._switch, end_time if end_time.asks else None, word) if p is not None]
         if lease is not None and lease.held:
             pollers.append(lease.refresh)
         if options.watchdog:

@@ -62,6 +62,13 @@ class SignalRecorder:
         self.installed = True
         return True
 
+    def record(self, sig: signal.Signals, at: float) -> None:
+        """``sig`` received elsewhere at wall time ``at`` (the batch shell's warning, passed on by ``slurmrt run``):
+        recorded as if it had arrived here, when it is one of the signals recorded."""
+        if sig in self.signals:
+            self.first_seen.setdefault(sig, at)
+            self.count[sig] = self.count.get(sig, 0) + 1
+
     def reclaim(self) -> list[signal.Signals]:
         """Put the recording handlers back where something replaced them since :meth:`install` (a framework's own
         SLURM handling); the handlers chained behind them stay the ones seen at install. Returns the signals taken
