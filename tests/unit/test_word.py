@@ -21,7 +21,8 @@ def test_the_word_is_read_back_as_written(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("text", ['{"start": 1, "end": "soon", "signals": {}}', '{"end": 1e999, "signals": {}}',
                                   '{"end": -5, "signals": {}}', '{"signals": {"SIGNOPE": 1}}', '{"end": 1}',
-                                  '{"signals": {"SIGUSR1": null}}', '[1, 2]', 'not json', '{"end": true, "signals": {}}'])
+                                  '{"signals": {"SIGUSR1": null}}', '[1, 2]', 'not json',
+                                  '{"end": true, "signals": {}}'])
 def test_a_word_slurmrt_run_would_never_write_is_ignored(tmp_path: Path, text: str,
                                                          caplog: pytest.LogCaptureFixture) -> None:
     word_path(tmp_path, 0).write_text(text)
