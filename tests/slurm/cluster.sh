@@ -4,7 +4,7 @@
 #
 #   tests/slurm/cluster.sh start    install if missing (apt, root), configure, start, wait until the nodes are idle
 #   tests/slurm/cluster.sh stop     stop every daemon this script started
-#   tests/slurm/cluster.sh install  only install slurm-wlm and munge (root), e.g. for the scontrol oracle tests
+#   tests/slurm/cluster.sh install  only install slurm-wlm, munge and bubblewrap (root), e.g. for the oracle tests
 #   tests/slurm/cluster.sh status
 #
 # Idempotent: `start` on a running cluster only checks it; `stop` on a stopped one does nothing.
@@ -29,7 +29,7 @@ need_root() {
 
 installed() {
     command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v munged >/dev/null \
-        && command -v sbatch >/dev/null
+        && command -v sbatch >/dev/null && command -v bwrap >/dev/null
 }
 
 install() {
@@ -39,10 +39,11 @@ install() {
     exec 9>/tmp/.slurmrt-cluster-install.lock
     flock 9
     if ! installed; then
-        log "installing slurm-wlm and munge"
+        # bubblewrap: the container boundary of tests/slurm/test_containers.py (tests/slurm/container.sh).
+        log "installing slurm-wlm, munge and bubblewrap"
         export DEBIAN_FRONTEND=noninteractive
         apt-get update -qq
-        apt-get install -y -qq slurm-wlm munge >/dev/null
+        apt-get install -y -qq slurm-wlm munge bubblewrap >/dev/null
     fi
     exec 9>&-
 }

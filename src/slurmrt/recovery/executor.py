@@ -151,8 +151,8 @@ class Executor:
         outcome = Outcome[chosen["outcome"]] if chosen.get("outcome") in Outcome.__members__ else Outcome.REQUEUED
         named = chosen.get("exclude")
         exclude = tuple(n for n in named if isinstance(n, str)) if isinstance(named, list) else ()
-        logger.warning("rank %s chose the requeue (%s) but was killed before it was made: requeueing the job now",
-                       chosen.get("rank"), chosen.get("why"))
+        logger.warning("rank %s chose the requeue (%s) and did not make it (no scontrol in its step, or killed "
+                       "first): requeueing the job now", chosen.get("rank"), chosen.get("why"))
         return self._requeue_job(Decision(Action.REQUEUE, outcome, str(chosen.get("why")), exclude),
                                  stops=outcome is Outcome.REQUEUED)
 
