@@ -12,6 +12,11 @@ from pathlib import Path
 
 import pytest
 
+try:  # matplotlib's first import asks fontconfig (`fc-list`) for the fonts, once per cache: before the guard below
+    import matplotlib.font_manager  # noqa: F401
+except ImportError:  # the picture's tests skip without it
+    pass
+
 
 @pytest.fixture(autouse=True)
 def _no_process(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
