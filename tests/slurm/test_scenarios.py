@@ -195,6 +195,28 @@ def test_7_early_interpolated_node_rank_under_torchrun_fails_within_seconds(clus
     assert not (tmp_path / "run0").exists() or not list((tmp_path / "run0").glob("rank*.json"))
 
 
+@pytest.mark.parametrize("gate", ["slurmrt run", "doctor --launch"])
+def test_7_a_launcher_per_node_given_more_nodes_than_the_job_has_fails_before_it_starts(cluster: Path, tmp_path: Path,
+                                                                                        gate: str) -> None:
+    """The guides' cautionary case: `torchrun --nnodes 3` in a 2-node job never starts its workers (no init() check
+    runs) and waited in its rendezvous, saying nothing. `slurmrt run` and the batch script's gate read the
+    launcher's node count first and fail in seconds with one line; no worker ever starts."""
+    launch = ("bash -c '$PY -m torch.distributed.run --nnodes \"$NODES\" --nproc-per-node 1 --node-rank "
+              "\"$SLURM_NODEID\" --master-addr n1 --master-port $((20000 + SLURM_JOB_ID % 10000)) $WORKER --out $OUT "
+              "--steps 10'")
+    body = f"exec $PY -m slurmrt run -- {launch}" if gate == "slurmrt run" else \
+        f"$PY -m slurmrt doctor --launch -- {launch} || exit $?\nsrun {launch}"
+    job = submit(tmp_path, f"export NODES=3 PY WORKER OUT\n{body}", "-N2", "--ntasks-per-node=1",
+                 name="launcher_nodes")
+    info = job.wait(300)
+    out = job.output()
+    assert info["JobState"] == "FAILED", out[-3000:]
+    assert _seconds(info["EndTime"]) - _seconds(info["StartTime"]) <= 60, out[-3000:]  # a rendezvous: 30 minutes
+    (said,) = [line for line in out.splitlines() if "torchrun --nnodes $NODES (= 3)" in line]
+    assert "2 node(s)" in said and "Fix:" in said, said
+    assert not (tmp_path / "run0").exists(), "a worker started"
+
+
 def test_8_a_killed_task_ends_the_job_which_requeues_and_resumes_from_the_last_checkpoint(
         cluster: Path, tmp_path: Path) -> None:
     steps = 150

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import _posixsubprocess
+import contextlib
 import multiprocessing.util
 import os
 import subprocess
@@ -12,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-try:  # matplotlib's first import asks fontconfig (`fc-list`) for the fonts, once per cache: before the guard below
+# matplotlib's first import asks fontconfig (`fc-list`) for the fonts, once per cache: before the guard below. The
+# picture's tests skip without matplotlib.
+with contextlib.suppress(ImportError):
     import matplotlib.font_manager  # noqa: F401
-except ImportError:  # the picture's tests skip without it
-    pass
 
 
 @pytest.fixture(autouse=True)

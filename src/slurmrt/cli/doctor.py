@@ -13,24 +13,29 @@ import math
 import os
 import shutil
 import socket
+import sys
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from .. import _slurm
-from .._errors import ConfigError
-from ..launch import cuda, health, preflight
+from .._errors import ConfigError, NodeCountError
+from ..launch import cuda, health, launchline, preflight
 from ..launch.parallel import ParallelConfig
+from ..launch.slurmvars import job_of
 from ..launch.topology import Topology, from_environ
 from ..options import Options, unknown_variables
 from ..record.events import Event, read_events
+from ..recovery.policy import ExitCode
 from ..stop.deadline import end_time_from_env, query_end_time
 from ._common import add_command, add_events, add_parallel, default_dirs, event_files, parallel
 from ._json import add_flag, emit
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.launch:
+        return launch_gate(args.command[1:] if args.command[:1] == ["--"] else args.command, os.environ)
     dirs = args.events or default_dirs(os.environ)
     report = doctor(os.environ, parallel(args, os.environ), events_dirs=dirs, health_check=args.health)
     if args.json:
@@ -185,6 +190,24 @@ def _requeue_check(r: Report, job_id: str) -> None:
         r.warn("requeue", "could not tell whether the job can be requeued")
 
 
+def launch_gate(command: list[str], env: Mapping[str, str]) -> int:
+    """``slurmrt doctor --launch [-- COMMAND]`` in a batch script, before a launcher per node starts: NNODES and the
+    launcher's node count against the allocation's; one line and exit 78 when they differ."""
+    job = job_of(env)
+    if job is None or not job.nodes:
+        raise ConfigError("slurmrt doctor --launch checks a launch in a Slurm job's batch script: no "
+                          "SLURM_JOB_NODELIST here")
+    try:
+        launchline.check(command, env, nodes=len(job.nodes), where="the job has",
+                         fix='NNODES=$SLURM_NNODES, and the launcher\'s node count from it (--nnodes "$NNODES", '
+                             '--num_machines "$NNODES")')
+    except NodeCountError as err:
+        print(f"slurmrt doctor --launch: {err}", file=sys.stderr)
+        return int(ExitCode.CONFIG)
+    print(f"slurmrt doctor --launch: ok: {len(job.nodes)} node(s), as NNODES and the launcher say (or leave open)")
+    return 0
+
+
 def _max_save_seconds(dirs: Iterable[Path]) -> float | None:
     seconds = [float(e["seconds"]) for f in event_files(dirs) for e in read_events(f)
                if e.get("event") == Event.SAVE.value and e.get("seconds") is not None]
@@ -198,6 +221,11 @@ def add_parser(sub: Any) -> None:
     add_parallel(p)
     add_events(p, "to read save times from")
     add_flag(p)
+    p.add_argument("--launch", action="store_true",
+                   help="only the launch gate, in the batch script before a launcher per node starts: NNODES and "
+                        "the node count of the command after -- (torchrun --nnodes, accelerate launch "
+                        "--num_machines) against the allocation; exit 78 with the fix when they differ")
+    p.add_argument("command", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     p.add_argument("--health", action="store_true",
                    help="also run slurmrt's node health check (init(health_check=True)): /dev/shm, the checkpoint "
                         "directory ($SLURMRT_CHECKPOINT_DIR), a GPU allocation; run it on every node with "

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import ConfigError
+from ..launch import launchline
 from ..launch.slurmvars import Job, job_of
 from ..options import Options
 from ..record.events import EventLog
@@ -57,6 +58,8 @@ def run(args: argparse.Namespace) -> int:
     # all the same; failing now costs seconds, not a step start. Once a step's training has resolved its own (in
     # code: checkpoint_dir=...), the supervisor learns those (Supervisor._learn).
     options = Options.resolve({}, env)
+    if slurm_job is not None and slurm_job.nodes and len(slurm_job.nodes) > args.spare_nodes >= 0:
+        _check_nodes(command, env, len(slurm_job.nodes), args.spare_nodes)
     supervisor = Supervisor(command, spare_nodes=args.spare_nodes, max_restarts=args.max_in_job_restarts, env=env,
                             directory=directory, srun_args=srun_args, forward=forward, wait_s=args.step_wait,
                             refresh_s=options.end_time_refresh_s,
@@ -65,6 +68,16 @@ def run(args: argparse.Namespace) -> int:
     if (args.spare_nodes > 0 if args.guard is None else args.guard) and options.requeue:
         log_lines(lambda: _arm(supervisor, env))
     return log_lines(supervisor.run)
+
+
+def _check_nodes(command: list[str], env: dict[str, str], allocated: int, spares: int) -> None:
+    """Before the step starts: NNODES and a launcher's node count are the nodes the step runs on, or the job fails
+    now with the fix, not in the launcher's rendezvous (which no init() check reaches)."""
+    nnodes = f"$((SLURM_NNODES - {spares}))" if spares else "$SLURM_NNODES"
+    launchline.check(command, env, nodes=allocated - spares,
+                     where=f"slurmrt run's step runs on the job's {allocated} less {spares} spare:",
+                     fix=f"NNODES={nnodes} in the batch script, and the launcher's node count from it "
+                         '(--nnodes "$NNODES", --num_machines "$NNODES")')
 
 
 def _recorded(options: Options, slurm_job: Job | None, env: dict[str, str]) -> dict[str, Any]:
