@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from slurmrt.record import code
+
 # matplotlib's first import asks fontconfig (`fc-list`) for the fonts, once per cache: before the guard below. The
 # picture's tests skip without matplotlib.
 with contextlib.suppress(ImportError):
@@ -30,6 +32,8 @@ def _no_process(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(os, "posix_spawn", refuse)
     monkeypatch.setattr(_posixsubprocess, "fork_exec", refuse)  # what subprocess and multiprocessing's spawn call
     monkeypatch.setattr(multiprocessing.util, "spawnv_passfds", refuse)
+    # The one process init() itself starts: rank 0 asks git which commit runs (tests/integration reads it for real).
+    monkeypatch.setattr(code, "_git", lambda directory: None)
     yield
 
 

@@ -19,6 +19,7 @@ from .._errors import SlurmrtError
 from ..checkpoint.cadence import advice, saving
 from ..options import Options
 from ..record.chart import draw, duration, render, totals
+from ..record.code import changes
 from ..record.events import read_events
 from ..record.goodput import Goodput, account, draw_bar
 from ..record.timeline import JobLife, RunLife, build, counted
@@ -107,6 +108,9 @@ def _job(life: JobLife, f: Path, *, chart: bool) -> list[str]:
     out = [_header(life, f)]
     for i, run_ in enumerate(life.runs):
         out.append(f"  run {run_.label}: {'; '.join(_describe(run_, life.gaps[i - 1] if i else None))}")
+        changed = changes(life.runs[i - 1].code, run_.code) if i else []
+        if changed:  # a requeued run on an edited script: said where it begins
+            out[-1] += f"; code changed since run {life.runs[i - 1].label}: {', '.join(changed)}"
     if chart:
         out.append("  timeline (wall time across, steps up; 0-9: the run, -: start-up, *: checkpoint, x: stop, "
                    "!: lost work, .: waiting):")

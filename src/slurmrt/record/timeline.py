@@ -44,6 +44,8 @@ class RunLife:
     stragglers: tuple[str, ...] = ()
     #: The in-process restarts of this run (``slurmrt.run_restartable``), and a refusal: "rank 1's RuntimeError...".
     in_process: tuple[str, ...] = ()
+    #: What ran (rank 0's ``init`` event: the script and its hash, git, argv, versions; :mod:`.code`), or None.
+    code: dict[str, Any] | None = None
     #: (time, step) at each step the events name, in time order; the step only grows.
     points: list[tuple[float, int]] = field(default_factory=list)
     #: (commit time, step, seconds the save took)
@@ -197,6 +199,8 @@ def _run_life(run: Run) -> RunLife:
                    reasons=run.reasons, attempt=run.attempt, left=run.left_out or (),
                    left_why=str(moved.get("why") or "") if moved else "", process_s=process_s)
     life.recovery = run.first(Event.RECOVERY)
+    ran = (run.first(Event.INIT) or {}).get("ran")
+    life.code = ran if isinstance(ran, dict) else None
     life.stragglers = tuple(_straggler(e) for e in run.all(Event.STRAGGLER))
     life.in_process = tuple(_in_process(e) for e in run.all(Event.IN_PROCESS))
     life.resumed_tier, life.from_peers = _resumed_where(run)

@@ -11,6 +11,7 @@ from .._env import get_int
 from .._safefs import process_age
 from ..checkpoint.store import SaveResult
 from ..launch.topology import Topology
+from ..record.code import what_ran
 from ..record.events import Event, EventLog
 from ..stop.decision import Reason, StopDecision
 from ..stop.signals import SignalRecorder
@@ -36,7 +37,7 @@ class Reporter:
                              nodelist=list(t.nodelist), master=f"{t.master_addr}:{t.master_port}",
                              restart_count=t.restart_count, cuda_device_max_connections=connections,
                              kill_switch=kill_switch, experiment=experiment,
-                             job_nodes=_job_nodes(), process_s=_process_s())
+                             job_nodes=_job_nodes(), process_s=_process_s(), ran=what_ran())
 
     def new_signals(self, recorder: SignalRecorder) -> None:
         """Report the signals ``recorder`` saw since the last call; the caller compares ``len(first_seen)`` with
