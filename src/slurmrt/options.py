@@ -17,7 +17,7 @@ from ._rules import convert, rule_of
 from .launch.parallel import ParallelConfig
 from .sections import CheckpointSection, HangSection, LaunchSection, RecordSection, RecoverySection, StopSection
 
-__all__ = ["DEPRECATED", "OTHER_VARIABLES", "Options", "unknown_variables", "warn_unknown"]
+__all__ = ["DEPRECATED", "OTHER_VARIABLES", "Options", "dropped_by_export", "unknown_variables", "warn_unknown"]
 
 logger = logging.getLogger(__name__)
 
@@ -101,9 +101,14 @@ OTHER_VARIABLES = frozenset({"SLURMRT_LOCK_FILE", "SLURMRT_ALLOW_NODE_RANK_REORD
                              "SLURMRT_RUN_MAX_RESTARTS", "SLURMRT_NODE_LEDGER"})
 
 
-def warn_unknown(env: Mapping[str, str]) -> None:
+def warn_unknown(env: Mapping[str, str], *, lead: bool = True) -> None:
+    """Say the ``SLURMRT_*`` variables slurmrt does not read; and, once (``lead``: rank 0), an export that kept the
+    submitting shell's from the job (:func:`dropped_by_export`)."""
     for name in unknown_variables(env):
         logger.warning("%s is set but slurmrt reads no such variable (misspelt?): it has no effect", name)
+    dropped = dropped_by_export(env) if lead else None
+    if dropped:
+        logger.warning("%s", dropped)
 
 
 def unknown_variables(env: Mapping[str, str]) -> list[str]:
@@ -113,3 +118,17 @@ def unknown_variables(env: Mapping[str, str]) -> list[str]:
     known |= {f"SLURMRT_{name.upper()}" for name in LaunchSection.SHAPE}
     known |= {f"SLURMRT_{old.upper()}" for old in DEPRECATED}
     return sorted(k for k in env if k.startswith("SLURMRT_") and k not in known and k not in OTHER_VARIABLES)
+
+
+def dropped_by_export(env: Mapping[str, str]) -> str | None:
+    """Why NNODES and the ``SLURMRT_*`` options of the submitting shell may be missing, in words, or None: the job
+    was submitted with ``--export=NONE`` or an export list (Slurm says which in ``SLURM_EXPORT_ENV``), and none of
+    them is set here (a batch script that sets its own is fine)."""
+    export = env.get("SLURM_EXPORT_ENV", "").strip()
+    if not export or export.upper().split(",")[0] == "ALL":
+        return None
+    if "NNODES" in env or any(k.startswith("SLURMRT_") for k in env):
+        return None
+    return (f"the job was submitted with --export={export} (SLURM_EXPORT_ENV) and no NNODES or SLURMRT_* variable "
+            "reached it: what the submitting shell set for slurmrt is not in force. Set them in the batch script "
+            "(export SLURMRT_CHECKPOINT_DIR=...), or submit with --export=ALL,NAME=value")

@@ -58,8 +58,7 @@ def run(args: argparse.Namespace) -> int:
     # all the same; failing now costs seconds, not a step start. Once a step's training has resolved its own (in
     # code: checkpoint_dir=...), the supervisor learns those (Supervisor._learn).
     options = Options.resolve({}, env)
-    if slurm_job is not None and slurm_job.nodes and len(slurm_job.nodes) > args.spare_nodes >= 0:
-        _check_nodes(command, env, len(slurm_job.nodes), args.spare_nodes)
+    _check_nodes(command, env, slurm_job, args.spare_nodes)
     supervisor = Supervisor(command, spare_nodes=args.spare_nodes, max_restarts=args.max_in_job_restarts, env=env,
                             directory=directory, srun_args=srun_args, forward=forward, wait_s=args.step_wait,
                             refresh_s=options.end_time_refresh_s,
@@ -70,9 +69,13 @@ def run(args: argparse.Namespace) -> int:
     return log_lines(supervisor.run)
 
 
-def _check_nodes(command: list[str], env: dict[str, str], allocated: int, spares: int) -> None:
+def _check_nodes(command: list[str], env: dict[str, str], job: Job | None, spares: int) -> None:
     """Before the step starts: NNODES and a launcher's node count are the nodes the step runs on, or the job fails
-    now with the fix, not in the launcher's rendezvous (which no init() check reaches)."""
+    now with the fix, not in the launcher's rendezvous (which no init() check reaches). Outside a job, or with
+    spares it cannot have, the supervisor says what is wrong."""
+    allocated = len(job.nodes) if job is not None and job.nodes else 0
+    if not allocated > spares >= 0:
+        return
     nnodes = f"$((SLURM_NNODES - {spares}))" if spares else "$SLURM_NNODES"
     launchline.check(command, env, nodes=allocated - spares,
                      where=f"slurmrt run's step runs on the job's {allocated} less {spares} spare:",

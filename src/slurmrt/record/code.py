@@ -88,15 +88,19 @@ def changes(before: Mapping[str, Any] | None, after: Mapping[str, Any] | None) -
     elif before.get("sha256") != after.get("sha256"):
         said.append(f"{os.path.basename(str(after.get('script')))} edited ({before.get('sha256')} -> "
                     f"{after.get('sha256')})")
-    old, new = before.get("git") or {}, after.get("git") or {}
-    if isinstance(old, Mapping) and isinstance(new, Mapping) and (old.get("commit"), old.get("dirty")) != \
-            (new.get("commit"), new.get("dirty")):
-        said.append(f"git {_commit(old)} -> {_commit(new)}")
+    said += _git_change(before.get("git") or {}, after.get("git") or {})
     if before.get("argv") != after.get("argv"):
         said.append("arguments changed")
     said += [f"{name} {before.get(name)} -> {after.get(name)}" for name in ("python", "torch", "slurmrt")
              if before.get(name) != after.get(name)]
     return said
+
+
+def _git_change(old: Any, new: Any) -> list[str]:
+    if not isinstance(old, Mapping) or not isinstance(new, Mapping):
+        return []
+    same = (old.get("commit"), old.get("dirty")) == (new.get("commit"), new.get("dirty"))
+    return [] if same else [f"git {_commit(old)} -> {_commit(new)}"]
 
 
 def _commit(git: Mapping[str, Any]) -> str:

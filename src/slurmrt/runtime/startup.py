@@ -53,7 +53,7 @@ def _init(options: Options | None, overrides: dict[str, Any]) -> Runtime:
     opts = Options.resolve(overrides, env, base=options)
     topo = from_environ(env, launcher_argv=launcher_argv() if "RANK" in env else None)
     logs.install_default(topo.rank, wanted=opts.log_handler)
-    warn_unknown(env)
+    warn_unknown(env, lead=topo.rank == 0)
     for warning in topo.warnings:
         logger.warning("%s", warning)
     node_gpus = cuda.node_gpu_count(env)
