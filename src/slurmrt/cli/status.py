@@ -23,6 +23,7 @@ from ..record.code import changes
 from ..record.events import read_events
 from ..record.goodput import Goodput, account, draw_bar
 from ..record.timeline import JobLife, RunLife, build, counted
+from ..record.train import trains
 from ._common import add_command, default_dirs, event_files
 from ._json import add_flag, emit
 
@@ -87,9 +88,11 @@ def _files(dirs: list[Path]) -> list[Path]:
 def status(dirs: Iterable[Path], *, chart: bool = True, plot: Path | None = None) -> list[str]:
     files = _files(list(dirs))
     out: list[str] = []
+    lives = []
     for f in files:
         events = list(read_events(f))
         life = build(events, job=f.stem.removeprefix("events-"))
+        lives.append(life)
         if not life.runs:
             out.append(f"{_NOTHING} {f}: it is empty, or damaged (each line it skipped is in the warnings above)")
             continue
@@ -100,7 +103,7 @@ def status(dirs: Iterable[Path], *, chart: bool = True, plot: Path | None = None
         if plot is not None:
             target = plot if len(files) == 1 else plot.with_name(f"{plot.stem}-{life.job}{plot.suffix}")
             out.append(f"  drawn: {_draw(life, target, ledger)}")
-    return out
+    return out + trains(lives)  # the jobs of one experiment (an array train), read together
 
 
 def _job(life: JobLife, f: Path, *, chart: bool) -> list[str]:
