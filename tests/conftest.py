@@ -52,6 +52,15 @@ def _no_false_stragglers(request: pytest.FixtureRequest) -> Iterator[None]:
     assert not named, f"a straggler named in a test that slows no rank (a false positive): {named[:3]}"
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _module_node_ledger(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """A module's own fixtures (the cluster scenarios' jobs submitted together) run before any test's own ledger is
+    set: they get one of the module's, never the user's in the home directory."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SLURMRT_NODE_LEDGER", str(tmp_path_factory.mktemp("module-ledger") / "bad-nodes.json"))
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _own_node_ledger(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every test has a bad-node ledger of its own (slurmrt.record.ledger): none writes into the user's, in the home

@@ -117,10 +117,14 @@ JobRequeue=1
 # Job ids from 100 (slurmctld -c starts them afresh): a job's ids decide its rendezvous ports, and the integration
 # tests, which may run beside the cluster's jobs (tests/run.sh), fake the ids 5 and 7.
 FirstJobId=100
-NodeName=n[1-4] NodeHostname=$host NodeAddr=127.0.0.1 Port=17001-17004 CPUs=8 RealMemory=4000 State=UNKNOWN
+# Two GPUs per node as GRES, their "devices" stand-in files (slurmd refuses a count without files): what a GPU
+# cluster's side steps and steps meet (tests/slurm/test_gres.py); a job that asks for none is not affected.
+GresTypes=gpu
+NodeName=n[1-4] NodeHostname=$host NodeAddr=127.0.0.1 Port=17001-17004 CPUs=8 RealMemory=4000 Gres=gpu:2 State=UNKNOWN
 PartitionName=low Nodes=n[1-4] Default=YES MaxTime=INFINITE State=UP PriorityTier=1 GraceTime=20 OverSubscribe=NO
 PartitionName=high Nodes=n[1-4] MaxTime=INFINITE State=UP PriorityTier=10 PreemptMode=OFF OverSubscribe=NO
 CONF
+    echo "NodeName=n[1-4] Name=gpu File=/dev/tty[0-1]" > "$DIR/gres.conf"
     if [ -f "$CONF" ] && ! cmp -s "$CONF.new" "$CONF" && running; then
         mv "$CONF.new" "$CONF"
         scontrol reconfigure   # a running cluster takes the new settings

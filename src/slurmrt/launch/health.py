@@ -1,9 +1,10 @@
 """The node health check at start-up (``health_check=True``): cheap, and before any rendezvous can hang on it.
 
-What the cluster guides tell people to run by hand on every node before they exclude one: the GPU answers and can
-allocate memory, ``/dev/shm`` (where NCCL and the data loaders keep shared memory) and the checkpoint directory are
-writable. :func:`check_node` runs them in one process per node (local rank 0) during ``init()``; the communication
-check, a barrier with a timeout, runs at the first collective (:meth:`slurmrt.Runtime` opens its groups there).
+What the cluster guides tell people to run by hand on every node before they exclude one: the GPUs answer and have
+their memory free (:mod:`.gpucheck`, through NVML: no CUDA context), ``/dev/shm`` (where NCCL and the data loaders
+keep shared memory) and the checkpoint directory are writable. :func:`check_node` runs them in one process per node
+(local rank 0) during ``init()``; the communication check, a barrier with a timeout, runs at the first collective
+(:meth:`slurmrt.Runtime` opens its groups there).
 ``slurmrt doctor --health`` runs the same node checks by hand (``srun --ntasks-per-node=1 slurmrt doctor --health``
 checks every node of an allocation).
 """
@@ -14,6 +15,8 @@ import os
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
+
+from .gpucheck import check_gpus
 
 __all__ = ["SIM_UNHEALTHY_ENV", "check_node"]
 
@@ -39,26 +42,10 @@ def _writable(directory: Path, what: str) -> str | None:
     return None
 
 
-def _cuda(local_rank: int) -> str | None:
-    try:
-        import torch
-    except ImportError:
-        return "the node has GPUs but torch cannot be imported"
-    if not torch.cuda.is_available():
-        return "the node has GPUs but torch.cuda.is_available() is False (driver or device error)"
-    try:
-        device = torch.device("cuda", local_rank % torch.cuda.device_count())
-        block = torch.empty(64 * 2**20, dtype=torch.uint8, device=device)
-        block.fill_(1)
-        torch.cuda.synchronize(device)
-        del block
-    except Exception as err:  # noqa: BLE001 - any CUDA error is the finding
-        return f"cannot allocate 64 MiB on GPU {local_rank}: {type(err).__name__}: {err}"
-    return None
-
-
-def check_node(env: Mapping[str, str], *, checkpoint_dir: Path | None, gpus: int, local_rank: int) -> list[str]:
-    """What is wrong with this node, in words; empty when it is healthy."""
+def check_node(env: Mapping[str, str], *, checkpoint_dir: Path | None, gpus: int, local_rank: int,
+               settle_s: float = 0.0) -> list[str]:
+    """What is wrong with this node, in words; empty when it is healthy. ``settle_s``: how long a GPU's memory may
+    take to be given back (after a step ended) before it counts as held (:mod:`.gpucheck`)."""
     failures: list[str | None] = []
     if env.get(SIM_UNHEALTHY_ENV):
         failures.append(f"simulated failure ({SIM_UNHEALTHY_ENV}={env[SIM_UNHEALTHY_ENV]})")
@@ -67,5 +54,5 @@ def check_node(env: Mapping[str, str], *, checkpoint_dir: Path | None, gpus: int
     if checkpoint_dir is not None:
         failures.append(_writable(checkpoint_dir, "the checkpoint directory"))
     if gpus:
-        failures.append(_cuda(local_rank))
+        failures += check_gpus(env, gpus, local_rank, settle_s=settle_s)
     return [f for f in failures if f]

@@ -1,7 +1,8 @@
 """``python -m slurmrt.recovery.probe [CHECKPOINT_DIR]``: the node health check that ``slurmrt run`` runs on a
 suspect node after a fault, from outside the failed processes (``srun --overlap``, one task per node). Prints one
 JSON line, ``{"node": ..., "failures": [...]}`` (empty: healthy): :func:`slurmrt.launch.health.check_node`'s
-checks (``/dev/shm`` and the checkpoint directory writable, the GPUs that Slurm gave the job allocate memory).
+checks (``/dev/shm`` and the checkpoint directory writable, the GPUs that Slurm gave the job answer NVML with their
+memory free: a leftover process of the failed step that still holds one is a finding).
 """
 
 from __future__ import annotations
@@ -14,13 +15,17 @@ from pathlib import Path
 
 from ..launch.health import check_node
 
+#: The step has just ended: its processes' GPU memory may take this long to be given back.
+SETTLE_S = 10.0
+
 
 def main(argv: list[str]) -> int:
     node = os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
     raw = os.environ.get("SLURM_GPUS_ON_NODE", "")
     gpus = int(raw) if raw.isdigit() else 0
     try:
-        failures = check_node(os.environ, checkpoint_dir=Path(argv[0]) if argv else None, gpus=gpus, local_rank=0)
+        failures = check_node(os.environ, checkpoint_dir=Path(argv[0]) if argv else None, gpus=gpus, local_rank=0,
+                              settle_s=SETTLE_S)
     except Exception as err:  # noqa: BLE001 - a check that cannot run is a finding about the node
         failures = [f"the health check raised {type(err).__name__}: {err}"]
     print(json.dumps({"node": node, "failures": failures}), flush=True)
