@@ -553,3 +553,33 @@ def test_a_clean_up_error_raised_on_the_way_out_of_a_lost_peer_is_still_a_lost_p
     looped.__context__ = looped  # a cycle ends the walk
     assert not is_peer_failure(looped)
     assert not is_peer_failure(BufferError("cannot close exported pointers exist"))
+
+
+def test_the_barrier_over_the_trainings_own_backend_fails_when_its_collective_does_not_complete(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """At the process-group boundary: an all-reduce over the default group (NCCL on a cluster) that does not
+    complete within the floor is the health check's finding; one that completes passes; no group, nothing."""
+    import torch.distributed as dist
+
+    from slurmrt.hang.monitor import backend_barrier
+
+    backend_barrier(1.0)  # no default group in a unit test: nothing to check
+    done: list[float] = []
+
+    class Work:
+        def __init__(self, completes: bool) -> None:
+            self.completes = completes
+
+        def wait(self, timeout: Any) -> bool:
+            done.append(timeout.total_seconds())
+            return self.completes
+
+    completes = [True]
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_backend", lambda group=None: "gloo")
+    monkeypatch.setattr(dist, "all_reduce", lambda t, async_op=False: Work(completes[0]))
+    backend_barrier(7.0)
+    completes[0] = False
+    with pytest.raises(RuntimeError, match="all-reduce over the training's gloo group did not complete in 7 s"):
+        backend_barrier(7.0)
+    assert done == [7.0, 7.0]

@@ -166,11 +166,15 @@ class HangMonitor:
             self._barrier(group, census)
 
     def _barrier(self, group: Any, census: Census | None) -> None:
+        """A barrier over slurmrt's gloo group (it names the ranks that did not come), then an all-reduce over the
+        training's own default group, whatever its backend: gloo proves the hosts reach each other, not that NCCL
+        and the fabric under it (NVLink, InfiniBand) carry a collective. Each within ``hang_floor_s``."""
         import torch.distributed as dist
 
         floor = self.settings.hang_floor_s
         try:
             dist.monitored_barrier(group=group, timeout=datetime.timedelta(seconds=floor), wait_all_ranks=True)
+            backend_barrier(floor)
         except RuntimeError as err:
             found = _MISSED.search(str(err))
             ranks = [int(r) for r in re.findall(r"\d+", found.group(1))] if found else []
@@ -182,3 +186,19 @@ class HangMonitor:
             if self.topology.rank == 0:
                 unhealthy(self.executor, failures, nodes=nodes, node=self.topology.hostname)
             exit_now(ExitCode.UNHEALTHY)
+
+
+def backend_barrier(timeout_s: float) -> None:
+    """One all-reduce of a one-element tensor over the default process group (on this rank's GPU under NCCL),
+    waited for at most ``timeout_s``; RuntimeError when it did not complete. Nothing without a default group."""
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():
+        return
+    on_gpu = "nccl" in str(dist.get_backend()) and torch.cuda.is_available()  # "nccl", or "cpu:gloo,cuda:nccl"
+    device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
+    work = dist.all_reduce(torch.ones(1, device=device), async_op=True)
+    if work is not None and not work.wait(timeout=datetime.timedelta(seconds=timeout_s)):
+        raise RuntimeError(f"an all-reduce over the training's {dist.get_backend()} group did not complete in "
+                           f"{timeout_s:.0f} s")
