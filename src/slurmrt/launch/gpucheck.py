@@ -15,7 +15,7 @@ Without the NVML bindings (``pip install slurmrt[gpu]``) the check falls back to
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 __all__ = ["FREE_FLOOR", "check_gpus", "cuda_allocates", "nvml_findings"]
@@ -75,15 +75,14 @@ def _visible(env: Mapping[str, str], count: int, nvml: Any) -> list[int]:
     raw = env.get("CUDA_VISIBLE_DEVICES")
     if raw is None or not raw.strip():
         return list(range(count))
-    wanted = [w.strip() for w in raw.split(",") if w.strip()]
-    uuids: Callable[[int], str] = lambda i: str(nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(i)))  # noqa: E731
-    picked = []
-    for word in wanted:
-        if word.isdigit() and int(word) < count:
-            picked.append(int(word))
-        elif word.startswith(("GPU-", "MIG-")):
-            picked += [i for i in range(count) if uuids(i) == word]
-    return sorted(set(picked))
+    words = {w.strip() for w in raw.split(",")}
+    by_uuid = any(w.startswith(("GPU-", "MIG-")) for w in words)
+    return [i for i in range(count) if str(i) in words or (by_uuid and _uuid(nvml, i) in words)]
+
+
+def _uuid(nvml: Any, index: int) -> str:
+    uuid = nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(index))
+    return uuid.decode() if isinstance(uuid, bytes) else str(uuid)
 
 
 def _holders(nvml: Any, handle: Any) -> str:

@@ -41,12 +41,18 @@ def _link(before: JobLife | None, job: JobLife) -> str:
     """How ``job`` took over from the job ``before`` it: what it resumed, against the newest checkpoint ``before``
     committed, how far it got, and what code changed."""
     first = job.runs[0]
-    resumed = "fresh start" if first.resumed_from is None else f"resumed after step {first.resumed_from}"
-    newest = max((c[1] for r in before.runs for c in r.checkpoints), default=None) if before is not None else None
-    if before is not None and newest is not None and first.resumed_from != newest:
-        resumed += f" (not the newest checkpoint: {before.job} committed step {newest})"
-    said = [resumed, f"reached step {job.last_step}" if job.last_step is not None else "no step recorded"]
+    said = [_resumed(before, first.resumed_from),
+            f"reached step {job.last_step}" if job.last_step is not None else "no step recorded"]
     changed = changes(before.runs[-1].code, first.code) if before is not None else []
-    if changed:
-        said.append(f"code changed since {before.job if before is not None else '?'}: {', '.join(changed)}")
+    if before is not None and changed:
+        said.append(f"code changed since {before.job}: {', '.join(changed)}")
     return "; ".join(said)
+
+
+def _resumed(before: JobLife | None, step: int | None) -> str:
+    """What a job resumed from, and whether it was the newest checkpoint the job ``before`` it committed."""
+    said = "fresh start" if step is None else f"resumed after step {step}"
+    newest = max((c[1] for r in before.runs for c in r.checkpoints), default=None) if before is not None else None
+    if before is not None and newest is not None and step != newest:
+        said += f" (not the newest checkpoint: {before.job} committed step {newest})"
+    return said

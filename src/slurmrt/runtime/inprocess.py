@@ -42,6 +42,7 @@ from .._errors import ConfigError
 from ..launch.topology import LaunchMode
 from ..record.events import Event
 from ..recovery import injob
+from .peerabort import FAULT, PeerAbort
 from .release import release
 
 if TYPE_CHECKING:
@@ -131,10 +132,13 @@ class InProcess:
         generation = 0
         while True:
             self._init_group(dist, generation)
+            watcher = self._watcher(dist, generation)
             try:
                 return train(generation)
             except Exception as err:  # noqa: BLE001 - every rank's error is weighed; refused ones are raised
+                watcher.raised()
                 fault = self._post(generation, err)
+                watcher.tell(FAULT)
                 self._abort(dist, err)
                 why = refusal(fault, restarted=self.restarted, max_restarts=self.max_restarts,
                               stopping=self.rt.stop.decision is not None)
@@ -146,6 +150,8 @@ class InProcess:
                 self.restarted.append(fault)
                 generation += 1
                 self._restarted(generation)
+            finally:
+                watcher.close()
 
     # -- the store and the groups ------------------------------------------------------------------------------------
     def _base_store(self, dist: Any) -> Any:
@@ -161,6 +167,16 @@ class InProcess:
         store = dist.PrefixStore(f"{self._prefix}/{generation}/", self._store)
         kwargs = {"timeout": self.timeout} if self.timeout is not None else {}
         dist.init_process_group(self.backend, store=store, rank=t.rank, world_size=t.world_size, **kwargs)
+
+    def _watcher(self, dist: Any, generation: int) -> PeerAbort | _NoWatcher:
+        """This generation's :class:`~.peerabort.PeerAbort` (not under gloo, whose peers fail on a closed socket)."""
+        if dist.get_backend() == "gloo":
+            return _NoWatcher()
+        group = dist.group.WORLD
+        watcher = PeerAbort(self._store, f"{self._prefix}/news/{generation}",
+                            lambda: dist.distributed_c10d._abort_process_group(group))
+        watcher.start()
+        return watcher
 
     def _abort(self, dist: Any, err: BaseException) -> None:
         """This rank's groups closed at once, the agreement out of its round: peers waiting on it fail instead of
@@ -255,6 +271,19 @@ class InProcess:
                            "later", generation + 1, fault.rank, fault.error, fault.step, time.time() - fault.time)
         elif why is not None:
             logger.error("no in-process restart after rank %d's %s: %s", fault.rank, fault.error, why)
+
+
+class _NoWatcher:
+    """Under gloo: a peer's collective fails on the aborted rank's closed connections; nothing to watch."""
+
+    def raised(self) -> None:
+        pass
+
+    def tell(self, news: str) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 def _dist() -> Any:
