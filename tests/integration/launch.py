@@ -73,6 +73,17 @@ def step_env(rank: int, ntasks: int, tmp: Path, *, job_id: str = "4242", extra: 
     return env
 
 
+def two_node_env(rank: int, tmp: Path, nodes: tuple[str, str], *, port: int,
+                 extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of rank ``rank`` of a 2-node x 2-task step on ``nodes`` (a real srun step's variables)."""
+    node = rank // 2
+    return step_env(rank, 4, tmp, port=port, extra={
+        "SLURM_LOCALID": str(rank % 2), "SLURM_NODEID": str(node), "SLURMD_NODENAME": nodes[node],
+        "SLURM_STEP_NUM_NODES": "2", "SLURM_NNODES": "2", "SLURM_JOB_NUM_NODES": "2",
+        "SLURM_STEP_NODELIST": ",".join(nodes), "SLURM_JOB_NODELIST": ",".join(nodes),
+        "SLURM_STEP_TASKS_PER_NODE": "2(x2)", **(extra or {})})
+
+
 def start(ntasks: int, tmp: Path, args: list[str], *, extra: Mapping[str, str] | None = None,
           script: Path = WORKER, preexec: Mapping[int, Callable[[], None]] | None = None,
           ) -> list[subprocess.Popen[bytes]]:

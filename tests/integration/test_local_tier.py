@@ -22,7 +22,7 @@ import pytest
 from slurmrt.checkpoint.local import tier_directory
 
 from .conftest import expected_weights
-from .launch import WORKER, free_port, step_env
+from .launch import WORKER, free_port, two_node_env
 
 NODES = ("localhost", "nodeb")
 STEPS = 40
@@ -34,14 +34,9 @@ def run(tmp: Path, out: str, *, nodes: tuple[str, str] = NODES, extra_args: tupl
     (tmp / "local").mkdir(exist_ok=True)  # the node's own directory (/dev/shm): slurmrt never creates it
     procs = []
     for rank in range(4):
-        node = rank // 2
-        env = step_env(rank, 4, tmp, port=port, extra={
-            "SLURM_LOCALID": str(rank % 2), "SLURM_NODEID": str(node), "SLURMD_NODENAME": nodes[node],
-            "SLURM_STEP_NUM_NODES": "2", "SLURM_NNODES": "2", "SLURM_JOB_NUM_NODES": "2",
-            "SLURM_STEP_NODELIST": ",".join(nodes), "SLURM_JOB_NODELIST": ",".join(nodes),
-            "SLURM_STEP_TASKS_PER_NODE": "2(x2)", "SLURM_RESTART_COUNT": str(restart),
-            "SLURMRT_CHECKPOINT_DIR": str(tmp / "shared"), "SLURMRT_LOCAL_CHECKPOINT_DIR": str(tmp / "local"),
-            "SLURMRT_REQUEUE": "0"})
+        env = two_node_env(rank, tmp, nodes, port=port, extra={
+            "SLURM_RESTART_COUNT": str(restart), "SLURMRT_CHECKPOINT_DIR": str(tmp / "shared"),
+            "SLURMRT_LOCAL_CHECKPOINT_DIR": str(tmp / "local"), "SLURMRT_REQUEUE": "0"})
         procs.append(subprocess.Popen([sys.executable, str(WORKER), "--out", str(tmp / out), "--steps", str(STEPS),
                                        "--step-time", "0", "--save-every", "10", "--local-every", "5",
                                        *extra_args], env=env))

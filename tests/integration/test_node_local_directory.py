@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from .launch import WORKER, free_port, step_env
+from .launch import WORKER, free_port, two_node_env
 
 NODES = ("localhost", "nodeb")
 
@@ -33,11 +33,8 @@ def _start(tmp: Path, ckpt: Path, *, apart: bool, local: Path | None = None) -> 
     procs = []
     for rank in range(4):
         node = rank // 2
-        env = step_env(rank, 4, tmp, port=port, extra={
-            "SLURM_LOCALID": str(rank % 2), "SLURM_NODEID": str(node), "SLURMD_NODENAME": NODES[node],
-            "SLURM_STEP_NUM_NODES": "2", "SLURM_NNODES": "2", "SLURM_JOB_NUM_NODES": "2",
-            "SLURM_STEP_NODELIST": ",".join(NODES), "SLURM_JOB_NODELIST": ",".join(NODES),
-            "SLURM_STEP_TASKS_PER_NODE": "2(x2)", "SLURMRT_CHECKPOINT_DIR": str(ckpt), "SLURMRT_REQUEUE": "0",
+        env = two_node_env(rank, tmp, NODES, port=port, extra={
+            "SLURMRT_CHECKPOINT_DIR": str(ckpt), "SLURMRT_REQUEUE": "0",
             **({"SLURMRT_LOCAL_CHECKPOINT_DIR": str(local)} if local is not None else {})})
         argv = [sys.executable, str(WORKER), "--out", str(tmp / "out"), "--steps", "12", "--step-time", "0",
                 "--save-every", "4", *(["--local-every", "2"] if local is not None else [])]
