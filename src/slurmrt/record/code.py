@@ -23,6 +23,8 @@ __all__ = ["MAX_SCRIPT_BYTES", "changes", "what_ran"]
 MAX_SCRIPT_BYTES = 16 << 20
 _GIT_TIMEOUT_S = 5.0
 _ARGV_CHARS = 4096
+#: A repository's configuration runs no program of its own here (an fsmonitor hook would, at `git status`).
+_SAFE = ("-c", "core.fsmonitor=false")
 
 
 def what_ran(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -58,11 +60,11 @@ def _git(directory: str) -> dict[str, Any] | None:
     repository, or when git does not answer in time."""
     env = {**os.environ, "GIT_OPTIONAL_LOCKS": "0"}  # a status that takes no lock another git could wait for
     try:
-        head = subprocess.run(["git", "-C", directory, "rev-parse", "HEAD"], capture_output=True, text=True,
+        head = subprocess.run(["git", "-C", directory, *_SAFE, "rev-parse", "HEAD"], capture_output=True, text=True,
                               timeout=_GIT_TIMEOUT_S, check=False, env=env)
         if head.returncode != 0:
             return None
-        status = subprocess.run(["git", "-C", directory, "status", "--porcelain", "--untracked-files=no"],
+        status = subprocess.run(["git", "-C", directory, *_SAFE, "status", "--porcelain", "--untracked-files=no"],
                                 capture_output=True, text=True, timeout=_GIT_TIMEOUT_S, check=False, env=env)
     except (OSError, subprocess.TimeoutExpired):
         return None
