@@ -60,3 +60,11 @@ def test_the_survey_names_the_nodes_apart_from_the_first_and_those_that_share() 
     assert one.one_directory and one.apart() == () and one.shared_by == ("n1", "n2")
     broken = Survey(("n1", "n2"), {}, {"n2": "n2: cannot write in /x: Permission denied"})
     assert not broken.one_directory and broken.apart() == ("n2",) and broken.shared_by == ("n1",)
+
+
+def test_a_node_name_that_cannot_name_a_file_is_a_finding_not_a_path(tmp_path: Path) -> None:
+    from slurmrt.checkpoint.visible import survey
+
+    got = survey(tmp_path, SoloComm(), node="../etc", lead=True, token="t")
+    assert not got.one_directory and "cannot name a file" in got.errors["'../etc'"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [], "nothing written outside its own directory, or left"

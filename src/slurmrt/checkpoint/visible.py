@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import secrets
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -37,6 +38,7 @@ __all__ = ["PREFIX", "Survey", "check_parts", "require_parts", "survey"]
 
 #: The survey's own directory, inside the surveyed one: ``.slurmrt-nodes-<token>-<random>``.
 PREFIX = ".slurmrt-nodes-"
+_NODE = re.compile(r"[A-Za-z0-9_.-]{1,255}")
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,8 @@ def _plan(comm: Comm, node: str | None) -> tuple[tuple[str, ...], str]:
 
 def _write_token(where: Path, node: str, directory: Path) -> str | None:
     """This node's token in the survey's directory; why not, in words."""
+    if not _NODE.fullmatch(node) or node in {".", ".."}:
+        return f"{node!r}: a node name that cannot name a file"
     try:
         where.mkdir(parents=True, exist_ok=True)
         (where / node).write_text(node + "\n")
