@@ -182,12 +182,20 @@ class Helper:
             base = 0
         return min(19, base + max(0, self.nice))
 
+    def _running(self) -> Any:
+        """The helper's socket. :class:`HelperLost` when it died since it said it was ready (killed while idle, or
+        between a save's choice of it and its write: the save falls back to threads); CheckpointError when it is
+        not running at all."""
+        if self._ready and self._proc is not None and self._proc.poll() is not None:
+            raise self._lost(ProcessLookupError(f"it exited with status {self._proc.returncode} before this write"))
+        if self._sock is None or self.pid is None or not self._ready:
+            raise CheckpointError("the save helper process is not running")
+        return self._sock
+
     def _call(self, op: str, *args: Any) -> Any:
         """Run ``op`` in the helper (started by :meth:`start`); its answer, or its error raised here as a
         CheckpointError."""
-        sock = self._sock
-        if sock is None or self.pid is None or not self._ready:
-            raise CheckpointError("the save helper process is not running")
+        sock = self._running()
         try:
             for ident, segment in self.buffers.segments.items():  # each segment's descriptor, once
                 if ident not in self._sent:
