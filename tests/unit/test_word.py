@@ -85,3 +85,27 @@ def test_a_signal_passed_on_is_recorded_only_when_it_is_one_slurmrt_records() ->
     rec.record(signal.SIGUSR1, 3.0)
     assert rec.first_seen == {signal.SIGUSR1: 2.0} and rec.count[signal.SIGUSR1] == 2
     assert json.dumps(sorted(s.name for s in rec.first_seen)) == '["SIGUSR1"]'
+
+
+def test_a_time_limit_changed_outside_reaches_the_deadline_at_the_next_turn(tmp_path: Path) -> None:
+    """Under slurmrt run the end time is a file the supervisor refreshes: read at every watcher turn (the word's
+    poll reads it, the end time takes what it read), not every end_time_refresh_s."""
+    write_word(tmp_path, 0, Word(5.0, 3600.0, {}))
+    end, word = listen(InJob(tmp_path, 0, (), 1), lambda s, at: None, {}, job_id="7", lead=True, refresh_s=900.0)
+    assert word is not None
+    end.poll()
+    assert end.value == 3600.0
+    write_word(tmp_path, 0, Word(5.0, 7200.0, {}))  # scontrol update TimeLimit=..., asked by the supervisor
+    word.poll()
+    end.poll()
+    assert end.value == 7200.0
+
+
+def test_nothing_is_said_when_nothing_is_lost(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                             caplog: pytest.LogCaptureFixture) -> None:
+    """No squeue, but Slurm sets the end time itself (23.02 and newer), and scontrol is there: nothing to say."""
+    (tmp_path / "scontrol").write_text("#!/bin/sh\n")
+    (tmp_path / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    listen(None, lambda s, at: None, {"SLURM_JOB_END_TIME": "1800000000"}, job_id="7", lead=True, refresh_s=60.0)
+    assert not caplog.records

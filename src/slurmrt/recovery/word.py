@@ -29,7 +29,7 @@ from typing import Any
 
 from .._errors import UnsafePathError
 from .._safefs import read_capped, replace_text
-from ..stop.deadline import EndTime, query_job_times
+from ..stop.deadline import EndTime
 from .facts import InJob
 
 __all__ = ["Word", "WordReader", "listen", "read_word", "word_path", "write_word"]
@@ -115,8 +115,9 @@ class WordReader:
         return self.word
 
     def times(self, job_id: str) -> tuple[float | None, float | None]:
-        """(start, end) as the supervisor last asked Slurm; (None, None) before it said."""
-        word = self._read()
+        """(start, end) as the supervisor last asked Slurm; (None, None) before it said. The word as :meth:`poll`
+        last read it (the watcher calls both each turn: one ``stat``, not two); read here only before any poll."""
+        word = self._read() if self._stamp is None else self.word
         return (word.start, word.end) if word is not None else (None, None)
 
     def poll(self) -> None:
@@ -133,20 +134,23 @@ def listen(in_job: InJob | None, record: Callable[[signal.Signals, float], None]
     """The job's end time (asked by rank 0, ``lead``), and rank 0's reader of ``slurmrt run``'s word (None
     elsewhere, and without ``slurmrt run``), from which the end time then comes."""
     word = WordReader(in_job.directory, in_job.attempt, record) if in_job is not None and lead else None
-    if word is None and lead and job_id is not None:
-        _say_missing(env)
-    return EndTime(env, job_id=job_id, ask=lead, refresh_s=refresh_s,
-                   fetch=word.times if word is not None else query_job_times), word
+    if word is None:
+        if lead and job_id is not None:
+            _say_missing(env)
+        return EndTime(env, job_id=job_id, ask=lead, refresh_s=refresh_s), word
+    # The word is a file the supervisor refreshes (it asks Slurm every refresh_s): read at each watcher turn, a
+    # changed time limit reaches the deadline at the supervisor's next ask, not up to refresh_s after it.
+    return EndTime(env, job_id=job_id, ask=lead, refresh_s=0.0, fetch=word.times), word
 
 
 def _say_missing(env: Mapping[str, str]) -> None:
     """In a Slurm job whose step has none of Slurm's commands (a container) and no ``slurmrt run`` outside: what
     cannot work, said once."""
     missing = [c for c in ("squeue", "scontrol") if shutil.which(c) is None]
-    if missing:
+    lost = (["the job's end time is unknown (no save before the time limit unless --signal warns)"]
+            if "squeue" in missing and not env.get("SLURM_JOB_END_TIME") else []) + \
+        (["a requeue cannot be made"] if "scontrol" in missing else [])
+    if lost:
         logger.warning("no %s here (a container without Slurm's commands?) and no `slurmrt run` outside: %s. Run the "
                        "training under `slurmrt run` in the batch script, which asks Slurm for it "
-                       "(docs/guides/containers.md)", " or ".join(missing), "; ".join(
-                           (["the job's end time is unknown (no save before the time limit unless --signal warns)"]
-                            if "squeue" in missing and not env.get("SLURM_JOB_END_TIME") else []) +
-                           (["a requeue cannot be made"] if "scontrol" in missing else [])) or "nothing is lost")
+                       "(docs/guides/containers.md)", " or ".join(missing), "; ".join(lost))
