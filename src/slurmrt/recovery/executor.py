@@ -133,7 +133,7 @@ class Executor:
         requeue that the exit event names once the step has ended (:meth:`complete_requeue`)."""
         if self.facts.in_job is None or _slurm.available("scontrol"):
             return False
-        logger.warning("no scontrol here (a container?): slurmrt run requeues the job once the step has ended")
+        logger.info("no scontrol here (a container?): slurmrt run requeues the job once the step has ended")
         return True
 
     def complete_requeue(self, run: Run | None) -> Decision | None:
