@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from slurmrt.runtime.inprocess import Fault, refusal
+import math
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from slurmrt._errors import ConfigError
+from slurmrt.runtime.inprocess import Fault, InProcess, _shortened, refusal
 
 
 def _fault(kind: str = "RuntimeError", step: int | None = 7, rank: int = 1) -> Fault:
@@ -44,3 +51,33 @@ def test_a_fault_before_the_first_step_is_named_so() -> None:
 def test_a_fault_travels_through_the_store_unchanged() -> None:
     f = _fault()
     assert Fault.from_json(f.to_json()) == f
+
+
+def test_a_long_error_is_cut_at_a_word_and_says_so() -> None:
+    long = "connection closed by peer " * 20
+    cut = _shortened(long)
+    assert len(cut) <= 204 and cut.endswith(" ...") and cut[:-4].split()[-1] in long.split()
+    assert _shortened("short\nsecond line") == "short" and _shortened("") == ""
+    assert _shortened("x" * 300) == "x" * 200 + " ..."  # one word longer than the limit: cut, and said
+
+
+@pytest.mark.parametrize("timeout", [math.inf, math.nan, 0.0, -1.0])
+def test_a_rejoin_time_that_is_not_a_finite_positive_number_is_a_clear_error(timeout: float) -> None:
+    with pytest.raises(ConfigError, match="rejoin_timeout_s"):
+        InProcess(None, backend="gloo", max_restarts=3, rejoin_timeout_s=timeout, timeout=None)
+
+
+def _waiting(terminated: bool, ended: list[int]) -> InProcess:
+    topology = SimpleNamespace(restart_count=0, attempt=0, rank=1, world_size=2)
+    rt = SimpleNamespace(topology=topology, rank=1, stop=SimpleNamespace(terminated=terminated))
+    waiting = InProcess(rt, backend="gloo", max_restarts=3, rejoin_timeout_s=20.0, timeout=None)
+    waiting._tasks = lambda: set(ended)  # type: ignore[assignment]  # srun's ended tasks, as slurmrt run tells
+    return waiting
+
+
+def test_a_rank_waiting_to_rejoin_gives_up_at_sigterm_or_when_srun_saw_a_task_end_and_waits_otherwise() -> None:
+    later = time.monotonic() + 20
+    assert _waiting(False, [])._why_not(1, later) == ""  # no news: wait on
+    assert "SIGTERM" in _waiting(True, [])._why_not(1, later)
+    assert "task(s) 1 end" in _waiting(False, [1])._why_not(1, later)
+    assert "did not come back within 20 s" in _waiting(False, [])._why_not(1, time.monotonic() - 1)

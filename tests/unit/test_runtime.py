@@ -363,3 +363,28 @@ def test_two_futile_runs_still_requeue(clock: FakeClock, job: Path, tmp_path: Pa
     _signal_self(rt, signal.SIGUSR1)
     assert rt.should_stop(0)
     assert rt.finish() is ExitCode.REQUEUED
+
+
+def test_a_fault_after_an_in_process_restart_is_placed_in_its_own_generation(job: Path) -> None:
+    """The step a generation's fault is recorded at is one that generation reported: after a restart, none until
+    its first step, never the step an earlier generation reached (which would make a new fault "the same error at
+    the same step" and refuse it). The run's last step stays, for its exit."""
+    rt = slurmrt.init(deadline=False)
+    rt.should_stop(23)
+    assert rt.stop.generation_step == rt.stop.last_step == 23
+    rt.stop.restart()
+    assert rt.stop.generation_step is None and rt.stop.last_step == 23
+    rt.should_stop(24)
+    assert rt.stop.generation_step == 24
+    rt.finish()
+
+
+def test_sigterm_is_told_apart_from_a_warning_signal(job: Path) -> None:
+    """A rank waiting to rejoin an in-process restart gives up at SIGTERM (srun ending the step: KillWait left),
+    not at a warning, which a restarted generation can still stop for with a save."""
+    rt = slurmrt.init(deadline=False)
+    _signal_self(rt, signal.SIGUSR1)
+    assert not rt.stop.terminated
+    _signal_self(rt, signal.SIGTERM)
+    assert rt.stop.terminated
+    rt.finish()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import signal
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -76,6 +77,9 @@ class StopController:
         #: The last step the training loop reported (should_stop, or a framework's stop): where the run really got
         #: to, recorded in its exit event (its last checkpoint may be older).
         self.last_step: int | None = None
+        #: The last step reported since the last in-process restart (None before the generation's first): where a
+        #: fault of this generation happened, never a step an earlier generation reached.
+        self.generation_step: int | None = None
         #: Steps this run completed (between two should_stop calls): none means it stopped before its first.
         self.steps_done = 0
         #: ``rt.time_compute()``; the judge of the windows it closes (slurmrt.stop.straggler).
@@ -97,7 +101,7 @@ class StopController:
             self.budget.step_done(now - self._last_tick)
             self.steps_done += 1
         self.state.heartbeat = now
-        self.last_step = step
+        self.last_step = self.generation_step = step
         if now >= self._next_progress:
             self._progress(step, now)
         self._poll_saves()
@@ -225,6 +229,12 @@ class StopController:
             agreement.abandon(collectively=False)
         self.state.activity = None  # the watchdog watches the new start as it watched the first
         self._last_tick = None
+        self.generation_step = None
+
+    @property
+    def terminated(self) -> bool:
+        """SIGTERM arrived (srun ending the step, the time limit, a preemption): the process has KillWait left."""
+        return signal.SIGTERM in self._signals.first_seen
 
     def restart_step_clock(self) -> None:
         self._last_tick = None
@@ -238,7 +248,7 @@ class StopController:
         return c.reasons
 
     def stopped(self, reasons: frozenset[Reason], *, step: int, term_time: float | None = None) -> StopDecision:
-        self.last_step = step
+        self.last_step = self.generation_step = step
         work = self._groups().work
         # Gathered to rank 0 and its union sent back, both over the work group's tree: O(log N) hops each, not a ring.
         gathered = work.gather((sorted(r.value for r in reasons), term_time))

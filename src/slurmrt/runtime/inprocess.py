@@ -31,6 +31,7 @@ import contextlib
 import datetime
 import json
 import logging
+import math
 import os
 import time
 from collections.abc import Callable
@@ -64,7 +65,8 @@ class Fault:
     rank: int
     error: str  #: the exception's type and the start of its message
     kind: str  #: the exception's type: with the step, what makes an error the same as an earlier one
-    step: int | None  #: the last step that rank reported (None before its first)
+    #: the last step that rank reported in this generation; before its first, the step it resumed after (None: none)
+    step: int | None
     time: float  #: when it was caught (epoch s)
 
     def to_json(self) -> str:
@@ -96,7 +98,7 @@ def refusal(fault: Fault, *, restarted: list[Fault], max_restarts: int, stopping
 
 
 def run_restartable(rt: Runtime, train: Callable[[int], T], *, backend: str = "gloo", max_restarts: int = 3,
-                    rejoin_timeout_s: float = 60.0, timeout: datetime.timedelta | None = None) -> T:
+                    rejoin_timeout_s: float = 20.0, timeout: datetime.timedelta | None = None) -> T:
     """Make the default process group (``backend``) and return ``train(generation)``; when it raises on a rank and
     every process lives, rebuild the group and call it again in the same processes (generation 1, 2, ...), without a
     new step or a requeue. ``train`` builds its model and loads the newest checkpoint itself, as a script's start
@@ -110,8 +112,9 @@ def run_restartable(rt: Runtime, train: Callable[[int], T], *, backend: str = "g
 class InProcess:
     def __init__(self, rt: Any, *, backend: str, max_restarts: int, rejoin_timeout_s: float,
                  timeout: datetime.timedelta | None) -> None:
-        if max_restarts < 0 or not rejoin_timeout_s > 0:
-            raise ConfigError("run_restartable(): max_restarts must be 0 or more and rejoin_timeout_s above 0",
+        if max_restarts < 0 or not 0 < rejoin_timeout_s < math.inf:
+            raise ConfigError("run_restartable(): max_restarts must be 0 or more and rejoin_timeout_s a finite number "
+                              "of seconds above 0",
                               max_restarts=max_restarts, rejoin_timeout_s=rejoin_timeout_s)
         self.rt, self.backend, self.max_restarts = rt, backend, max_restarts
         self.rejoin_timeout_s, self.timeout = rejoin_timeout_s, timeout
@@ -136,6 +139,7 @@ class InProcess:
             try:
                 return train(generation)
             except Exception as err:  # noqa: BLE001 - every rank's error is weighed; refused ones are raised
+                caught = (time.time(), time.monotonic())  # this host's clock: no duration across two hosts' clocks
                 watcher.raised()
                 fault = self._post(generation, err)
                 watcher.tell(FAULT)
@@ -144,7 +148,7 @@ class InProcess:
                               stopping=self.rt.stop.decision is not None)
                 if why is None:
                     why = self._rejoin(generation)
-                self._record(generation, fault, why)
+                self._record(generation, fault, why, caught)
                 if why is not None:
                     raise
                 self.restarted.append(fault)
@@ -202,8 +206,11 @@ class InProcess:
     # -- one fault -------------------------------------------------------------------------------------------------
     def _post(self, generation: int, err: Exception) -> Fault:
         """This rank's fault, posted unless a rank posted first; returns the first one."""
-        mine = Fault(self.rt.rank, f"{type(err).__name__}: {str(err)[:200]}", type(err).__name__,
-                     self.rt.stop.last_step, time.time())
+        # Where this generation got to: its last step, or before its first the step it resumed after (never a step
+        # an earlier generation reached: a new fault there would read as the same error at the same step).
+        step = self.rt.stop.generation_step
+        mine = Fault(self.rt.rank, f"{type(err).__name__}: {_shortened(str(err))}", type(err).__name__,
+                     step if step is not None else self.rt.resumed_step, time.time())
         try:
             first = self._store.compare_set(f"{self._prefix}/fault/{generation}", "", mine.to_json())
             return Fault.from_json(first.decode() if isinstance(first, bytes) else first)
@@ -245,6 +252,8 @@ class InProcess:
         gone = self._ended()
         if gone:
             return f"srun saw task(s) {', '.join(map(str, gone))} end: their process is gone"
+        if self.rt.stop.terminated:  # srun --kill-on-bad-exit ending the step, or the time limit: KillWait is left
+            return "SIGTERM arrived while waiting: the step is ending"
         if time.monotonic() > deadline:
             return (f"{missing} rank(s) did not come back within {self.rejoin_timeout_s:.0f} s: their process is "
                     "probably gone")
@@ -257,20 +266,23 @@ class InProcess:
                                             tasks_are_ranks=self.rt.topology.mode is LaunchMode.SRUN)
         return sorted(self._tasks())
 
-    def _record(self, generation: int, fault: Fault, why: str | None) -> None:
+    def _record(self, generation: int, fault: Fault, why: str | None, caught: tuple[float, float]) -> None:
+        """Rank 0 records the generation's fault at the time it caught its own part of it (by its clock, as the
+        events around it are): the first rank's time is another host's clock, and skew would read as recovery."""
         if why is not None and self._store is not None:  # a refusal before the rejoin: the others' verdict too
             with contextlib.suppress(Exception):  # the store's host is gone: the others time out instead
                 self._store.compare_set(f"{self._prefix}/verdict/{generation}", "", f"{self.rt.rank}: {why}")
         action = "restart" if why is None else "refused"
         if self.rt.rank == 0:
             self.rt.events.emit(Event.IN_PROCESS, generation=generation, action=action, first_rank=fault.rank,
-                                error=fault.error, step=fault.step, why=why, fault_time=fault.time,
-                                seconds=max(0.0, time.time() - fault.time))
+                                error=fault.error, step=fault.step, why=why, fault_time=caught[0],
+                                seconds=time.monotonic() - caught[1])
         if why is None and self.rt.rank == 0:
-            logger.warning("in-process restart %d: rank %d raised %s (its last step %s); every rank back %.2f s "
-                           "later", generation + 1, fault.rank, fault.error, fault.step, time.time() - fault.time)
-        elif why is not None:
-            logger.error("no in-process restart after rank %d's %s: %s", fault.rank, fault.error, why)
+            logger.info("in-process restart %d: rank %d raised %s (its last step %s); every rank back %.2f s later",
+                        generation + 1, fault.rank, fault.error, fault.step, time.monotonic() - caught[1])
+        elif why is not None:  # the first error caught may be a survivor's "connection closed": the why names the cause
+            logger.warning("no in-process restart: %s (the first error caught: rank %d's %s)", why, fault.rank,
+                           fault.error)
 
 
 class _NoWatcher:
@@ -284,6 +296,15 @@ class _NoWatcher:
 
     def close(self) -> None:
         pass
+
+
+def _shortened(text: str, limit: int = 200) -> str:
+    """``text``'s first line, cut at a word within ``limit`` characters (an ellipsis says so), never mid-word."""
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    if len(line) <= limit:
+        return line
+    cut = line[:limit].rsplit(" ", 1)[0] if " " in line[:limit] else line[:limit]
+    return cut.rstrip(" ,;:") + " ..."
 
 
 def _dist() -> Any:
