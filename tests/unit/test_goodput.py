@@ -254,3 +254,32 @@ def test_slurmrt_status_says_each_in_process_restart_in_the_run_line(tmp_path: P
     assert "1 in-process restart(s)" in out
     assert "run 0: fresh start;" in out  # the run's first load, not the reload after the restart
     assert "in-process restart(s): rank 1's RuntimeError after step 39, every rank back in 0.25 s" in out
+
+
+def test_an_in_process_restart_is_counted_once_the_same_way_by_every_record(tmp_path: Path,
+                                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """The status header, its totals, ``--json``, the goodput ledger, the saving advice's failure count and the
+    simulator's summary read one count (slurmrt.record.inprocess): one restart, 9 steps trained again (39 back to
+    the checkpoint of step 30), 10 s of them."""
+    from slurmrt.sim.summary import RunRecord, _annotate, summary
+
+    fault = (T0 + timedelta(seconds=50)).timestamp()
+    events = [ev(0, 0, "init", nnodes=2, job_nodes=2), ev(10, 0, "fresh_start", seconds=0.0),
+              ev(40, 0, "save", step=30, seconds=1.0, blocking=True),
+              ev(51, 0, "in_process", generation=0, action="restart", first_rank=1, error="RuntimeError: boom",
+                 step=39, fault_time=fault, seconds=1.0),
+              ev(53, 0, "resume", step=30, seconds=1.5), ev(100, 0, "progress", step=90),
+              ev(100, 0, "exit", outcome="FINISHED", step=90)]
+    (tmp_path / "events-12.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    assert main(["status", "--no-chart", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "1 in-process restart(s)" in out and "work lost 9 step(s) (10.0 s)" in out, out
+    assert "trained again after in-process restart(s) (9 step(s))" in out, out
+    assert main(["status", "--json", str(tmp_path)]) == 0
+    (job,) = json.loads(capsys.readouterr().out)["jobs"]
+    assert job["in_process_restarts"] == 1 and job["totals"]["lost_steps"] == 9
+    assert job["totals"]["lost_s"] == pytest.approx(10.0) == job["goodput"]["seconds"]["lost_work"]
+    assert job["saving"]["failures"] == 1  # the fault the run lived through is a failure to the cadence too
+    record = RunRecord(restart=0)
+    _annotate([record], events)
+    assert record.in_process == 1 and "1 in-process restart(s)" in summary([record])

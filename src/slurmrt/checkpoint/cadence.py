@@ -97,6 +97,9 @@ class History:
             if life.cut_short or life.left:
                 failures += 1
                 shared += following is None or following.resumed_tier != "local"
+            cost = life.in_process_cost  # the faults the run lived through: failures as much as a requeue's
+            failures += cost.restarts
+            shared += cost.restarts - cost.from_local
         return cls(exposure, failures, shared)
 
     def mtbf_s(self, *, node_h: float, nodes: int) -> float:

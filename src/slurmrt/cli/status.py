@@ -64,7 +64,7 @@ def status_data(dirs: Iterable[Path]) -> list[dict[str, Any]]:
             runs.append({"label": run_.label, **fields, "gap_before_s": life.gaps[i - 1] if i else None})
         jobs.append({"job": life.job, "experiment": life.experiment, "event_log": str(f), "runs": runs,
                      "job_runs": life.job_runs, "restarts": max((r.restart for r in life.runs), default=0),
-                     "in_job_restarts": life.in_job_restarts,
+                     "in_job_restarts": life.in_job_restarts, "in_process_restarts": life.in_process_restarts,
                      "totals": {"wall_s": life.wall_s, "last_step": life.last_step, "lost_steps": life.lost_steps,
                                 "lost_s": life.lost_s, "save_s": life.save_s, "checkpoints": life.checkpoints,
                                 "waiting_s": sum(life.gaps)},
@@ -125,7 +125,7 @@ def _job(life: JobLife, f: Path, *, chart: bool) -> list[str]:
 def _header(life: JobLife, f: Path) -> str:
     """The job's first line: its runs, and how many of each restart."""
     restarts = max((r.restart for r in life.runs), default=0)
-    in_process = sum(1 for r in life.runs for said in r.in_process if " not restarted: " not in said)
+    in_process = life.in_process_restarts
     experiment = f", experiment {life.experiment}" if life.experiment else ""
     process = f", {in_process} in-process restart(s)" if in_process else ""
     return (f"job {life.job}{experiment}: {counted(life.job_runs, life.in_job_restarts)}: {restarts} requeue(s), "
@@ -159,6 +159,10 @@ def _lost(run_: RunLife, gap: float | None) -> list[str]:
     if run_.lost_steps or run_.lost_s:
         bound = "at least " if run_.cut_short else ""
         lost.append(f"{duration(run_.lost_s)} of work after the checkpoint kept ({bound}{run_.lost_steps} step(s))")
+    redone = run_.in_process_cost
+    if redone.redone_steps or redone.redone_s:
+        lost.append(f"{duration(redone.redone_s)} of work trained again after in-process restart(s) "
+                    f"({redone.redone_steps} step(s))")
     return lost
 
 

@@ -144,7 +144,7 @@ def _run(run: Run, life: RunLife) -> RunGoodput:
     if not life.loaded and not life.points:  # it ended in its start-up: nothing trained, all of it up to the fault
         ready = last
     tail = _tail(life, last, blocking)
-    back_s, redone_s = _in_process(run, ready)
+    back_s, redone_s = life.in_process_cost.back_s, life.in_process_cost.redone_s
     seconds = {"process_start": life.process_s, "startup": max(0.0, ready - life.start - life.process_s - load),
                "load": load, "checkpoint_stall": sum(s for _, s in blocking),
                "lost_work": life.lost_s + redone_s, "recovery": (tail if cut else 0.0) + back_s,
@@ -167,25 +167,6 @@ def _within(seconds: dict[str, float], wall: float) -> None:
         cut = min(seconds[category], max(0.0, over))
         seconds[category] -= cut
         over -= cut
-
-
-def _in_process(run: Run, ready: float) -> tuple[float, float]:
-    """The run's in-process restarts (runtime/inprocess.py): from each fault to the next load's end (recovery), and
-    from the checkpoint before it (either tier; the run's start if none) to the fault (lost work, trained again)."""
-    loads = [timestamp(e) for e in (*run.all(Event.RESUME), *run.all(Event.FRESH_START))]
-    saves = [timestamp(e) for e in run.all(Event.SAVE)]
-    back = redone = 0.0
-    for e in run.all(Event.IN_PROCESS):
-        fault = figures.epoch(e.get("fault_time"))
-        if e.get("action") == "restart" and fault is not None:
-            back += max(0.0, min([t for t in loads if t >= fault], default=timestamp(e)) - fault)
-            redone += max(0.0, fault - _last_before(saves, fault, default=ready))
-    return back, redone
-
-
-def _last_before(times: list[float], moment: float, *, default: float) -> float:
-    """The latest of ``times`` at or before ``moment``, and never before ``default``."""
-    return max([default, *(t for t in times if t <= moment)])
 
 
 def _with_nodes(run: Run, label: str, seconds: dict[str, float]) -> RunGoodput:

@@ -19,6 +19,7 @@ from typing import Any
 
 from .. import _figures as figures
 from .events import Event, timestamp
+from .inprocess import InProcessCost, in_process_cost
 from .runs import Run, runs
 
 __all__ = ["JobLife", "RunLife", "build", "counted"]
@@ -44,6 +45,8 @@ class RunLife:
     stragglers: tuple[str, ...] = ()
     #: The in-process restarts of this run (``slurmrt.run_restartable``), and a refusal: "rank 1's RuntimeError...".
     in_process: tuple[str, ...] = ()
+    #: What the in-process restarts cost (:class:`InProcessCost`): counted once, here, for every reader.
+    in_process_cost: InProcessCost = field(default_factory=InProcessCost)
     #: What ran (rank 0's ``init`` event: the script and its hash, git, argv, versions; :mod:`.code`), or None.
     code: dict[str, Any] | None = None
     #: (time, step) at each step the events name, in time order; the step only grows.
@@ -130,11 +133,17 @@ class JobLife:
 
     @property
     def lost_steps(self) -> int:
-        return sum(r.lost_steps for r in self.runs)
+        """Steps trained and lost: beyond the checkpoint a run's successor kept, and redone after in-process
+        restarts."""
+        return sum(r.lost_steps + r.in_process_cost.redone_steps for r in self.runs)
 
     @property
     def lost_s(self) -> float:
-        return sum(r.lost_s for r in self.runs)
+        return sum(r.lost_s + r.in_process_cost.redone_s for r in self.runs)
+
+    @property
+    def in_process_restarts(self) -> int:
+        return sum(r.in_process_cost.restarts for r in self.runs)
 
     @property
     def save_s(self) -> float:
@@ -203,6 +212,7 @@ def _run_life(run: Run) -> RunLife:
     life.code = ran if isinstance(ran, dict) else None
     life.stragglers = tuple(_straggler(e) for e in run.all(Event.STRAGGLER))
     life.in_process = tuple(_in_process(e) for e in run.all(Event.IN_PROCESS))
+    life.in_process_cost = in_process_cost(run, life.start + life.process_s)
     life.resumed_tier, life.from_peers = _resumed_where(run)
     life.loaded = run.first(Event.RESUME) is not None or run.first(Event.FRESH_START) is not None
     _points(run, life)

@@ -13,6 +13,7 @@ from typing import IO, Any
 
 from .._errors import SlurmrtError
 from ..record.events import Event, EventFollower
+from ..record.inprocess import in_process_cost
 from ..record.runs import Run, runs
 from ..record.timeline import counted
 
@@ -40,6 +41,8 @@ class RunRecord:
     in_job: list[tuple[str, ...]] = field(default_factory=list)
     #: The stragglers the run named: (rank, node).
     stragglers: list[tuple[int, str | None]] = field(default_factory=list)
+    #: The in-process restarts of the run (``slurmrt.run_restartable``), as ``slurmrt status`` counts them.
+    in_process: int = 0
     #: The rehearsed faults (preempt, cancel, fail, hang) that never fired in this run, and why.
     missed: list[str] = field(default_factory=list)
     #: Seconds from the run's start to its first checkpoint, when the faults counted from it (--after-checkpoint).
@@ -135,6 +138,7 @@ def _annotate(records: list[RunRecord], events: list[dict[str, Any]]) -> None:
         rec.in_job = [step.left_out or () for step in steps[:-1]]  # each step a new one followed, as status says
         for step in steps:
             rec.stragglers += [(int(e.get("straggler", -1)), e.get("node")) for e in step.all(Event.STRAGGLER)]
+            rec.in_process += in_process_cost(step, step.start).restarts
 
 
 def _status(code: int) -> str:
@@ -152,7 +156,9 @@ def summary(records: list[RunRecord], after: list[str] | None = None) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
     in_job = sum(len(r.in_job) for r in records)
-    said = f"{counted(len(records), in_job)}: {max(0, len(records) - 1)} requeue(s), {in_job} in-job restart(s)"
+    in_process = sum(r.in_process for r in records)
+    said = (f"{counted(len(records), in_job)}: {max(0, len(records) - 1)} requeue(s), {in_job} in-job restart(s)"
+            + (f", {in_process} in-process restart(s)" if in_process else ""))
     return "\n".join(["", "slurmrt sim summary", *lines, "", said, *([""] + after if after else [])])
 
 

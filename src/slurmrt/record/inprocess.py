@@ -1,0 +1,67 @@
+"""What a run's in-process restarts (``slurmrt.run_restartable``) cost, counted once from its ``in_process`` events
+for every reader: ``slurmrt status`` (its header, lost steps and ``--json``), the goodput ledger, the simulator's
+summary.
+
+For each restart: from rank 0's catch of the fault to the generation's next load is recovery, and the steps from
+the checkpoint the next generation resumed after to the fault were trained twice (lost work, in steps and in
+seconds). Every time is rank 0's: the fault's time in the event is its own catch (runtime/inprocess.py), so two
+hosts' clocks never meet in one duration.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .. import _figures as figures
+from .events import Event, timestamp
+from .runs import Run
+
+__all__ = ["InProcessCost", "in_process_cost"]
+
+
+@dataclass(frozen=True)
+class InProcessCost:
+    restarts: int = 0  #: the restarts made (a refusal is none)
+    back_s: float = 0.0  #: from each fault to the next load's end: recovery
+    redone_steps: int = 0  #: steps trained again, from the checkpoint resumed after to the fault
+    redone_s: float = 0.0  #: the time those steps took the first time: lost work
+    from_local: int = 0  #: the restarts whose generation resumed from the local tier (a failure it served)
+
+    def __add__(self, other: InProcessCost) -> InProcessCost:
+        return InProcessCost(self.restarts + other.restarts, self.back_s + other.back_s,
+                             self.redone_steps + other.redone_steps, self.redone_s + other.redone_s,
+                             self.from_local + other.from_local)
+
+
+def in_process_cost(run: Run, ready: float) -> InProcessCost:
+    """``run``'s in-process restarts; ``ready``: when it was ready to train (before its first load, the floor of the
+    lost work)."""
+    loads = sorted(((timestamp(e), e) for e in (*run.all(Event.RESUME), *run.all(Event.FRESH_START))),
+                   key=lambda pair: pair[0])
+    saves = [timestamp(e) for e in run.all(Event.SAVE)]
+    total = InProcessCost()
+    for e in run.all(Event.IN_PROCESS):
+        if e.get("action") == "restart":
+            total += _one(e, loads, saves, ready)
+    return total
+
+
+def _one(e: dict[str, Any], loads: list[tuple[float, dict[str, Any]]], saves: list[float],
+         ready: float) -> InProcessCost:
+    """One restart's cost: to the first load after its fault, and from the newest save before it (a record without
+    a readable fault time counts as a restart, of unknown cost)."""
+    fault = figures.epoch(e.get("fault_time"))
+    if fault is None:
+        return InProcessCost(1)
+    after = next((load for t, load in loads if t >= fault), None)
+    back = max(0.0, timestamp(after or e) - fault)
+    redone_s = max(0.0, fault - max([ready, *(t for t in saves if t <= fault)]))
+    local = after is not None and after.get("tier") == "local"
+    return InProcessCost(1, back, _redone_steps(e.get("step"), after), redone_s, int(local))
+
+
+def _redone_steps(step: object, after: dict[str, Any] | None) -> int:
+    """From the step the generation resumed after (a fresh start: before step 0) to the fault's step."""
+    resumed = after.get("step", -1) if after is not None else None
+    return max(0, step - resumed) if isinstance(step, int) and isinstance(resumed, int) else 0
