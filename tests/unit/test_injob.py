@@ -182,3 +182,25 @@ def test_the_trainings_event_log_is_the_environments_when_both_name_one_file(tmp
     assert facts.learned(data, tmp_path / "ckpt" / "events-7.jsonl")[1] == ""
     assert facts.learned(data, Path("other/events-7.jsonl"))[1] == f"event log {tmp_path / 'ckpt' / 'events-7.jsonl'}"
     assert facts.learned(data, None)[1].startswith("event log ")
+
+
+def test_every_kind_of_record_a_killed_supervisor_left_is_cleared_before_a_new_run_writes_its_own(
+        tmp_path: Path) -> None:
+    """The attempt restarts at 0 in every run of the job: a record of any kind left in the run directory (the
+    supervisor SIGKILLed) would be read as this run's, or make this run's exclusive create fail. Every ``*_path``
+    of the run directory's writers is one of the kinds cleared, so a new kind cannot be forgotten."""
+    import inspect
+
+    from slurmrt.recovery import injob as records
+    from slurmrt.recovery import word
+
+    writers = [f for m in (records, word) for name, f in inspect.getmembers(m, inspect.isfunction)
+               if name.endswith("_path") and f.__module__ == m.__name__]
+    assert len(writers) == len(records.KINDS)
+    planted = {f(tmp_path, 0).name for f in writers} | {f(tmp_path, 3).name for f in writers}
+    for name in planted:
+        (tmp_path / name).write_text("{}")
+    (tmp_path / "notes.txt").write_text("not a record")
+    (tmp_path / "facts-1.json.d").mkdir()
+    assert records.clear_records(tmp_path) == sorted(planted)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["facts-1.json.d", "notes.txt"]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -22,10 +23,27 @@ from typing import Any
 from .._safefs import open_new, private_dir, read_capped, replace_text
 from .facts import InJob
 
-__all__ = ["EndedReader", "ended_path", "facts_path", "read_ended", "read_facts", "read_request", "request_path",
-           "share_facts", "write_ended", "write_request"]
+__all__ = ["KINDS", "EndedReader", "clear_records", "ended_path", "facts_path", "read_ended", "read_facts",
+           "read_request", "request_path", "share_facts", "write_ended", "write_request"]
 
 logger = logging.getLogger(__name__)
+
+
+#: Every kind of record a step and ``slurmrt run`` leave in the run directory, each ``<kind>-<attempt>.json``: the
+#: attempt restarts at 0 in every run of the job, so a record a killed supervisor left would pass for this run's.
+KINDS = ("request", "facts", "ended", "word")
+_RECORD = re.compile(rf"(?:{'|'.join(KINDS)})-\d+\.json")
+
+
+def clear_records(directory: Path) -> list[str]:
+    """Remove every record of :data:`KINDS` in ``directory`` (``slurmrt run``, as it starts: none of them can be
+    this run's yet); returns the names removed."""
+    removed = []
+    for path in directory.iterdir():
+        if _RECORD.fullmatch(path.name) and not path.is_dir():
+            path.unlink()
+            removed.append(path.name)
+    return sorted(removed)
 
 
 def request_path(directory: Path, attempt: int) -> Path:

@@ -120,9 +120,7 @@ class Supervisor:
                       "which dies of it (and ends the job) before slurmrt run could pass it on. Start it with exec: "
                       "`exec slurmrt run ...` as the script's last line")
         private_dir(self.directory)
-        for name in ("request", "ended", "word"):  # left by a supervisor that was killed: not this run's
-            for stale in self.directory.glob(f"{name}-*.json"):
-                stale.unlink()
+        injob.clear_records(self.directory)  # left by a supervisor that was killed: not this run's
         self.forwarder.start()
         previous = {s: signal.signal(s, self._on_signal) for s in (*self.forward, signal.SIGTERM, signal.SIGINT)}
         try:
