@@ -15,8 +15,14 @@ group's timeout instead of failing at once. Two holders that a training meets wi
 :func:`release` drops both: it clears the finished frames' locals, and gives every function default that is the
 group ``None`` instead (which torch reads as the default group of the time, as the default meant). Scanning the
 functions of every module takes about 40 ms with torch loaded; a full garbage collection (about 130 ms) runs only
-when something still holds the group after that. NCCL's abort does
-not need this (``ncclCommAbort`` ends the communicator whoever holds it); it does no harm there.
+when something still holds the group after that.
+
+Under NCCL too: ``ncclCommAbort`` ends the communicator whoever holds it, so the sockets are not the reason there,
+but a function default that is the aborted group would send the next generation's collectives to a dead group; the
+``None`` it gets is what the default meant (the default group of the time). Only a default that *is* the aborted
+group object changes; nothing else in any module is touched. Why not a group slurmrt owns and hands to the training
+(torchft's way): the defaults above are bound by libraries at import, not by the training, and no handle the
+training passes reaches them; the default group is what they use, so the default group is what is replaced.
 """
 
 from __future__ import annotations
