@@ -204,3 +204,27 @@ def test_every_kind_of_record_a_killed_supervisor_left_is_cleared_before_a_new_r
     (tmp_path / "facts-1.json.d").mkdir()
     assert records.clear_records(tmp_path) == sorted(planted)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["facts-1.json.d", "notes.txt"]
+
+
+def test_a_recovery_is_planned_once_and_a_refused_in_job_restart_carries_out_the_plans_own_fallback(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from slurmrt.recovery import executor as executor_module
+    from slurmrt.recovery.plan import plan
+
+    calls: list[Trigger] = []
+
+    def counted(trigger: Trigger, *args: object, **kwargs: object) -> object:
+        calls.append(trigger)
+        return plan(trigger, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(executor_module, "plan", counted)
+    sup = supervised(tmp_path)
+    planned = plan(Trigger.HANG, Facts(in_job=sup), nodes=["n2"])
+    assert planned.action is Action.IN_JOB_RESTART and planned.fallback is not None
+    assert planned.fallback.action is not Action.IN_JOB_RESTART and planned.fallback.fallback is None
+    injob.request_path(sup.directory, 0).write_text("planted")  # the request cannot be left: the fallback
+    done = Executor(Facts(in_job=sup), log(tmp_path), node="n1").recover(Trigger.HANG, nodes=["n2"])
+    assert calls == [Trigger.HANG]
+    assert (done.action, done.outcome, done.why) == (planned.fallback.action, planned.fallback.outcome,
+                                                     planned.fallback.why)
+    assert done.in_job_refused is not None and "not a request slurmrt wrote" in done.in_job_refused

@@ -14,6 +14,7 @@ It is the only writer of the ``exit`` event. The rank (or ``slurmrt run``) that 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -68,23 +69,17 @@ class Executor:
         ``detail``: what failed, in words, for the log and the request; ``progressed``: the run made a step;
         ``about``: more for the request (``since``: when the failure was found, epoch s; ``stacks``: where the
         ranks' stacks are), which ``slurmrt run`` says when it starts the new step."""
-        # Shape: the protocol in order (plan, loop guard, in-job ask, fallback, exit, requeue): one path for every end
-        facts = self.facts
+        facts = self.facts if trigger is Trigger.FINISHED else self.facts.with_futile(self.futile())  # loop guard
         decision = plan(trigger, facts, nodes=nodes, stop=stop, failed_save=failed_save, progressed=progressed)
-        if decision.restarts:  # the loop guard has a say: read the event log (only the acting process does)
-            facts = facts.with_futile(self.futile())
-            decision = plan(trigger, facts, nodes=nodes, stop=stop, failed_save=failed_save, progressed=progressed)
         self._remember(trigger, decision, detail)
-        reasons = sorted(r.value for r in stop.reasons) if stop is not None else \
-            [] if trigger is Trigger.FINISHED else [decision.outcome.name.lower()]
+        reasons = _reasons(trigger, stop, decision)
         if decision.action is Action.IN_JOB_RESTART:
             refused = self._in_job(decision, detail or decision.why, step, reasons, ask,
                                    {"trigger": trigger.value, **(about or {})})
             if refused is None:
                 return decision
-            decision = plan(trigger, facts.without_in_job(), nodes=nodes, stop=stop, failed_save=failed_save,
-                            progressed=progressed)
-            decision = Decision(decision.action, decision.outcome, decision.why, decision.exclude, refused)
+            assert decision.fallback is not None  # plan() gives every in-job restart its fallback
+            decision = dataclasses.replace(decision.fallback, in_job_refused=refused)
         if decision.in_job_refused is not None and facts.in_job is not None:
             logger.error("no in-job restart: %s; falling back to the requeue", decision.in_job_refused)
             self.events.emit(Event.IN_JOB_REFUSED, nodes=list(decision.exclude), why=decision.in_job_refused,
@@ -175,3 +170,10 @@ class Executor:
         if done or not stops:
             return decision
         return Decision(decision.action, Outcome.REQUEUE_NEEDED, message, decision.exclude)
+
+
+def _reasons(trigger: Trigger, stop: StopDecision | None, decision: Decision) -> list[str]:
+    """The exit event's reasons: the agreed stop's, none for a finished run, else the fault's outcome."""
+    if stop is not None:
+        return sorted(r.value for r in stop.reasons)
+    return [] if trigger is Trigger.FINISHED else [decision.outcome.name.lower()]

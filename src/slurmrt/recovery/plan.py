@@ -8,6 +8,7 @@ Every way a run ends goes through it: the end of the loop and every agreed stop 
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -92,6 +93,9 @@ class Decision:
     exclude: tuple[str, ...] = ()
     #: Why an in-job restart was not made where one might have been (recorded as ``in_job_refused``).
     in_job_refused: str | None = None
+    #: For an in-job restart: the decision without ``slurmrt run``, carried out when the request cannot be left for
+    #: it (planned with this decision, from the same facts: one plan per recovery).
+    fallback: Decision | None = None
 
     @property
     def code(self) -> int:
@@ -107,7 +111,17 @@ def plan(trigger: Trigger, facts: Facts, *, nodes: Sequence[str] = (), stop: Sto
          failed_save: bool = False, progressed: bool = True) -> Decision:
     """The decision for ``trigger``. ``nodes``: the bad nodes (the suspects', the lost or unhealthy node, a
     straggler's, or nodes the options leave out at the next restart); ``stop``: the agreed stop of ``STOPPED`` and
-    ``STRAGGLER``; ``failed_save``: the run's last save failed; ``progressed``: the run made at least one step."""
+    ``STRAGGLER``; ``failed_save``: the run's last save failed; ``progressed``: the run made at least one step. An
+    in-job restart carries its :attr:`~Decision.fallback`."""
+    decision = _decide(trigger, facts, nodes, stop, failed_save, progressed)
+    if decision.action is not Action.IN_JOB_RESTART:
+        return decision
+    fallback = _decide(trigger, facts.without_in_job(), nodes, stop, failed_save, progressed)
+    return dataclasses.replace(decision, fallback=fallback)
+
+
+def _decide(trigger: Trigger, facts: Facts, nodes: Sequence[str], stop: StopDecision | None, failed_save: bool,
+            progressed: bool) -> Decision:
     bad = tuple(dict.fromkeys(nodes))
     if trigger is Trigger.SOFTWARE_ERROR:
         return Decision(Action.FAIL, Outcome.FAILED, "a software error, not a bad node: no exclusion, no requeue")
