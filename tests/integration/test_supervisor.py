@@ -431,3 +431,23 @@ def test_relative_paths_a_training_shares_are_read_back_absolute(tmp_path: Path,
     read = injob.read_facts(d, 0)
     assert read is not None and read["event_log"] == str(tmp_path / "ckpt" / "events-7.jsonl")
     assert read["checkpoint_dir"] == str(tmp_path / "ckpt")
+
+
+def test_the_health_probe_checks_the_directory_the_training_resolved_not_the_environments(tmp_path: Path) -> None:
+    """`checkpoint_dir=` in code reaches slurmrt run in the training's record; its health probe then checks that
+    directory (it checked the environment's, or none: the record's path was dropped on the way)."""
+    from slurmrt.recovery import injob
+    from slurmrt.recovery.evidence import Evidence
+    from slurmrt.recovery.facts import InJob
+
+    env = {**os.environ, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-3]"}
+    env.pop("SLURMRT_CHECKPOINT_DIR", None)
+    sup = Supervisor(["x"], spare_nodes=1, max_restarts=3, env=env, directory=tmp_path / "d",
+                     srun=str(fake_srun(tmp_path)), evidence=Evidence("srun", "7", env))
+    (tmp_path / "d").mkdir(mode=0o700)
+    injob.share_facts(InJob(tmp_path / "d", 0, (), 3), {"event_log": None, "checkpoint_dir": tmp_path / "mine",
+                                                        "requeue": True, "max_restarts": None,
+                                                        "max_futile_runs": 3, "max_excluded_nodes": 4})
+    assert sup.evidence is not None and sup.evidence.checkpoint_dir is None
+    sup._learn(0)
+    assert sup.evidence.checkpoint_dir == tmp_path / "mine"

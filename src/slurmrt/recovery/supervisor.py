@@ -279,6 +279,8 @@ class Supervisor:
         if differ:
             self._say(f"the training's own options differ from the environment's ({differ}): its own are used")
         path = Path(learned["event_log"]) if learned["event_log"] else None
+        if learned["checkpoint_dir"] and self.evidence is not None:  # the health probe checks the training's own
+            self.evidence.checkpoint_dir = Path(learned["checkpoint_dir"])
         self.facts = facts
         self.event_log = lambda a: EventLog.for_job(path, None, job=self.requeue_id, restart=self.restart_count,
                                                     rank=-1, env=self.env, attempt=a)
