@@ -84,8 +84,8 @@ def test_a_process_killed_under_run_restartable_ends_as_an_uninterrupted_run(job
     if launch == "srun":  # the survivor gave up at srun's SIGTERM, not at the end of its rejoin time: a requeue
         assert "SIGTERM arrived" in refused["why"], refused
         assert int(info["Restarts"]) == 1 and first_exit["action"] == "requeue", out[-3000:]
-    else:  # slurmrt run told it the task ended: a new step of the same run
-        assert "srun saw task(s) 1 end" in refused["why"], refused
+    else:  # slurmrt run told it the task ended, or its srun (--kill-on-bad-exit) ended the step first: a new step
+        assert "srun saw task(s) 1 end" in refused["why"] or "SIGTERM arrived" in refused["why"], refused
         assert int(info["Restarts"]) == 0 and first_exit["action"] == "in_job_restart", out[-3000:]
     assert "local checkpoint of step" not in out, "every node's local tier is in use"
     got, want = _weights(job.dir), _reference(jobs)
