@@ -283,3 +283,17 @@ def test_an_in_process_restart_is_counted_once_the_same_way_by_every_record(tmp_
     record = RunRecord(restart=0)
     _annotate([record], events)
     assert record.in_process == 1 and "1 in-process restart(s)" in summary([record])
+
+
+def test_work_redone_after_an_in_process_restart_counts_from_the_first_load_not_from_the_start_up() -> None:
+    """No save before the fault: the steps trained again began at the run's first load (10 s), not at its init
+    (0 s): the start-up is the ledger's start-up, never lost work as well."""
+    fault = (T0 + timedelta(seconds=50)).timestamp()
+    events = [ev(0, 0, "init", nnodes=2, job_nodes=2), ev(10, 0, "fresh_start", seconds=0.0),
+              ev(51, 0, "in_process", generation=0, action="restart", first_rank=1, error="RuntimeError: boom",
+                 step=39, fault_time=fault, seconds=1.0),
+              ev(53, 0, "fresh_start", seconds=0.5), ev(100, 0, "progress", step=90),
+              ev(100, 0, "exit", outcome="FINISHED", step=90)]
+    ledger = account(events)
+    assert ledger.seconds["lost_work"] == pytest.approx(40.0) and ledger.seconds["startup"] == pytest.approx(10.0)
+    assert sum(ledger.seconds.values()) == pytest.approx(ledger.wall_s)

@@ -34,9 +34,11 @@ class InProcessCost:
                              self.from_local + other.from_local)
 
 
-def in_process_cost(run: Run, ready: float) -> InProcessCost:
-    """``run``'s in-process restarts; ``ready``: when it was ready to train (before its first load, the floor of the
-    lost work)."""
+def in_process_cost(run: Run) -> InProcessCost:
+    """``run``'s in-process restarts. The work lost to one counts from the newest save before its fault, and never
+    from before the run's first load (its start-up and load are the ledger's, not lost work)."""
+    first = run.first_load
+    ready = timestamp(first) if first is not None else run.start
     loads = sorted(((timestamp(e), e) for e in (*run.all(Event.RESUME), *run.all(Event.FRESH_START))),
                    key=lambda pair: pair[0])
     saves = [timestamp(e) for e in run.all(Event.SAVE)]

@@ -212,7 +212,7 @@ def _run_life(run: Run) -> RunLife:
     life.code = ran if isinstance(ran, dict) else None
     life.stragglers = tuple(_straggler(e) for e in run.all(Event.STRAGGLER))
     life.in_process = tuple(_in_process(e) for e in run.all(Event.IN_PROCESS))
-    life.in_process_cost = in_process_cost(run, life.start + life.process_s)
+    life.in_process_cost = in_process_cost(run)
     life.resumed_tier, life.from_peers = _resumed_where(run)
     life.loaded = run.first(Event.RESUME) is not None or run.first(Event.FRESH_START) is not None
     _points(run, life)

@@ -138,7 +138,7 @@ def _annotate(records: list[RunRecord], events: list[dict[str, Any]]) -> None:
         rec.in_job = [step.left_out or () for step in steps[:-1]]  # each step a new one followed, as status says
         for step in steps:
             rec.stragglers += [(int(e.get("straggler", -1)), e.get("node")) for e in step.all(Event.STRAGGLER)]
-            rec.in_process += in_process_cost(step, step.start).restarts
+            rec.in_process += in_process_cost(step).restarts
 
 
 def _status(code: int) -> str:
