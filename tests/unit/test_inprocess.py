@@ -9,7 +9,8 @@ from types import SimpleNamespace
 import pytest
 
 from slurmrt._errors import ConfigError
-from slurmrt.runtime.inprocess import Fault, InProcess, _shortened, refusal
+from slurmrt._text import shorten
+from slurmrt.runtime.inprocess import Fault, InProcess, refusal
 
 
 def _fault(kind: str = "RuntimeError", step: int | None = 7, rank: int = 1) -> Fault:
@@ -55,10 +56,10 @@ def test_a_fault_travels_through_the_store_unchanged() -> None:
 
 def test_a_long_error_is_cut_at_a_word_and_says_so() -> None:
     long = "connection closed by peer " * 20
-    cut = _shortened(long)
-    assert len(cut) <= 204 and cut.endswith(" ...") and cut[:-4].split()[-1] in long.split()
-    assert _shortened("short\nsecond line") == "short" and _shortened("") == ""
-    assert _shortened("x" * 300) == "x" * 200 + " ..."  # one word longer than the limit: cut, and said
+    cut = shorten(long)
+    assert len(cut) <= 200 and cut.endswith("…") and cut[:-1].split()[-1] in long.split()
+    assert shorten("short\nsecond line") == "short" and shorten("") == ""
+    assert shorten("x" * 300) == "x" * 199 + "…"  # one word longer than the limit: cut, and said
 
 
 @pytest.mark.parametrize("timeout", [math.inf, math.nan, 0.0, -1.0])

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2] / "src" / "slurmrt"  # read, not impo
 #: it belongs. docs/architecture.md draws the same floors.
 FLOORS = [
     # no slurmrt folder below
-    ["_errors", "_figures", "_clock", "_env", "_slurm", "_safefs", "_tree", "_comm", "_flock", "log"],
+    ["_errors", "_figures", "_text", "_clock", "_env", "_slurm", "_safefs", "_tree", "_comm", "_flock", "log"],
     ["record", "launch"],  # the event log; the launch as Slurm describes it
     ["stop"],  # the parts of an agreed stop: signals, the deadline, the kill switch, the agreement, stragglers
     # the options, declared in sections with their rules and composed; the checkpoint store, its tiers and files

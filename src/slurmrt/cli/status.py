@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import SlurmrtError
+from .._text import shorten
 from ..checkpoint.cadence import advice, saving
 from ..options import Options
 from ..record.chart import draw, duration, render, totals
@@ -191,7 +192,7 @@ def _describe(run_: RunLife, gap: float | None) -> list[str]:
     if run_.recovery is not None:
         parts.append(_decided(run_.recovery))
     elif run_.left:
-        why = run_.left_why if len(run_.left_why) <= 100 else run_.left_why[:99] + "…"
+        why = shorten(run_.left_why, 100)
         parts.append(f"in-job restart without {', '.join(run_.left)}" + (f" ({why})" if why else ""))
     lost = _lost(run_, gap)
     if lost:
@@ -207,7 +208,7 @@ def _decided(decision: dict[str, Any]) -> str:
     where = f" without {', '.join(map(str, left))}" if left else \
         f" on the same nodes ({', '.join(map(str, kept))})" if kept and action == "in job restart" else ""
     why = str(decision.get("why") or "")
-    why = why if len(why) <= 100 else why[:99] + "…"
+    why = shorten(why, 100)
     return (f"decision: {str(decision.get('class') or '?').replace('_', ' ')} ({decision.get('trigger')}), "
             f"{action}{where}" + (f": {why}" if why else ""))
 

@@ -18,6 +18,7 @@ from itertools import pairwise
 from typing import Any
 
 from .. import _figures as figures
+from .._text import shorten
 from .events import Event, timestamp
 from .inprocess import InProcessCost, in_process_cost
 from .runs import Run, runs
@@ -197,7 +198,7 @@ def _in_process(e: dict[str, Any]) -> str:
         back = figures.seconds(e.get("seconds"))
         return fault + (f", every rank back in {back:.2f} s" if back is not None else "")
     why = str(e.get("why") or "")
-    return f"{fault} not restarted: " + (why if len(why) <= 100 else why[:99] + "…")
+    return f"{fault} not restarted: " + shorten(why, 100)
 
 
 def _run_life(run: Run) -> RunLife:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .._text import shorten
 from ..launch import hostlist
 
 __all__ = ["Failure", "block", "stacks_path", "stacks_pattern"]
@@ -58,7 +59,7 @@ def block(failure: Failure, attempt: int, max_restarts: int, nodes: tuple[str, .
     """The lines, without the ``slurmrt run:`` prefix."""
     took = max(0.0, (time.time() if now is None else now) - failure.since)
     lines = [f"in-job restart {attempt} of at most {max_restarts}:",
-             f"  failed:   step {failure.attempt} (exit code {failure.code}): {_short(failure.why)}",
+             f"  failed:   step {failure.attempt} (exit code {failure.code}): {shorten(failure.why)}",
              f"  left out: {', '.join(failure.nodes) or 'none (no node evidence): the same nodes'}" +
              (f" ({failure.fault.replace('_', ' ')})" if failure.fault else ""),
              f"  new step: {attempt} on {hostlist.compress(list(nodes))}" +
@@ -67,7 +68,3 @@ def block(failure: Failure, attempt: int, max_restarts: int, nodes: tuple[str, .
     if failure.stacks:
         lines.append(f"  stacks:   {failure.stacks}")
     return lines
-
-
-def _short(text: str, limit: int = 200) -> str:
-    return text if len(text) <= limit else text[:limit - 1] + "…"

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._comm import torch_distributed
 from .._errors import ConfigError
+from .._text import shorten
 from ..launch.topology import LaunchMode
 from ..record.events import Event
 from ..recovery import injob
@@ -209,7 +210,7 @@ class InProcess:
         # Where this generation got to: its last step, or before its first the step it resumed after (never a step
         # an earlier generation reached: a new fault there would read as the same error at the same step).
         step = self.rt.stop.generation_step
-        mine = Fault(self.rt.rank, f"{type(err).__name__}: {_shortened(str(err))}", type(err).__name__,
+        mine = Fault(self.rt.rank, f"{type(err).__name__}: {shorten(str(err))}", type(err).__name__,
                      step if step is not None else self.rt.resumed_step, time.time())
         try:
             first = self._store.compare_set(f"{self._prefix}/fault/{generation}", "", mine.to_json())
@@ -296,15 +297,6 @@ class _NoWatcher:
 
     def close(self) -> None:
         pass
-
-
-def _shortened(text: str, limit: int = 200) -> str:
-    """``text``'s first line, cut at a word within ``limit`` characters (an ellipsis says so), never mid-word."""
-    line = text.strip().splitlines()[0] if text.strip() else ""
-    if len(line) <= limit:
-        return line
-    cut = line[:limit].rsplit(" ", 1)[0] if " " in line[:limit] else line[:limit]
-    return cut.rstrip(" ,;:") + " ..."
 
 
 def _dist() -> Any:
