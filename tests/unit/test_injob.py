@@ -202,8 +202,11 @@ def test_every_kind_of_record_a_killed_supervisor_left_is_cleared_before_a_new_r
         (tmp_path / name).write_text("{}")
     (tmp_path / "notes.txt").write_text("not a record")
     (tmp_path / "facts-1.json.d").mkdir()
-    assert records.clear_records(tmp_path) == sorted(planted)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["facts-1.json.d", "notes.txt"]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "word-7.json").symlink_to(elsewhere)  # a link where a record goes: the link is removed, not followed
+    assert records.clear_records(tmp_path) == sorted(planted | {"word-7.json"})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["elsewhere", "facts-1.json.d", "notes.txt"]
 
 
 def test_a_recovery_is_planned_once_and_a_refused_in_job_restart_carries_out_the_plans_own_fallback(

@@ -40,7 +40,7 @@ def clear_records(directory: Path) -> list[str]:
     this run's yet); returns the names removed."""
     removed = []
     for path in directory.iterdir():
-        if _RECORD.fullmatch(path.name) and not path.is_dir():
+        if _RECORD.fullmatch(path.name) and (path.is_symlink() or not path.is_dir()):  # a link goes, not its target
             path.unlink()
             removed.append(path.name)
     return sorted(removed)
