@@ -62,10 +62,16 @@ def test_a_long_error_is_cut_at_a_word_and_says_so() -> None:
     assert shorten("x" * 300) == "x" * 199 + "…"  # one word longer than the limit: cut, and said
 
 
-@pytest.mark.parametrize("timeout", [math.inf, math.nan, 0.0, -1.0])
+@pytest.mark.parametrize("timeout", [math.inf, math.nan, 0.0, -1.0, "20", True, 10**400])
 def test_a_rejoin_time_that_is_not_a_finite_positive_number_is_a_clear_error(timeout: float) -> None:
     with pytest.raises(ConfigError, match="rejoin_timeout_s"):
         InProcess(None, backend="gloo", max_restarts=3, rejoin_timeout_s=timeout, timeout=None)
+
+
+@pytest.mark.parametrize("most", [-1, "3", 2.5, True])
+def test_max_restarts_that_is_not_a_count_is_a_clear_error(most: int) -> None:
+    with pytest.raises(ConfigError, match="max_restarts"):
+        InProcess(None, backend="gloo", max_restarts=most, rejoin_timeout_s=20.0, timeout=None)
 
 
 def _waiting(terminated: bool, ended: list[int]) -> InProcess:

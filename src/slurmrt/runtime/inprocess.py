@@ -31,13 +31,13 @@ import contextlib
 import datetime
 import json
 import logging
-import math
 import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from .. import _figures as figures
 from .._comm import torch_distributed
 from .._errors import ConfigError
 from .._text import shorten
@@ -113,7 +113,8 @@ def run_restartable(rt: Runtime, train: Callable[[int], T], *, backend: str = "g
 class InProcess:
     def __init__(self, rt: Any, *, backend: str, max_restarts: int, rejoin_timeout_s: float,
                  timeout: datetime.timedelta | None) -> None:
-        if max_restarts < 0 or not 0 < rejoin_timeout_s < math.inf:
+        # The project's figures (not a bare comparison): "20", True or nan is refused here, not deep in torch.
+        if figures.count(max_restarts) is None or not (figures.seconds(rejoin_timeout_s) or 0.0) > 0:
             raise ConfigError("run_restartable(): max_restarts must be 0 or more and rejoin_timeout_s a finite number "
                               "of seconds above 0",
                               max_restarts=max_restarts, rejoin_timeout_s=rejoin_timeout_s)
