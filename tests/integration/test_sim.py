@@ -410,8 +410,11 @@ def test_a_rehearsed_fault_that_never_fires_fails_the_rehearsal_and_says_why(tmp
     # A moment after the job's end: it finished before the fault.
     out = sim(tmp_path, "--cancel-at", "100000", "--", sys.executable, quickstart)
     assert out.returncode == 1 and "not rehearsed: cancel: the run ended before its moment" in out.stderr, out.stderr
-    # A slowed node in a job that times no compute, or too few steps to judge: nobody can be named.
-    out = sim(tmp_path, "-N", "2", "--slow-node", "1", "--", sys.executable, quickstart, "--steps", "5")
+    # A slowed node in a job that times no compute, or too few steps to judge: nobody can be named. The factor does
+    # not matter to the verdict and slows the node's start-up (torch's import) as much as its steps: at the default
+    # 4x, with 2 tasks a node, this case alone took 4m47s on an idle 2-core machine, and over 200 s in CI.
+    out = sim(tmp_path, "-N", "2", "--ntasks-per-node", "1", "--slow-node", "1", "--slow-factor", "1.5", "--",
+              sys.executable, quickstart, "--steps", "5")
     assert out.returncode == 1 and "not rehearsed: slow-node 1: it was slowed, but no straggler was named" in \
         out.stderr, out.stderr[-2000:]
 
