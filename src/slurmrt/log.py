@@ -35,6 +35,7 @@ from typing import IO, Any, NoReturn
 
 from ._flock import flush, write_locked
 from ._safefs import runtime_base
+from .launch import slurmvars
 
 __all__ = ["FlockHandler", "default_lock_path", "exit_now", "flush", "install", "printflock"]
 
@@ -45,9 +46,9 @@ def default_lock_path(env: Mapping[str, str] | None = None) -> Path:
     env = os.environ if env is None else env
     if env.get("SLURMRT_LOCK_FILE"):
         return Path(env["SLURMRT_LOCK_FILE"])
-    job = env.get("SLURM_JOB_ID")
-    if job and env.get("SLURM_SUBMIT_DIR"):
-        return Path(env["SLURM_SUBMIT_DIR"]) / f".slurmrt-{job}.lock"
+    job, submitted = slurmvars.job_id(env), slurmvars.submit_dir(env)
+    if job and submitted:
+        return Path(submitted) / f".slurmrt-{job}.lock"
     # This user's private directory, not a fixed name in /tmp: another user who created that file first and held a
     # lock on it blocked every job's log line forever. Checked once per process (a mkdir and an lstat), not per line.
     key = (env.get("XDG_RUNTIME_DIR"), env.get("TMPDIR"))
@@ -64,8 +65,8 @@ def _prefix(env: Mapping[str, str] | None = None) -> str:
     if env is None and _own_prefix is not None:
         return _own_prefix
     values = os.environ if env is None else env
-    host = values.get("SLURMD_NODENAME") or socket.gethostname()
-    rank = values.get("RANK") or values.get("SLURM_PROCID") or "0"
+    host = slurmvars.node_name(values) or socket.gethostname()
+    rank = values.get("RANK") or slurmvars.proc_id(values) or "0"
     prefix = f"[{host}:{rank}]"
     if env is None:
         _own_prefix = prefix

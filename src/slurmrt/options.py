@@ -15,6 +15,7 @@ from typing import Any
 
 from ._rules import convert, rule_of
 from .launch.parallel import ParallelConfig
+from .launch.slurmvars import export_env
 from .sections import CheckpointSection, HangSection, LaunchSection, RecordSection, RecoverySection, StopSection
 
 __all__ = ["DEPRECATED", "OTHER_VARIABLES", "Options", "dropped_by_export", "unknown_variables", "warn_unknown"]
@@ -124,7 +125,7 @@ def dropped_by_export(env: Mapping[str, str]) -> str | None:
     """Why NNODES and the ``SLURMRT_*`` options of the submitting shell may be missing, in words, or None: the job
     was submitted with ``--export=NONE`` or an export list (Slurm says which in ``SLURM_EXPORT_ENV``), and none of
     them is set here (a batch script that sets its own is fine)."""
-    export = env.get("SLURM_EXPORT_ENV", "").strip()
+    export = export_env(env)
     if not export or export.upper().split(",")[0] == "ALL":
         return None
     if "NNODES" in env or any(k.startswith("SLURMRT_") for k in env):

@@ -5,6 +5,7 @@ measure, which counts boolean operators; ruff's C901 does not), and none above 1
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +18,9 @@ ROOT = Path(__file__).resolve().parents[2] / "src" / "slurmrt"  # read, not impo
 #: it belongs. docs/architecture.md draws the same floors.
 FLOORS = [
     # no slurmrt folder below
-    ["_errors", "_figures", "_text", "_clock", "_env", "_slurm", "_safefs", "_tree", "_comm", "_flock", "log"],
-    ["record", "launch"],  # the event log; the launch as Slurm describes it
+    ["_errors", "_figures", "_text", "_clock", "_env", "_slurm", "_safefs", "_tree", "_comm", "_flock"],
+    # the event log; the launch as Slurm describes it; the log lines, whose lock and prefix name the job and node
+    ["record", "launch", "log"],
     ["stop"],  # the parts of an agreed stop: signals, the deadline, the kill switch, the agreement, stragglers
     # the options, declared in sections with their rules and composed; the checkpoint store, its tiers and files
     ["_rules", "sections", "options", "checkpoint", "trackers"],
@@ -268,3 +270,25 @@ def test_the_recovery_executor_is_the_only_writer_of_the_exit_event() -> None:
     writers = {str(p.relative_to(ROOT)) for p in sorted(ROOT.rglob("*.py")) if _exit_writers(p.read_text())}
     assert writers == {"recovery/executor.py"}
     assert _exit_writers("events.emit(Event.EXIT, code=0)\nevents.emit(Event.SAVE, step=1)\n") == [1]
+
+
+#: Where Slurm's variables may be named as such: the launch, which reads them, and the simulator, which sets them.
+SLURM_VOCABULARY = ("launch", "sim")
+
+
+def _slurm_names(source: str) -> list[int]:
+    """The lines of ``source`` with a string that is a Slurm variable's name or its start (``"SLURM_JOB_ID"``,
+    ``f"SLURM_{name}"``): a read of the environment by name. Prose that names one (a message, a docstring) is not."""
+    name = re.compile(r"SLURMD?_[A-Z0-9_]*")
+    return sorted({node.lineno for node in ast.walk(ast.parse(source))
+                   if isinstance(node, ast.Constant) and isinstance(node.value, str) and name.fullmatch(node.value)})
+
+
+def test_only_the_launch_and_the_simulator_name_slurm_variables() -> None:
+    """Every other part asks the launch for a value by its meaning (slurmvars.node_name, .end_time, ...): one place
+    knows Slurm's names, its older spellings and how a malformed value is refused."""
+    named = sorted(f"{p.relative_to(ROOT)}:{line}" for p in ROOT.rglob("*.py")
+                   if p.relative_to(ROOT).parts[0] not in SLURM_VOCABULARY for line in _slurm_names(p.read_text()))
+    assert named == []
+    assert _slurm_names('x = env.get("SLURM_JOB_ID")\ny = f"SLURM_{n}"\nz = "SLURMD_NODENAME"\n') == [1, 2, 3]
+    assert _slurm_names('raise E("set SLURM_JOB_ID")\n"""SLURM_NNODES is read."""\n') == []

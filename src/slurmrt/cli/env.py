@@ -11,12 +11,11 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from .._env import get_int
 from .._errors import ConfigError
 from ..launch import cuda
 from ..launch.parallel import ParallelConfig
 from ..launch.ports import master_port_for
-from ..launch.slurmvars import job_of
+from ..launch.slurmvars import job_of, ntasks
 from ..launch.topology import from_environ
 from ._common import add_command, add_parallel, parallel
 from ._json import add_flag, emit
@@ -66,7 +65,7 @@ def env_exports(env: Mapping[str, str], config: ParallelConfig, gpus_per_node: i
     if gpus_per_node is not None and gpus_per_node < 0:
         raise ConfigError(f"--gpus-per-node={gpus_per_node}: a number of GPUs, 0 or more")
     gpus = gpus_per_node if gpus_per_node is not None else cuda.node_gpu_count(env)
-    world = nnodes * gpus if gpus else (get_int(env, "SLURM_NTASKS", minimum=1) or nnodes)
+    world = nnodes * gpus if gpus else (ntasks(env) or nnodes)
     port = str(topo.master_port) if env.get("MASTER_PORT") else str(master_port_for(job, "0"))
     lines = [
         f"export MASTER_ADDR={env.get('MASTER_ADDR') or hosts[0]}",

@@ -14,6 +14,7 @@ import os
 from typing import Any
 
 from .._errors import ConfigError
+from ..launch.slurmvars import cluster_name
 from ..options import Options
 from ..record.events import EventLog
 from ..record.ledger import Ledger
@@ -31,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     options = Options.resolve({}, env)  # the job's: the guard's environment is the one `slurmrt run` had
     facts = dataclasses.replace(Facts.of(options, job=args.job, restart_count=args.restart), job_nodes=args.nodes)
     return log_lines(lambda: stand_guard(
-        args.job, args.restart, args.batch_host, facts=facts, ledger=Ledger.of(env, env.get("SLURM_CLUSTER_NAME")),
+        args.job, args.restart, args.batch_host, facts=facts, ledger=Ledger.of(env, cluster_name(env)),
         event_log=lambda attempt: EventLog.for_job(options.event_log, options.checkpoint_dir, job=args.job,
                                                    restart=args.restart, rank=-1, env=env, attempt=attempt)),
         "slurmrt guard")

@@ -15,13 +15,14 @@ import sys
 from typing import Any
 
 from ..launch import hostlist
+from ..launch.slurmvars import cluster_name
 from ..record.ledger import Ledger, ledger_path
 from ..recovery.exclusion import partition_nodes
 from ._common import add_command
 
 
 def run(args: argparse.Namespace) -> int:
-    cluster = args.cluster or os.environ.get("SLURM_CLUSTER_NAME") or _default_cluster()
+    cluster = args.cluster or cluster_name(os.environ) or _default_cluster()
     ledger = Ledger(ledger_path(os.environ, cluster))
     if args.clear is not None:
         gone = ledger.clear(hostlist.expand(",".join(args.clear)) if args.clear else None)

@@ -12,6 +12,7 @@ import os
 from typing import Any
 
 from .._errors import SlurmrtError
+from ..launch.slurmvars import job_id, node_name
 from ..stop.pidfiles import registered
 from ..stop.signals import parse_signal
 from ._common import add_command
@@ -22,10 +23,10 @@ def run(args: argparse.Namespace) -> int:
         sig = parse_signal(args.signal)
     except ValueError as err:
         raise SlurmrtError(str(err)) from None
-    pids = signal_training(sig, args.job or os.environ.get("SLURM_JOB_ID"))
-    host = os.environ.get("SLURMD_NODENAME") or os.uname().nodename
+    pids = signal_training(sig, args.job or job_id(os.environ))
+    host = node_name(os.environ) or os.uname().nodename
     if not pids:
-        job = args.job or os.environ.get("SLURM_JOB_ID")
+        job = args.job or job_id(os.environ)
         print(f"slurmrt signal: no training process of {f'job {job}' if job else 'this user outside a job'} is "
               f"registered on {host}: nothing was signalled (processes register at slurmrt.init(); inside a job, run "
               "this on the job's nodes, e.g. srun --overlap --jobid=JOB slurmrt signal USR1)")

@@ -14,6 +14,7 @@ from typing import Any
 
 from .._errors import CudaConnectionsError, CudaInitializedError
 from .parallel import ParallelConfig
+from .slurmvars import gpus_on_node
 
 __all__ = ["ParallelConfig", "apply", "gpu_arch_major", "max_connections", "node_gpu_count", "parse_megatron_args"]
 
@@ -58,9 +59,9 @@ def node_gpu_count(env: Mapping[str, str]) -> int | None:
 
     None when it cannot be known.
     """
-    raw = env.get("SLURM_GPUS_ON_NODE")
-    if raw and raw.strip().isdigit():
-        return int(raw)
+    given = gpus_on_node(env)
+    if given is not None:
+        return given
     count = _nvml_count()
     if count is not None:
         return count

@@ -1,8 +1,12 @@
 """Slurm's own variables, read and checked: the job (:class:`Job`: its ids, nodes, tasks per node, restart count,
-partition, account, QOS and cluster) and an srun step (the ranks srun gave, the world, the hosts and the tasks on
-each). Slurm sets them together: a value that disagrees with the others was exported by hand, and is refused with the
-variable, the rule and the fix before any rendezvous. :mod:`.topology` builds the process's place in the job from
+partition, account, QOS and cluster), an srun step (the ranks srun gave, the world, the hosts and the tasks on
+each), and the single values the other parts need (the node's name, the submit directory, the job's start and end
+time, ...). Slurm sets them together: a value that disagrees with the others was exported by hand, and is refused with
+the variable, the rule and the fix before any rendezvous. :mod:`.topology` builds the process's place in the job from
 them; ``slurmrt run``, ``slurmrt env`` and the guard job read the job through :func:`job_of`.
+
+Slurm's variable names are spelled here and in :mod:`.topology` (and by the simulator, which sets them), nowhere else
+in the package: a part that needs a value asks for it by meaning (tests/unit/test_layout.py holds that).
 """
 
 from __future__ import annotations
@@ -14,7 +18,9 @@ from .._env import first_int, first_str, get_int, parse_tasks_per_node
 from .._errors import EnvironmentVariableError, HostlistError
 from . import hostlist
 
-__all__ = ["Job", "SlurmStep", "allocation", "check_below", "job_of", "required_int", "required_first", "slurm_step"]
+__all__ = ["Job", "SlurmStep", "allocation", "check_below", "cluster_name", "end_time", "export_env", "gpus_on_node",
+           "job_id", "job_nodes", "job_of", "launch_key", "local_id", "node_name", "ntasks", "proc_id",
+           "required_first", "required_int", "slurm_step", "start_time", "submit_dir"]
 
 
 @dataclass(frozen=True)
@@ -46,16 +52,17 @@ class Job:
                                                           ("qos", self.qos)) if value]
 
 
-def job_of(env: Mapping[str, str]) -> Job | None:
-    """The job of ``env``; None outside a Slurm job (no ``SLURM_JOB_ID``). A malformed value (a node list that is no
-    hostlist, a restart count or task count that is no number) raises :class:`EnvironmentVariableError`."""
-    job_id = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")  # the second: older Slurm's name
-    if not job_id:
+def job_of(env: Mapping[str, str], *, default_id: str | None = None) -> Job | None:
+    """The job of ``env``; None outside a Slurm job (no ``SLURM_JOB_ID``, and no ``default_id``: the job a caller
+    knows from elsewhere, as the guard's arming does). A malformed value (a node list that is no hostlist, a restart
+    count or task count that is no number) raises :class:`EnvironmentVariableError`."""
+    the_id = job_id(env) or default_id
+    if not the_id:
         return None
     _, _, nodes = _hosts(env, ("SLURM_JOB_NODELIST", "SLURM_NODELIST"))
     text = {name: env.get(f"SLURM_{name}") or None for name in ("ARRAY_JOB_ID", "ARRAY_TASK_ID", "JOB_PARTITION",
                                                                "JOB_ACCOUNT", "JOB_QOS", "CLUSTER_NAME")}
-    return Job(job_id, tuple(nodes), _tasks_per_node(env), get_int(env, "SLURM_RESTART_COUNT") or 0,
+    return Job(the_id, tuple(nodes), _tasks_per_node(env), get_int(env, "SLURM_RESTART_COUNT") or 0,
                text["ARRAY_JOB_ID"], text["ARRAY_TASK_ID"], text["JOB_PARTITION"], text["JOB_ACCOUNT"],
                text["JOB_QOS"], text["CLUSTER_NAME"])
 
@@ -158,3 +165,77 @@ def check_below(value: int, name: str, limit: int, limit_name: str) -> None:
         raise EnvironmentVariableError(
             f"{name}={value} is out of range: it must be below {limit_name} ({limit})", variable=name, value=value
         )
+
+
+# The single values, each by its meaning. Text comes back as Slurm wrote it (None when unset or empty); a number that
+# is malformed raises EnvironmentVariableError (a ValueError) with the variable's name.
+
+def job_id(env: Mapping[str, str]) -> str | None:
+    """The job's id (``SLURM_JOB_ID``, or older Slurm's ``SLURM_JOBID``); None outside a job."""
+    return env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or None
+
+
+def node_name(env: Mapping[str, str]) -> str | None:
+    """The node as Slurm names it (``SLURMD_NODENAME``); None outside a job's step or batch shell."""
+    return env.get("SLURMD_NODENAME") or None
+
+
+def submit_dir(env: Mapping[str, str]) -> str | None:
+    """Where the job was submitted (``SLURM_SUBMIT_DIR``): every node sees it, and sbatch writes the output there."""
+    return env.get("SLURM_SUBMIT_DIR") or None
+
+
+def proc_id(env: Mapping[str, str]) -> str | None:
+    """This task's rank in its srun step (``SLURM_PROCID``), as written: a log prefix shows it unchecked."""
+    return env.get("SLURM_PROCID") or None
+
+
+def local_id(env: Mapping[str, str]) -> str | None:
+    """This task's rank on its node in its srun step (``SLURM_LOCALID``), as written."""
+    return env.get("SLURM_LOCALID") or None
+
+
+def cluster_name(env: Mapping[str, str]) -> str | None:
+    """``SLURM_CLUSTER_NAME``: the cluster to ask about this job from another one sharing the filesystem."""
+    return env.get("SLURM_CLUSTER_NAME") or None
+
+
+def export_env(env: Mapping[str, str]) -> str:
+    """What sbatch's ``--export`` was (``SLURM_EXPORT_ENV``), stripped; empty when unset."""
+    return env.get("SLURM_EXPORT_ENV", "").strip()
+
+
+def launch_key(env: Mapping[str, str]) -> tuple[str, str, str]:
+    """(job, step, restart count) as written, empty when unset: the same for every task of one launch of a step."""
+    return (job_id(env) or "", env.get("SLURM_STEP_ID", ""), env.get("SLURM_RESTART_COUNT", ""))
+
+
+def job_nodes(env: Mapping[str, str]) -> int | None:
+    """The allocation's node count, spares included (``SLURM_JOB_NUM_NODES``); None when unset."""
+    return get_int(env, "SLURM_JOB_NUM_NODES", minimum=1)
+
+
+def ntasks(env: Mapping[str, str]) -> int | None:
+    """The job's task count (``SLURM_NTASKS``); None when unset."""
+    return get_int(env, "SLURM_NTASKS", minimum=1)
+
+
+def gpus_on_node(env: Mapping[str, str]) -> int | None:
+    """The GPUs the job was given on this node (``SLURM_GPUS_ON_NODE``); None when unset or not a count (a node
+    without GRES, a container that cleared it): the callers fall back to what the node shows."""
+    raw = env.get("SLURM_GPUS_ON_NODE", "").strip()
+    return int(raw) if raw.isdigit() else None
+
+
+def start_time(env: Mapping[str, str]) -> float | None:
+    """When Slurm started this run of the job (``SLURM_JOB_START_TIME``, epoch seconds, Slurm 23.02 and newer); None
+    when absent or 0."""
+    value = get_int(env, "SLURM_JOB_START_TIME", minimum=0)
+    return float(value) if value else None
+
+
+def end_time(env: Mapping[str, str]) -> float | None:
+    """The job's end time (``SLURM_JOB_END_TIME``, epoch seconds, Slurm 23.02 and newer); None when absent or 0 (no
+    limit). A malformed value is an error, not "no deadline": ignoring it silently turned the deadline off."""
+    value = get_int(env, "SLURM_JOB_END_TIME", minimum=0)
+    return float(value) if value else None

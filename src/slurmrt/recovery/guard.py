@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from .. import _slurm
-from ..launch.slurmvars import job_of
+from ..launch.slurmvars import job_of, node_name
 from ..record.events import Event, EventLog, read_events
 from ..record.ledger import Ledger
 from ..record.runs import Run, runs_of
@@ -52,7 +52,7 @@ _LIVE = {"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFI
 
 def batch_host(env: Mapping[str, str]) -> str:
     """The node this process runs on, as Slurm names it."""
-    return env.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    return node_name(env) or socket.gethostname().split(".")[0]
 
 
 def arm(job: str, restart: int, host: str, *, env: Mapping[str, str], events: EventLog,
@@ -68,7 +68,7 @@ def arm(job: str, restart: int, host: str, *, env: Mapping[str, str], events: Ev
     args = ["--parsable", f"--dependency=afternotok:{job}", "--kill-on-invalid-dep=yes", "--nodes=1", "--ntasks=1",
             f"--job-name=slurmrt-guard-{job}", f"--time={TIME_LIMIT_MIN}", "--export=ALL", "--open-mode=append",
             f"--output={output or '/dev/null'}"]
-    slurm_job = job_of({**env, "SLURM_JOB_ID": env.get("SLURM_JOB_ID") or job})
+    slurm_job = job_of(env, default_id=job)
     args += slurm_job.placement_options() if slurm_job is not None else []  # where the job runs: its partition, ...
     out = _slurm.run("sbatch", *args, "--wrap", shlex.join(command))
     if isinstance(out, str):

@@ -14,15 +14,15 @@ import sys
 from pathlib import Path
 
 from ..launch.health import check_node
+from ..launch.slurmvars import gpus_on_node, node_name
 
 #: The step has just ended: its processes' GPU memory may take this long to be given back.
 SETTLE_S = 10.0
 
 
 def main(argv: list[str]) -> int:
-    node = os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
-    raw = os.environ.get("SLURM_GPUS_ON_NODE", "")
-    gpus = int(raw) if raw.isdigit() else 0
+    node = node_name(os.environ) or socket.gethostname().split(".")[0]
+    gpus = gpus_on_node(os.environ) or 0
     try:
         failures = check_node(os.environ, checkpoint_dir=Path(argv[0]) if argv else None, gpus=gpus, local_rank=0,
                               settle_s=SETTLE_S)

@@ -7,6 +7,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..launch.slurmvars import submit_dir
+
 __all__ = ["STEP_WAIT_S", "Placement", "default_directory", "place", "srun_command",
            "under_batch_shell"]
 
@@ -59,5 +61,5 @@ def under_batch_shell(pid: int) -> bool:
 def default_directory(env: Mapping[str, str], job: str) -> Path:
     """``.slurmrt-run-<job>`` in the submit directory, which every node of a cluster sees (Slurm writes the job's
     output there)."""
-    base = env.get("SLURM_SUBMIT_DIR") or os.getcwd()
+    base = submit_dir(env) or os.getcwd()
     return Path(base).resolve() / f".slurmrt-run-{job}"

@@ -29,7 +29,7 @@ from typing import Any
 
 from .._errors import UnsafePathError
 from .._safefs import read_capped, replace_text
-from ..stop.deadline import EndTime
+from ..stop.deadline import EndTime, end_time_from_env
 from .facts import InJob
 
 __all__ = ["Word", "WordReader", "listen", "read_word", "word_path", "write_word"]
@@ -143,12 +143,20 @@ def listen(in_job: InJob | None, record: Callable[[signal.Signals, float], None]
     return EndTime(env, job_id=job_id, ask=lead, refresh_s=0.0, fetch=word.times), word
 
 
+def _end_time_known(env: Mapping[str, str]) -> bool:
+    """Whether Slurm gave the job's end time in the environment (a malformed one counts: the deadline refuses it)."""
+    try:
+        return end_time_from_env(env) is not None
+    except ValueError:
+        return True
+
+
 def _say_missing(env: Mapping[str, str]) -> None:
     """In a Slurm job whose step has none of Slurm's commands (a container) and no ``slurmrt run`` outside: what
     cannot work, said once."""
     missing = [c for c in ("squeue", "scontrol") if shutil.which(c) is None]
     lost = (["the job's end time is unknown (no save before the time limit unless --signal warns)"]
-            if "squeue" in missing and not env.get("SLURM_JOB_END_TIME") else []) + \
+            if "squeue" in missing and not _end_time_known(env) else []) + \
         (["a requeue cannot be made"] if "scontrol" in missing else [])
     if lost:
         logger.warning("no %s here (a container without Slurm's commands?) and no `slurmrt run` outside: %s. Run the "

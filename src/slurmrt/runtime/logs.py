@@ -9,6 +9,7 @@ import stat
 import sys
 from collections.abc import Mapping
 
+from ..launch.slurmvars import job_id, submit_dir
 from ..log import FlockHandler, default_lock_path, flush
 
 __all__ = ["install_default", "remove_job_lock"]
@@ -44,7 +45,7 @@ def remove_job_lock(env: Mapping[str, str] | None = None) -> None:
     id, would have used it again). Only that default file, only when it is this user's regular file. A process
     still writing holds its descriptor, so its last lines stay whole; a later step of the job makes a new file."""
     env = os.environ if env is None else env
-    if env.get("SLURMRT_LOCK_FILE") or not (env.get("SLURM_JOB_ID") and env.get("SLURM_SUBMIT_DIR")):
+    if env.get("SLURMRT_LOCK_FILE") or not (job_id(env) and submit_dir(env)):
         return
     path = default_lock_path(env)
     flush()

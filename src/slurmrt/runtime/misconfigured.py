@@ -21,6 +21,7 @@ from types import TracebackType
 
 from .._errors import ConfigError, UnsafePathError
 from .._safefs import process_age, runtime_base
+from ..launch.slurmvars import launch_key, local_id
 from ..recovery.policy import ExitCode
 
 __all__ = ["WAIT_S", "arm", "first_on_node"]
@@ -53,8 +54,8 @@ def arm(error: ConfigError, env: Mapping[str, str]) -> None:
 def first_on_node(env: Mapping[str, str]) -> bool:
     """Whether this process is the first task of its node (the launcher's local rank 0). A value that cannot be
     read (the very error being reported, perhaps) counts as first: a message printed twice beats one never printed."""
-    for name in ("LOCAL_RANK", "SLURM_LOCALID"):
-        value = env.get(name, "").strip()
+    for raw in (env.get("LOCAL_RANK"), local_id(env)):
+        value = (raw or "").strip()
         if value:
             return not value.isdigit() or int(value) == 0
     return True
@@ -63,8 +64,8 @@ def first_on_node(env: Mapping[str, str]) -> bool:
 def _said_path(env: Mapping[str, str]) -> Path | None:
     """The marker of this launch on this node: its tasks share the job, step, run and parent (slurmstepd, torchrun's
     agent); None when the node's runtime directory is not usable."""
-    launch = "-".join(env.get(name, "") for name in ("SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_RESTART_COUNT",
-                                                      "SLURMRT_RUN_ATTEMPT", "TORCHELASTIC_RESTART_COUNT"))
+    launch = "-".join((*launch_key(env), *(env.get(name, "") for name in ("SLURMRT_RUN_ATTEMPT",
+                                                                          "TORCHELASTIC_RESTART_COUNT"))))
     try:
         return runtime_base(env) / f"misconfigured-{launch}-{os.getppid()}"
     except (OSError, UnsafePathError):

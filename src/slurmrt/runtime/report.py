@@ -7,9 +7,9 @@ import os
 from typing import Any
 
 from .. import _clock
-from .._env import get_int
 from .._safefs import process_age
 from ..checkpoint.store import SaveResult
+from ..launch.slurmvars import job_nodes
 from ..launch.topology import Topology
 from ..record.code import what_ran
 from ..record.events import Event, EventLog
@@ -129,7 +129,7 @@ class Reporter:
 def _job_nodes() -> int | None:
     """The allocation's node count, spares included (the goodput ledger's node-hours); None when unknown."""
     try:
-        return get_int(os.environ, "SLURM_JOB_NUM_NODES", minimum=1)
+        return job_nodes(os.environ)
     except ValueError:  # malformed: Slurm writes it; the launch checks judge the variables that matter
         return None
 

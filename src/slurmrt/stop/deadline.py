@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 
 from .. import _clock, _slurm
-from .._env import get_int
+from ..launch import slurmvars
 
 __all__ = ["Budget", "DurationEstimator", "EndTime", "PeriodicSaves", "end_time_from_env", "horizon", "query_end_time",
            "query_job_times",
@@ -183,16 +183,14 @@ class Budget:
 
 def start_time_from_env(env: Mapping[str, str]) -> float | None:
     """``SLURM_JOB_START_TIME`` (epoch seconds), set by Slurm 23.02 and newer; None when absent or 0."""
-    value = get_int(env, "SLURM_JOB_START_TIME", minimum=0)
-    return float(value) if value else None
+    return slurmvars.start_time(env)
 
 
 def end_time_from_env(env: Mapping[str, str]) -> float | None:
     """``SLURM_JOB_END_TIME`` (epoch seconds), set by Slurm 23.02 and newer; None when absent or 0 (no limit).
 
     A malformed value is an error, not "no deadline": ignoring it silently turned the deadline off."""
-    value = get_int(env, "SLURM_JOB_END_TIME", minimum=0)
-    return float(value) if value else None
+    return slurmvars.end_time(env)
 
 
 def query_end_time(job_id: str, *, timeout_s: float = 20.0) -> float | None:
