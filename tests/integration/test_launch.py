@@ -64,6 +64,30 @@ def test_nnodes_mismatch_fails_every_rank_within_seconds_before_any_rendezvous(t
     assert logs[1:] == ["", "", ""], logs[1:]
 
 
+def test_a_misconfiguration_found_after_init_is_said_once_per_node_and_exits_78(tmp_path: Path) -> None:
+    """A ConfigError from a call after init() (here save(tier='local') with no local directory, after the agreement
+    ran and torch's excepthook was installed over slurmrt's) ends the job as one raised by init() does: one line from
+    the node's first task, no traceback, 78 on every task. It was a traceback per rank and exit 1, which a batch
+    script or `slurmrt run` answers by trying again."""
+    script = tmp_path / "late.py"
+    script.write_text(textwrap.dedent("""\
+        import slurmrt, torch.distributed as dist
+        rt = slurmrt.init(checkpoint_dir="ckpt")
+        dist.init_process_group("gloo")
+        rt.should_stop(0)
+        rt.save({"w": 1}, step=0, tier="local")
+        print("not reached")
+        """))
+    codes = wait_all(start(3, tmp_path, [], script=script), timeout=600)
+    logs = [(tmp_path / f"rank{r}.log").read_text() for r in range(3)]
+    assert codes == [78] * 3, logs
+    said = "slurmrt: ConfigError: save(..., tier='local') needs a node-local directory"
+    assert said in logs[0] and "Traceback" not in logs[0], logs[0]
+    # The others say nothing of their own. torch's store client may log that the store went away (rank 0 hosts it
+    # and left first): torch's line, as at the end of any job whose rank 0 exits first, not slurmrt's or Python's.
+    assert not any("slurmrt" in log or "Traceback" in log for log in logs[1:]), logs[1:]
+
+
 def test_a_misconfiguration_that_the_script_catches_is_its_own_to_handle(tmp_path: Path) -> None:
     """Only an uncaught ConfigError ends the script with 78: code that catches it goes on, and any other uncaught
     error after it is Python's ordinary traceback and exit 1."""

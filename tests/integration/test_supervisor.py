@@ -157,7 +157,7 @@ def test_a_task_that_init_found_misconfigured_ends_the_job_with_78_and_no_restar
     assert sup.run() == ExitCode.CONFIG
     steps = [line for line in (tmp_path / "log").read_text().splitlines() if '"argv"' in line]
     assert len(steps) == 1, steps
-    assert "task(s) 0 exited 78: init() found the launch or an option misconfigured" in capfd.readouterr().err
+    assert "task(s) 0 exited 78: slurmrt found the launch or an option misconfigured" in capfd.readouterr().err
 
 
 def _answered(tmp_path: Path, *, code: int, outcome: str, rank: int, step_code: str,

@@ -39,6 +39,13 @@ def test_max_restarts_bounds_the_restarts() -> None:
     assert refusal(_fault(), restarted=[], max_restarts=0, stopping=False) is not None
 
 
+def test_a_misconfiguration_is_not_restarted_every_generation_would_meet_it() -> None:
+    fault = Fault(1, "ConfigError: save(..., tier='local') needs a node-local directory", "ConfigError", 7, 1.0e9,
+                  misconfigured=True)
+    why = refusal(Fault.from_json(fault.to_json()), restarted=[], max_restarts=3, stopping=False)
+    assert why is not None and "misconfiguration (ConfigError)" in why
+
+
 def test_an_error_after_an_agreed_stop_ends_the_run_as_it_would_have() -> None:
     why = refusal(_fault(), restarted=[], max_restarts=3, stopping=True)
     assert why is not None and "stop" in why

@@ -36,8 +36,9 @@ class ExitCode(enum.IntEnum):
     #: Stopped for a requeue that slurmrt could not make (no scontrol in a container, requeue refused): a batch
     #: script may run `scontrol requeue` itself when it sees this code (EX_TEMPFAIL: "try again later").
     REQUEUE_NEEDED = 75
-    #: ``init()`` found the launch, the environment or an option misconfigured (a :class:`~slurmrt.ConfigError`
-    #: nobody caught): every run would fail the same way, so nothing requeues it (EX_CONFIG).
+    #: ``init()`` or a later call found the launch, the environment or an option misconfigured (a
+    #: :class:`~slurmrt.ConfigError` nobody caught): every run would fail the same way, so nothing requeues it
+    #: (EX_CONFIG).
     CONFIG = 78
 
 

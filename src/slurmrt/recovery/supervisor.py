@@ -258,7 +258,7 @@ class Supervisor:
             tasks = misconfigured_tasks(self.directory, attempt)
             if not tasks:
                 return None
-            self._say(f"step {attempt}: task(s) {', '.join(map(str, tasks))} exited {int(ExitCode.CONFIG)}: init() "
+            self._say(f"step {attempt}: task(s) {', '.join(map(str, tasks))} exited {int(ExitCode.CONFIG)}: slurmrt "
                       "found the launch or an option misconfigured (the line above says what to fix); not restarted "
                       "or requeued")
             return int(ExitCode.CONFIG)

@@ -22,7 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from .._comm import Groups, open_groups
+from .._errors import ConfigError
 from ..log import exit_now
+from ..recovery.policy import ExitCode
 from ..stop.agreement import Agreement
 from ..stop.pidfiles import register_process, unregister_process
 from ..stop.signals import ChildShield, SignalRecorder
@@ -112,5 +114,5 @@ class ProcessHooks:
         if agreement is None or not agreement.started:
             return
         agreement.abandon(collectively=not uncaught)
-        if uncaught:
-            exit_now(1)
+        if uncaught:  # a misconfiguration keeps its own code: nothing requeues it (runtime/misconfigured.py)
+            exit_now(ExitCode.CONFIG if isinstance(sys.last_value, ConfigError) else 1)

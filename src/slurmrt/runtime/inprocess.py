@@ -69,16 +69,18 @@ class Fault:
     #: the last step that rank reported in this generation; before its first, the step it resumed after (None: none)
     step: int | None
     time: float  #: when it was caught (epoch s)
+    #: a :class:`ConfigError`: an option or the launch is wrong, and every generation would meet it again
+    misconfigured: bool = False
 
     def to_json(self) -> str:
         return json.dumps({"rank": self.rank, "error": self.error, "kind": self.kind, "step": self.step,
-                           "time": self.time})
+                           "time": self.time, "misconfigured": self.misconfigured})
 
     @classmethod
     def from_json(cls, text: str) -> Fault:
         d = json.loads(text)
         return cls(int(d["rank"]), str(d["error"]), str(d["kind"]),
-                   None if d["step"] is None else int(d["step"]), float(d["time"]))
+                   None if d["step"] is None else int(d["step"]), float(d["time"]), d.get("misconfigured") is True)
 
     @property
     def signature(self) -> tuple[str, int | None]:
@@ -90,6 +92,8 @@ def refusal(fault: Fault, *, restarted: list[Fault], max_restarts: int, stopping
     decide from the same first fault and the same earlier ones."""
     if stopping:
         return "a stop was already agreed: the run ends as it would have"
+    if fault.misconfigured:
+        return f"a misconfiguration ({fault.kind}): every generation would meet it; its one line says what to fix"
     if any(f.signature == fault.signature for f in restarted):
         at = f"step {fault.step}" if fault.step is not None else "before the first step"
         return f"the same error ({fault.kind}) at {at} ended an earlier generation: a software error that repeats"
@@ -103,7 +107,7 @@ def run_restartable(rt: Runtime, train: Callable[[int], T], *, backend: str = "g
     """Make the default process group (``backend``) and return ``train(generation)``; when it raises on a rank and
     every process lives, rebuild the group and call it again in the same processes (generation 1, 2, ...), without a
     new step or a requeue. ``train`` builds its model and loads the newest checkpoint itself, as a script's start
-    does. Not restarted: an error after an agreed stop, the same error at the same step twice, more than
+    does. Not restarted: an error after an agreed stop, a ConfigError, the same error at the same step twice, more than
     ``max_restarts``, a rank that does not come back within ``rejoin_timeout_s`` (its process died: the new step's or
     the requeue's); then the exception is raised, as without the wrapper (docs/guides/in-job.md)."""
     return InProcess(rt, backend=backend, max_restarts=max_restarts, rejoin_timeout_s=rejoin_timeout_s,
@@ -212,7 +216,7 @@ class InProcess:
         # an earlier generation reached: a new fault there would read as the same error at the same step).
         step = self.rt.stop.generation_step
         mine = Fault(self.rt.rank, f"{type(err).__name__}: {shorten(str(err))}", type(err).__name__,
-                     step if step is not None else self.rt.resumed_step, time.time())
+                     step if step is not None else self.rt.resumed_step, time.time(), isinstance(err, ConfigError))
         try:
             first = self._store.compare_set(f"{self._prefix}/fault/{generation}", "", mine.to_json())
             return Fault.from_json(first.decode() if isinstance(first, bytes) else first)

@@ -1,8 +1,9 @@
-"""A misconfigured launch, said once: when a :class:`~slurmrt.ConfigError` raised by ``init()`` reaches the top of
-the script uncaught, the first task of each node prints its one-line message (the value, the rule, the fix) in place
-of a traceback through slurmrt's modules, and every task exits with :attr:`ExitCode.CONFIG` (78), which neither
-``slurmrt run`` nor the examples' batch scripts requeue. Code that catches the error sees it as before: only the
-interpreter's last word on an uncaught error changes.
+"""A misconfiguration, said once: when a :class:`~slurmrt.ConfigError` reaches the top of the script uncaught --
+raised by ``init()``, or later by a call that found an option or the launch wrong (``should_stop`` before
+``init_process_group``, a checkpoint directory one node does not share) -- the first task of each node prints its
+one-line message (the value, the rule, the fix) in place of a traceback through slurmrt's modules, and every task
+exits with :attr:`ExitCode.CONFIG` (78), which neither ``slurmrt run`` nor the examples' batch scripts requeue. Code
+that catches the error sees it as before: only the interpreter's last word on an uncaught error changes.
 
 The other tasks of the node wait for the first to have said it (a marker in the node's private runtime directory)
 before they exit: with ``srun --kill-on-bad-exit``, the first task to exit ends the others, and the first task of
@@ -24,31 +25,51 @@ from .._safefs import process_age, runtime_base
 from ..launch.slurmvars import launch_key, local_id
 from ..recovery.policy import ExitCode
 
-__all__ = ["WAIT_S", "arm", "first_on_node"]
+__all__ = ["WAIT_S", "first_on_node", "install"]
 
 #: How long a task that is not its node's first waits for the first to have said the error.
 WAIT_S = 30.0
 
 
-def arm(error: ConfigError, env: Mapping[str, str]) -> None:
-    """Answer ``error`` (and only that error object) this way if nobody catches it."""
+def install(env: Mapping[str, str]) -> None:
+    """From now on, answer every :class:`ConfigError` that reaches the top of the script this way (once per
+    process: ``init()`` calls it first thing). Other exceptions go to the hook that was there (Python's, or the one
+    torch installs over this one at ``init_process_group``, which calls it)."""
+    global _installed
+    if _installed:
+        return
+    _installed = True
     previous = sys.excepthook
 
     def hook(kind: type[BaseException], value: BaseException, trace: TracebackType | None) -> None:
-        if value is not error:
+        if not isinstance(value, ConfigError):
             previous(kind, value, trace)
             return
         said = _said_path(env)
         if first_on_node(env) or not _wait_for(said):
-            print(f"slurmrt: {kind.__name__}: {value}", file=sys.stderr)
-            for stream in (sys.stdout, sys.stderr):
-                with contextlib.suppress(OSError, ValueError):  # a closed pipe: nothing more can be said there
-                    stream.flush()
+            _say(f"slurmrt: {kind.__name__}: {value}")
             _mark(said)
         atexit._run_exitfuncs()  # the script's own handlers run, as they would after a traceback
         os._exit(ExitCode.CONFIG)
 
     sys.excepthook = hook
+
+
+_installed = False
+
+
+def _say(line: str) -> None:
+    """``line`` on the script's stderr; on the process's own when torch's hook has swapped a buffer in for the
+    length of the call (it prints the buffer after this hook returns, and this hook does not return)."""
+    stream = sys.stderr
+    try:
+        stream.fileno()
+    except (OSError, ValueError, AttributeError):
+        stream = sys.__stderr__ or stream
+    print(line, file=stream)
+    for each in (sys.stdout, stream):
+        with contextlib.suppress(OSError, ValueError):  # a closed pipe: nothing more can be said there
+            each.flush()
 
 
 def first_on_node(env: Mapping[str, str]) -> bool:

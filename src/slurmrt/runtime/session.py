@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +27,6 @@ from ..checkpoint.manifest import read_manifest
 from ..checkpoint.store import CheckpointStore, Loaded, SaveFn
 from ..stop.deadline import Budget
 from ..stop.decision import StopDecision
-from . import misconfigured
 from .report import Reporter
 
 __all__ = ["CheckpointSession", "CheckpointSettings"]
@@ -98,7 +96,7 @@ class CheckpointSession:
 
     def _one_directory(self, directory: Path) -> None:
         """Before the first save or load: the checkpoint directory is one directory for every node, or every rank
-        stops here with one line (:func:`misconfigured.arm`, exit 78) that names the nodes and the fix."""
+        stops here with one line (:mod:`.misconfigured`, exit 78) that names the nodes and the fix."""
         seen = visible.survey(directory, self._work(), node=self._node, lead=self._lead, token=self._token)
         if seen.one_directory:
             return
@@ -109,7 +107,6 @@ class CheckpointSession:
         error = ConfigError(f"checkpoint directory {directory} is not one directory for every node: {'; '.join(why)}. "
                             "Their parts of every checkpoint would be lost. Fix: a checkpoint_dir on the filesystem "
                             "every node mounts (the one your job's output goes to)")
-        misconfigured.arm(error, os.environ)
         raise error
 
     def _node_local(self, tier: LocalTier) -> None:

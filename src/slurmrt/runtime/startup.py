@@ -8,7 +8,6 @@ import os
 from typing import Any
 
 from .. import log
-from .._errors import ConfigError
 from ..checkpoint import lease as leases
 from ..hang.response import unhealthy
 from ..launch import cuda, health, preflight
@@ -37,14 +36,11 @@ def init(options: Options | None = None, **overrides: Any) -> Runtime:
     Call it first thing in the script, before anything touches CUDA. ``options`` (a :class:`slurmrt.Options`) and
     keyword ``overrides`` (its field names: ``checkpoint_dir=...``) win over the ``SLURMRT_*`` variables, which win
     over the defaults. Exits the process with code 0 when the kill switch already exists. A
-:class:`~slurmrt.ConfigError` that the script does not catch ends it with one line per node and exit code 78
-(:mod:`.misconfigured`).
+:class:`~slurmrt.ConfigError` that the script does not catch, raised here or by a later call, ends it with one line
+per node and exit code 78 (:mod:`.misconfigured`).
     """
-    try:
-        return _init(options, overrides)
-    except ConfigError as err:
-        misconfigured.arm(err, os.environ)
-        raise
+    misconfigured.install(os.environ)
+    return _init(options, overrides)
 
 
 def _init(options: Options | None, overrides: dict[str, Any]) -> Runtime:
