@@ -545,3 +545,13 @@ def test_srun_wait_ends_a_task_frozen_after_the_others_ended(tmp_path: Path) -> 
     out = sim(tmp_path, "-N", "2", "--ntasks-per-node", "1", "--", str(script), timeout=120)
     assert "--wait: 1 s after the first task ended" in out.stderr + out.stdout, out.stdout + out.stderr
     assert "srun exit 0" not in out.stdout, out.stdout
+
+
+def test_a_trace_without_a_fault_is_said_as_one_with_its_zero_faults(tmp_path: Path) -> None:
+    # A trace drawn for a seed may hold no fault: the run is a data point with zero faults, and the summary says so
+    # as it does for any trace (the goodput benchmark reads that line; it raised StopIteration on such a seed).
+    (tmp_path / "trace.csv").write_text("time,kind,node\n# nothing struck in this seed\n")
+    out = sim(tmp_path, "--trace", "trace.csv", "--", sys.executable, str(ROOT / "examples" / "quickstart" / "train.py"),
+              "--steps", "3")
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "faults (trace trace.csv): 0 injected (none)" in out.stdout, out.stdout[-2000:]

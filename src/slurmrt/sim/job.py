@@ -55,7 +55,7 @@ def _simulate(spec: JobSpec, out: IO[str], state_dir: Path | None) -> list[RunRe
     events = directory / "events.jsonl"
     print(f"slurmrt sim: {spec.describe()} (state in {directory})", file=out, flush=True)
     records: list[RunRecord] = []
-    trace = Trace(spec.faults, out, spec.fault_source) if spec.faults else None
+    trace = Trace(spec.faults, out, spec.fault_source) if spec.faults or spec.fault_source else None
     # Ctrl-C, `timeout`, a CI runner's SIGTERM, a closed terminal: the job ends as Slurm ends a cancelled one
     # (SIGTERM to the tasks, SIGKILL after the kill wait), then the simulator exits 128 + the signal.
     received: list[int] = []
