@@ -551,7 +551,7 @@ def test_a_trace_without_a_fault_is_said_as_one_with_its_zero_faults(tmp_path: P
     # A trace drawn for a seed may hold no fault: the run is a data point with zero faults, and the summary says so
     # as it does for any trace (the goodput benchmark reads that line; it raised StopIteration on such a seed).
     (tmp_path / "trace.csv").write_text("time,kind,node\n# nothing struck in this seed\n")
-    out = sim(tmp_path, "--trace", "trace.csv", "--", sys.executable, str(ROOT / "examples" / "quickstart" / "train.py"),
-              "--steps", "3")
+    quickstart = str(ROOT / "examples" / "quickstart" / "train.py")
+    out = sim(tmp_path, "--trace", "trace.csv", "--", sys.executable, quickstart, "--steps", "3")
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert "faults (trace trace.csv): 0 injected (none)" in out.stdout, out.stdout[-2000:]
