@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from .launch import ROOT, start, wait_all
+from .launch import ROOT, free_port, start, step_env, wait_all
 
 pytestmark = pytest.mark.timeout(180)
 QUICKSTART = ROOT / "examples" / "quickstart" / "train.py"
@@ -86,6 +86,40 @@ def test_a_misconfiguration_found_after_init_is_said_once_per_node_and_exits_78(
     # The others say nothing of their own. torch's store client may log that the store went away (rank 0 hosts it
     # and left first): torch's line, as at the end of any job whose rank 0 exits first, not slurmrt's or Python's.
     assert not any("slurmrt" in log or "Traceback" in log for log in logs[1:]), logs[1:]
+
+
+def test_a_task_whose_own_init_failed_does_not_wait_for_a_first_task_that_passed(tmp_path: Path) -> None:
+    """Task 1 alone is misconfigured (as when the batch shell expanded $SLURM_PROCID: task 0 alone is right). The
+    node's first task passed init() and will never say task 1's error: task 1 says it itself at once, not after
+    waiting for a line that never comes (the script makes that wait an hour: the test would fail by its timeout)."""
+    script = tmp_path / "own.py"
+    go = tmp_path / "go"
+    script.write_text(textwrap.dedent(f"""\
+        import pathlib, time
+        import slurmrt.runtime.misconfigured as misconfigured
+        misconfigured.WAIT_S = 3600.0
+        import slurmrt
+        rt = slurmrt.init()
+        while not pathlib.Path({str(go)!r}).exists():  # task 0 lives on, as one blocked in the rendezvous would
+            time.sleep(0.05)
+        """))
+    port = free_port()
+    # A job id of its own: the node's markers are per launch (job, step, restart, parent), and the other tests'
+    # launches here share all four, so one's "said" marker would read as this launch's within the minute.
+    job = str(os.getpid())
+    procs = []
+    for rank, extra in ((0, {}), (1, {"SLURMRT_SAVE_THREADS": "many"})):
+        with open(tmp_path / f"rank{rank}.log", "ab") as log:
+            procs.append(subprocess.Popen([sys.executable, str(script)], stdout=log, stderr=subprocess.STDOUT,
+                                          env=step_env(rank, 2, tmp_path, extra=extra, port=port, job_id=job),
+                                          cwd=tmp_path))
+    try:
+        assert procs[1].wait(timeout=150) == 78
+    finally:
+        go.touch()
+    assert procs[0].wait(timeout=150) == 0
+    log = (tmp_path / "rank1.log").read_text()
+    assert "slurmrt: ConfigError: option save_threads='many' is invalid" in log and "Traceback" not in log, log
 
 
 def test_a_misconfiguration_that_the_script_catches_is_its_own_to_handle(tmp_path: Path) -> None:

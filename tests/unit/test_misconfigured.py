@@ -35,3 +35,18 @@ def test_the_other_tasks_find_the_first_tasks_marker_and_not_an_earlier_launchs(
     assert misconfigured._wait_for(said) is False
     misconfigured._mark(said)  # the first task of this launch touches it again
     assert misconfigured._wait_for(said) is True
+
+
+def test_the_passed_marker_counts_only_when_a_running_task_of_this_launch_wrote_it(tmp_path: Path) -> None:
+    passed = tmp_path / "misconfigured-7-0-passed"
+    since = time.time() - 60.0
+    assert misconfigured._sibling_wrote(passed, since) is False  # none
+    misconfigured._mark(passed)  # this process: under the same parent as itself
+    assert misconfigured._sibling_wrote(passed, since) is True
+    assert misconfigured._sibling_wrote(passed, time.time() + 60.0) is False  # older than this launch
+    passed.write_text("1")  # a process that runs, under another parent
+    assert misconfigured._sibling_wrote(passed, since) is False
+    passed.write_text(str(2**22 + 1))  # above any pid Linux gives: a task gone since
+    assert misconfigured._sibling_wrote(passed, since) is False
+    passed.write_text("not a pid")
+    assert misconfigured._sibling_wrote(passed, since) is False

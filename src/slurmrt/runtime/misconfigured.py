@@ -7,7 +7,10 @@ that catches the error sees it as before: only the interpreter's last word on an
 
 The other tasks of the node wait for the first to have said it (a marker in the node's private runtime directory)
 before they exit: with ``srun --kill-on-bad-exit``, the first task to exit ends the others, and the first task of
-the node could be ended before it said anything. A task that waited :data:`WAIT_S` in vain says it itself."""
+the node could be ended before it said anything. They do not wait for a first task that passed ``init()`` when theirs
+failed there (an error of their own: a ``$SLURM_PROCID`` the batch shell expanded is right on task 0 alone): the
+first task leaves a second marker as its ``init()`` ends, and they say their error at once. A task that waited
+:data:`WAIT_S` in vain says it itself."""
 
 from __future__ import annotations
 
@@ -25,7 +28,7 @@ from .._safefs import process_age, runtime_base
 from ..launch.slurmvars import launch_key, local_id
 from ..recovery.policy import ExitCode
 
-__all__ = ["WAIT_S", "first_on_node", "install"]
+__all__ = ["WAIT_S", "first_on_node", "install", "passed"]
 
 #: How long a task that is not its node's first waits for the first to have said the error.
 WAIT_S = 30.0
@@ -46,7 +49,8 @@ def install(env: Mapping[str, str]) -> None:
             previous(kind, value, trace)
             return
         said = _said_path(env)
-        if first_on_node(env) or not _wait_for(said):
+        unless = None if _after_init or said is None else said.with_name(f"{said.name}-passed")
+        if first_on_node(env) or not _wait_for(said, unless=unless):
             _say(f"slurmrt: {kind.__name__}: {value}")
             _mark(said)
         atexit._run_exitfuncs()  # the script's own handlers run, as they would after a traceback
@@ -56,6 +60,17 @@ def install(env: Mapping[str, str]) -> None:
 
 
 _installed = False
+_after_init = False
+
+
+def passed(env: Mapping[str, str]) -> None:
+    """``init()`` ended without an error: an error from now on is a later call's, which every task of the node meets
+    alike; the node's first task says so to the others, which may have failed in ``init()`` on their own."""
+    global _after_init
+    _after_init = True
+    said = _said_path(env)
+    if first_on_node(env) and said is not None:
+        _mark(said.with_name(f"{said.name}-passed"))
 
 
 def _say(line: str) -> None:
@@ -94,19 +109,22 @@ def _said_path(env: Mapping[str, str]) -> Path | None:
 
 
 def _mark(path: Path | None) -> None:
+    """Touch ``path`` now and write this process's pid in it (the writer, for :func:`_sibling_wrote`)."""
     if path is None:
         return
     with contextlib.suppress(OSError):
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_TRUNC, 0o600)
         try:
+            os.write(fd, str(os.getpid()).encode())
             os.utime(fd)  # now, also when an earlier launch left it
         finally:
             os.close(fd)
 
 
-def _wait_for(path: Path | None) -> bool:
+def _wait_for(path: Path | None, *, unless: Path | None = None) -> bool:
     """Whether the node's first task said the error: its marker, touched since this process started (less a
-    minute: the tasks start together, not to the second), appeared within :data:`WAIT_S`."""
+    minute: the tasks start together, not to the second), appeared within :data:`WAIT_S`. False at once when
+    ``unless`` (the first task passed ``init()``) is there, written by a task of this launch that still runs."""
     if path is None:
         return False
     since = time.time() - (process_age(os.getpid()) or 0.0) - 60.0
@@ -115,5 +133,21 @@ def _wait_for(path: Path | None) -> bool:
         with contextlib.suppress(OSError):
             if os.stat(path).st_mtime >= since:
                 return True
+        if unless is not None and _sibling_wrote(unless, since):
+            return False
         time.sleep(0.05)
     return False
+
+
+def _sibling_wrote(path: Path, since: float) -> bool:
+    """Whether ``path`` was touched since ``since`` by a process that still runs under this one's parent: a marker
+    an earlier launch left (the same job, step and parent within the minute, as a test's launches have) is not."""
+    try:
+        if os.stat(path).st_mtime < since:
+            return False
+        pid = int(path.read_text()[:20])
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (OSError, ValueError):
+        return False
+    fields = stat[stat.rfind(")") + 2:].split()  # after the command's name, which may hold spaces
+    return len(fields) > 1 and fields[1] == str(os.getppid())

@@ -40,7 +40,9 @@ def init(options: Options | None = None, **overrides: Any) -> Runtime:
 per node and exit code 78 (:mod:`.misconfigured`).
     """
     misconfigured.install(os.environ)
-    return _init(options, overrides)
+    rt = _init(options, overrides)
+    misconfigured.passed(os.environ)
+    return rt
 
 
 def _init(options: Options | None, overrides: dict[str, Any]) -> Runtime:
