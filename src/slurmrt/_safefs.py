@@ -112,10 +112,8 @@ def open_regular(path: Path | str, flags: int = os.O_RDONLY, mode: int = 0o644, 
     try:
         fd = os.open(path, flags | _NOFOLLOW | _CLOEXEC | _NONBLOCK, mode)
     except OSError as err:
-        if err.errno == errno.ELOOP:
-            raise UnsafePathError(f"{path} is a symlink; slurmrt reads and writes its files only as files of their "
-                                  "own, never through a link (someone else may have planted it): remove it",
-                                  path=str(path)) from None
+        if err.errno in (errno.ELOOP, errno.EACCES, errno.EPERM):
+            _refuse_planted(path, err)
         raise
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
@@ -130,6 +128,27 @@ def open_regular(path: Path | str, flags: int = os.O_RDONLY, mode: int = 0o644, 
                           "point the job at a directory of your own", path=str(path))
     os.set_blocking(fd, True)
     return fd
+
+
+def _refuse_planted(path: Path | str, err: OSError) -> None:
+    """Raise :class:`UnsafePathError` naming what is at ``path`` and whose it is, when that is why the open failed:
+    a symlink (ELOOP; or EACCES, which Linux gives an O_CREAT open of another user's link in a sticky directory) or
+    another user's file (EACCES under ``fs.protected_regular``). A plain EACCES (a directory the job cannot write)
+    returns: the caller says that."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return
+    owner = "" if st.st_uid == os.geteuid() else f", owned by {_owner(st.st_uid)}"
+    if stat.S_ISLNK(st.st_mode):
+        raise UnsafePathError(f"{path} is a symlink{owner}; slurmrt reads and writes its files only as files of their "
+                              "own, never through a link (someone else may have planted it): remove it",
+                              path=str(path)) from None
+    if owner and err.errno != errno.ELOOP:
+        raise NotOwnError(f"{path} is a {_kind(st.st_mode) if not stat.S_ISREG(st.st_mode) else 'file'}{owner}, "
+                          f"not you, and cannot be opened ({err.strerror}): another user may have left it where your "
+                          "job writes (a sticky, world-writable directory). Remove it, or point the job at a "
+                          "directory of your own", path=str(path)) from None
 
 
 class NotOwnError(UnsafePathError):

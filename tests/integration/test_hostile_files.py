@@ -288,3 +288,28 @@ def test_a_line_put_on_a_queue_already_given_up_is_written_at_once(
     queue.give_up("was given up by a test")  # as when the thread gave up between a caller's lookup and its put
     queue.put("late\n", sys.stdout)
     assert capsys.readouterr().out == "late\n"
+
+
+@as_root
+def test_a_lease_lock_another_user_planted_as_a_link_is_refused_naming_the_link_and_its_owner(
+        shared_tmp: Path) -> None:
+    """A shared checkpoint directory (sticky and world-writable, as a group's scratch may be): another user plants the
+    lease's lock file as a link to one of ours. Linux refuses our O_CREAT open of their link with EACCES, which read
+    as 'the directory must be writable by the job': the refusal names the link and its owner, and nothing is
+    written through it."""
+    from slurmrt._errors import LeaseError
+    from slurmrt.checkpoint.lease import Lease
+
+    ckpt = shared_tmp / "ckpt"
+    ckpt.mkdir()
+    ckpt.chmod(0o1777)
+    victim = shared_tmp / "victim"
+    victim.write_text("ours\n")
+    plant = f"import os; os.symlink({str(victim)!r}, {str(ckpt / '.slurmrt-lease.lock')!r})"
+    assert _as_nobody(sys.executable, "-c", plant).wait() == 0
+    with pytest.raises(LeaseError) as refused:
+        Lease(ckpt, owner="job 7", job="7", run="r", step="0").acquire()
+    said = str(refused.value)
+    assert ".slurmrt-lease.lock is a symlink, owned by uid 65534" in said or \
+        ".slurmrt-lease.lock is a symlink, owned by user nobody" in said, said
+    assert "must be writable" not in said and victim.read_text() == "ours\n"
