@@ -17,6 +17,15 @@ def test_the_block_says_what_failed_where_what_was_done_how_long_and_where_the_s
                      "  stacks:   /ckpt/stacks-7-0.0-rank*.txt"]
 
 
+def test_a_straggler_left_out_on_purpose_is_said_as_a_stop_not_a_failure() -> None:
+    request = {"exclude": ["n2"], "why": "n2 is a straggler: 3.1x the others' compute", "since": 100.0,
+               "trigger": "straggler"}
+    lines = block(Failure.asked(request, 0, 3, ["n2"]), 1, 3, ("n1", "n3"), (), now=101.0)
+    assert lines[1] == "  stopped:  step 0, to leave a straggler out: n2 is a straggler: 3.1x the others' compute"
+    assert lines[4] == "  took:     1.0 s from the stop to the new step"
+    assert not any("failed" in line or "exit code" in line for line in lines), lines
+
+
 def test_a_malformed_request_still_gives_a_block() -> None:
     failure = Failure.asked({"exclude": ["n2"], "since": "soon", "stacks": ["x"], "suspects": None}, 2, 5, ["n2"])
     assert failure.why == "n2 failed" and failure.stacks is None and isinstance(failure.since, float)

@@ -29,6 +29,8 @@ class Failure:
     stacks: str | None = None
     #: ``slurmrt run``'s class of the fault (:class:`~slurmrt.recovery.plan.FaultClass`), once judged.
     fault: str = ""
+    #: The step stopped on purpose, at an agreed step, to leave a straggler's node out: nothing failed.
+    planned: bool = False
 
     @classmethod
     def asked(cls, request: dict[str, Any], attempt: int, code: int, nodes: list[str]) -> Failure:
@@ -37,7 +39,7 @@ class Failure:
         why, since, stacks = request.get("suspects") or request.get("why"), request.get("since"), request.get("stacks")
         return cls(attempt, code, tuple(nodes), str(why) if why else f"{', '.join(nodes)} failed",
                    float(since) if isinstance(since, (int, float)) and not isinstance(since, bool) else time.time(),
-                   stacks if isinstance(stacks, str) else None)
+                   stacks if isinstance(stacks, str) else None, planned=request.get("trigger") == "straggler")
 
 
 def stacks_path(events: Path | None, job: str | None, restart: int, attempt: int, rank: int) -> Path | None:
@@ -58,13 +60,14 @@ def block(failure: Failure, attempt: int, max_restarts: int, nodes: tuple[str, .
           now: float | None = None) -> list[str]:
     """The lines, without the ``slurmrt run:`` prefix."""
     took = max(0.0, (time.time() if now is None else now) - failure.since)
-    lines = [f"in-job restart {attempt} of at most {max_restarts}:",
-             f"  failed:   step {failure.attempt} (exit code {failure.code}): {shorten(failure.why)}",
+    what = f"  stopped:  step {failure.attempt}, to leave a straggler out: " if failure.planned else \
+        f"  failed:   step {failure.attempt} (exit code {failure.code}): "
+    lines = [f"in-job restart {attempt} of at most {max_restarts}:", what + shorten(failure.why),
              f"  left out: {', '.join(failure.nodes) or 'none (no node evidence): the same nodes'}" +
              (f" ({failure.fault.replace('_', ' ')})" if failure.fault else ""),
              f"  new step: {attempt} on {hostlist.compress(list(nodes))}" +
              (f", spare {hostlist.compress(list(spares))}" if spares else ", no spare left"),
-             f"  took:     {took:.1f} s from the failure to the new step"]
+             f"  took:     {took:.1f} s from the {'stop' if failure.planned else 'failure'} to the new step"]
     if failure.stacks:
         lines.append(f"  stacks:   {failure.stacks}")
     return lines
