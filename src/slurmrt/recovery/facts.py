@@ -72,7 +72,9 @@ class Facts:
 
     def learned(self, data: Mapping[str, Any], event_log: Path | None) -> tuple[Facts, str]:
         """These facts with the options a training resolved (:func:`slurmrt.recovery.injob.read_facts`), and the
-        differences from these and from ``event_log`` (the environment's), in words ("" when none)."""
+        differences from these and from ``event_log`` (the environment's), in words ("" when none). An event log the
+        environment left unset is no difference: the training set its checkpoint directory in code, as the README's
+        script does, and ``slurmrt run`` follows it."""
         new = dataclasses.replace(self, requeue=data["requeue"], max_restarts=data["max_restarts"],
                                   max_futile_runs=data["max_futile_runs"],
                                   max_excluded_nodes=data["max_excluded_nodes"])
@@ -80,7 +82,7 @@ class Facts:
         differ = [f"{name}={getattr(new, name)!r}" for name in ("requeue", "max_restarts", "max_futile_runs",
                                                                "max_excluded_nodes")
                   if getattr(new, name) != getattr(self, name)]
-        if learned_log != (Path(os.path.abspath(event_log)) if event_log is not None else None):  # it is absolute
+        if event_log is not None and learned_log != Path(os.path.abspath(event_log)):  # it is absolute
             differ.append(f"event log {learned_log}")
         return new, ", ".join(differ)
 

@@ -89,6 +89,8 @@ class Supervisor:
     _terminating: bool = False
     #: The step that failed last and why (said when its replacement starts).
     _failure: Failure | None = None
+    #: How the training's options differ from the environment's, as last said (said again only when it changes).
+    _said_differ: str = ""
     #: Gathers the evidence of each fault (the suspects' health, checked from outside; their hangs so far).
     evidence: Evidence | None = None
 
@@ -276,8 +278,9 @@ class Supervisor:
             return  # killed before init(): what was learned before, else the environment, stands
         base = self.facts or Facts(job=self.requeue_id, restart_count=self.restart_count)
         facts, differ = base.learned(learned, self.event_log(attempt).path)
-        if differ:
+        if differ and differ != self._said_differ:  # once, not at every step
             self._say(f"the training's own options differ from the environment's ({differ}): its own are used")
+            self._said_differ = differ
         path = Path(learned["event_log"]) if learned["event_log"] else None
         if learned["checkpoint_dir"] and self.evidence is not None:  # the health probe checks the training's own
             self.evidence.checkpoint_dir = Path(learned["checkpoint_dir"])
