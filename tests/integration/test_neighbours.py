@@ -87,3 +87,17 @@ def test_the_test_cluster_refuses_to_start_when_its_ports_are_taken(tmp_path: Pa
         holder.close()
     assert out.returncode == 4 and "is in use" in out.stderr, out.stderr
     assert not (tmp_path / "cluster" / "slurm.conf").exists()
+
+
+def test_a_fifo_planted_as_a_reservation_is_passed_over_not_waited_on(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reservations lie in /tmp, which every user shares: one who plants a FIFO under a block's name held
+    `slurmrt sim` for ever (reading it waits for a writer). It is taken as a block in use, and another is drawn."""
+    blocked = jobids._LOWEST
+    os.mkfifo(tmp_path / f".slurmrt-sim-port-{blocked}")
+    draws = iter([jobids._FIRST * jobids._BLOCKS + blocked, jobids._FIRST * jobids._BLOCKS + blocked + 1])
+    monkeypatch.setattr(jobids, "_draw", lambda: next(draws))
+    job, path = jobids.reserve(tmp_path)
+    assert jobids._block(job) == blocked + 1 and path.exists()
+    assert (tmp_path / f".slurmrt-sim-port-{blocked}").is_fifo()  # left alone: it is not ours to remove
+    jobids.release(path)

@@ -24,7 +24,7 @@ from pathlib import Path
 from types import TracebackType
 
 from .._errors import ConfigError, UnsafePathError
-from .._safefs import process_age, runtime_base
+from .._safefs import process_age, read_capped, runtime_base
 from ..launch.slurmvars import launch_key, local_id
 from ..recovery.policy import ExitCode
 
@@ -145,7 +145,7 @@ def _sibling_wrote(path: Path, since: float) -> bool:
     try:
         if os.stat(path).st_mtime < since:
             return False
-        pid = int(path.read_text()[:20])
+        pid = int(read_capped(path, 20))
         stat = Path(f"/proc/{pid}/stat").read_text()
     except (OSError, ValueError):
         return False

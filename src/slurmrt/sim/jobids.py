@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 from .._errors import SlurmrtError
-from .._safefs import open_new, process_start_time
+from .._safefs import open_new, process_start_time, read_capped
 from ..launch.ports import PORT_SPAN, STEP_SLOTS
 
 __all__ = ["release", "reserve"]
@@ -41,8 +41,10 @@ def _block(job: int) -> int:
 
 
 def _stale(path: Path) -> bool:
+    """Whether the reservation ``path`` (in a directory every user shares: a FIFO or a link may be planted under its
+    name) was left by a simulator that is gone; read as a small regular file of its own only, never waited on."""
     try:
-        holder = json.loads(path.read_text(encoding="utf-8"))
+        holder = json.loads(read_capped(path, 4096))
         return process_start_time(int(holder["pid"])) != holder["start"]
     except (OSError, ValueError, TypeError, KeyError):
         return False  # not readable as ours: leave it alone and take another block
