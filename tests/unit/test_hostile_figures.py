@@ -200,3 +200,24 @@ def test_an_event_dated_in_the_future_is_skipped_and_stretches_no_ledger(tmp_pat
     assert [e["event"] for e in events] == ["init", "exit"]
     assert "is not between 1970 and a day from now" in caplog.text
     assert goodput.account(events).wall_s == pytest.approx(30.0, abs=1.0)
+
+
+def test_an_event_dated_hours_ahead_of_its_neighbours_takes_their_time_and_is_named(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Inside the day's tolerance, a line dated 5 h ahead (a host whose clock is ahead, a line written by hand) was
+    kept, and every later event was moved to its date: the run lasted 5 h in the ledger, and the warning named the
+    line after it. Judged against both its neighbours, it is the one that is off."""
+    start = datetime.now(timezone.utc) - timedelta(minutes=5)
+    base = {"job": "5", "restart": 0, "rank": 0}
+    times = [0.0, 10.0, 5 * 3600.0, 20.0, 30.0]
+    names = ["init", "progress", "progress", "progress", "exit"]
+    lines = [{"time": (start + timedelta(seconds=t)).isoformat(), "event": name, "step": n, **base}
+             for n, (t, name) in enumerate(zip(times, names, strict=True))]
+    lines[-1]["outcome"] = "FINISHED"
+    path = tmp_path / "events-5.jsonl"
+    path.write_text("\n".join(json.dumps(e) for e in lines) + "\n")
+    with caplog.at_level(logging.WARNING):
+        events = list(read_events(path))
+    assert [e["step"] for e in events] == [0, 1, 2, 3, 4]  # nothing lost
+    assert goodput.account(events).wall_s == pytest.approx(30.0, abs=1.0)
+    assert f"{path}:3 is dated 17980 s after the event written after it" in caplog.text, caplog.text

@@ -135,6 +135,17 @@ def read_events(path: Path, *, own: bool = False) -> Iterator[dict[str, Any]]:
     except NotOwnError as err:
         logger.warning("%s", err)
         return
+    held: tuple[dict[str, Any], int] | None = None  # each event waits for the next: its time is judged by both
+    for event, number in _well_formed(fd, path):
+        if held is not None:
+            yield clock.ordered(*held, following=event)
+        held = event, number
+    if held is not None:
+        yield clock.ordered(*held, following=None)
+
+
+def _well_formed(fd: int, path: Path) -> Iterator[tuple[dict[str, Any], int]]:
+    """The log's events that :func:`malformed` accepts, with their line numbers; the others said and skipped."""
     with os.fdopen(fd, "rb") as f:
         for number, raw in enumerate(iter(lambda: f.readline(MAX_LINE), b""), 1):
             if len(raw) >= MAX_LINE and not raw.endswith(b"\n"):
@@ -155,32 +166,50 @@ def read_events(path: Path, *, own: bool = False) -> Iterator[dict[str, Any]]:
             if problem:
                 logger.warning("%s:%d is not a slurmrt event (%s); skipped", path, number, problem)
                 continue
-            yield clock.ordered(event, number)
+            yield event, number
 
 
 class _Monotonic:
     """The events of a log in the order they were appended (under its lock), with times that never run backwards:
     a wall clock that stepped back (NTP, a VM resumed, a node whose clock is behind) would give negative durations.
-    An event dated before the one written before it takes that one's time; the first step back of more than a
-    second is said once."""
+    Each event's time is judged against both its neighbours. One dated after the event written after it (by more
+    than a second) while that one follows the event before it is the one that is off (a host whose clock is ahead,
+    a line written by hand): it takes its neighbours' time, so one line dated hours ahead does not stretch its run
+    to that date. An event dated before the one written before it takes that one's time. The first of each, by more
+    than a second, is said once, naming its own line."""
 
     def __init__(self, path: Path) -> None:
         self.path, self.latest, self.said = path, float("-inf"), False
 
-    def ordered(self, event: dict[str, Any], number: int) -> dict[str, Any]:
+    def ordered(self, event: dict[str, Any], number: int, *, following: dict[str, Any] | None) -> dict[str, Any]:
         if "time" not in event:
             return event
         when = datetime.fromisoformat(event["time"])
         stamp = when.timestamp()
-        if stamp >= self.latest:
+        after = _stamp(following)
+        if stamp < self.latest:
+            self._say(number, f"is dated {self.latest - stamp:.0f} s before the event written before it (a clock "
+                              "that stepped back?): taken at that event's time", self.latest - stamp)
+        elif after is not None and stamp - after > 1.0 and after >= self.latest - 1.0:
+            self._say(number, f"is dated {stamp - after:.0f} s after the event written after it (a clock ahead?): "
+                              "taken at its neighbours' time", stamp - after)
+            stamp = max(self.latest, after)
+        else:
             self.latest = stamp
             return event
-        if self.latest - stamp > 1.0 and not self.said:
+        self.latest = max(self.latest, stamp)
+        moved = datetime.fromtimestamp(self.latest, tz=when.tzinfo)  # naive stays naive (local time)
+        return {**event, "time": moved.isoformat()}
+
+    def _say(self, number: int, what: str, by: float) -> None:
+        if by > 1.0 and not self.said:
             self.said = True
-            logger.warning("%s:%d is dated %.0f s before the event written before it (a clock that stepped back?): "
-                           "taken at that event's time", self.path, number, self.latest - stamp)
-        later = datetime.fromtimestamp(self.latest, tz=when.tzinfo)  # naive stays naive (local time)
-        return {**event, "time": later.isoformat()}
+            logger.warning("%s:%d %s", self.path, number, what)
+
+
+def _stamp(event: dict[str, Any] | None) -> float | None:
+    """The epoch time of an event (already checked by :func:`malformed`), None without one."""
+    return None if event is None or "time" not in event else datetime.fromisoformat(event["time"]).timestamp()
 
 
 def _reasons(value: Any) -> bool:
