@@ -4,6 +4,7 @@ and only then. Slurm's commands are stood in at the process boundary (conftest.f
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import replace
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from slurmrt.launch.slurmvars import Job
 from slurmrt.record.events import Event, EventLog, read_events
 from slurmrt.record.ledger import Ledger
 from slurmrt.recovery.exclusion import JobNodes, parse_job
@@ -60,10 +62,10 @@ def test_arming_cancels_the_earlier_runs_guard_and_submits_one_on_afternotok(slu
                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "events.jsonl"
     monkeypatch.setenv("FAKE_SBATCH_ID", "901")
-    env = {"SLURM_JOB_PARTITION": "low", "SLURM_JOB_ACCOUNT": "proj"}
-    assert arm("664", 0, "n1", env=env, events=EventLog(path, job="664", restart=0, rank=-1), output=None) == "901"
+    job = Job("664", partition="low", account="proj")
+    assert arm(job, "n1", events=EventLog(path, job="664", restart=0, rank=-1), output=None) == "901"
     monkeypatch.setenv("FAKE_SBATCH_ID", "905")
-    assert arm("664", 1, "n1", env=env, events=EventLog(path, job="664", restart=1, rank=-1),
+    assert arm(dataclasses.replace(job, restart_count=1), "n1", events=EventLog(path, job="664", restart=1, rank=-1),
                output="/o/job.out") == "905"
     calls = slurm.read_text().splitlines()
     sbatch = [c.split() for c in calls if c.startswith("sbatch")]
@@ -80,7 +82,7 @@ def test_arming_cancels_the_earlier_runs_guard_and_submits_one_on_afternotok(slu
 def test_a_guard_that_cannot_be_submitted_costs_a_warning_and_nothing_else(slurm: Path, tmp_path: Path,
                                                                             caplog: pytest.LogCaptureFixture) -> None:
     path = tmp_path / "events.jsonl"
-    assert arm("664", 0, "n1", env={}, events=EventLog(path, job="664", restart=0, rank=-1), output=None) is None
+    assert arm(Job("664"), "n1", events=EventLog(path, job="664", restart=0, rank=-1), output=None) is None
     assert "QOSMaxSubmitJobPerUserLimit" in caplog.text and "without a requeue" in caplog.text
     (event,) = [e for e in read_events(path) if e["event"] == "guard"]
     assert event["guard"] is None and armed(path, "664") == []

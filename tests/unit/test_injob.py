@@ -149,9 +149,9 @@ def test_placement_and_the_step_command() -> None:
 def test_too_many_spares_or_no_job_is_a_clear_error(tmp_path: Path) -> None:
     env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]"}
     with pytest.raises(ConfigError, match="--spare-nodes 2 with 2 node"):
-        Supervisor(["true"], spare_nodes=2, max_restarts=3, env=env, directory=tmp_path / "d")
+        Supervisor(["true"], spare_nodes=2, max_restarts=3, env=env, slurm_job=job_of(env), directory=tmp_path / "d")
     with pytest.raises(ConfigError, match="run it in an sbatch script"):
-        Supervisor(["true"], spare_nodes=0, max_restarts=3, env={}, directory=tmp_path / "d")
+        Supervisor(["true"], spare_nodes=0, max_restarts=3, env={}, slurm_job=job_of({}), directory=tmp_path / "d")
 
 
 def test_local_tier_partners_and_the_step_chosen_across_nodes() -> None:

@@ -60,12 +60,13 @@ def run(args: argparse.Namespace) -> int:
     options = Options.resolve({}, env)
     _check_nodes(command, env, slurm_job, args.spare_nodes)
     supervisor = Supervisor(command, spare_nodes=args.spare_nodes, max_restarts=args.max_in_job_restarts, env=env,
-                            directory=directory, srun_args=srun_args, forward=forward, wait_s=args.step_wait,
-                            refresh_s=options.end_time_refresh_s,
+                            directory=directory, slurm_job=slurm_job, srun_args=srun_args, forward=forward,
+                            wait_s=args.step_wait, refresh_s=options.end_time_refresh_s,
                             evidence=Evidence("srun", job, env, checkpoint_dir=options.checkpoint_dir),
                             **_recorded(options, slurm_job, env))
     if (args.spare_nodes > 0 if args.guard is None else args.guard) and options.requeue:
-        log_lines(lambda: _arm(supervisor, env))
+        assert slurm_job is not None  # the supervisor refuses a run outside a job
+        log_lines(lambda: _arm(supervisor, slurm_job, env))
     return log_lines(supervisor.run)
 
 
@@ -92,11 +93,11 @@ def _recorded(options: Options, slurm_job: Job | None, env: dict[str, str]) -> d
                                                           restart=restart, rank=-1, env=env, attempt=attempt)}
 
 
-def _arm(supervisor: Supervisor, env: dict[str, str]) -> int:
+def _arm(supervisor: Supervisor, slurm_job: Job, env: dict[str, str]) -> int:
     """The guard job for the batch node (:mod:`slurmrt.recovery.guard`); its output goes to the job's."""
     info = read_job(supervisor.requeue_id)
     host = guard.batch_host(env)
-    armed = guard.arm(supervisor.requeue_id, supervisor.restart_count, host, env=env, events=supervisor.event_log(0),
+    armed = guard.arm(slurm_job, host, events=supervisor.event_log(0),
                       output=None if isinstance(info, str) else info.std_out, nodes=len(supervisor.allocation))
     if armed is not None:
         print(f"slurmrt run: guard job {armed} requeues the job if this node ({host}) fails", file=sys.stderr,

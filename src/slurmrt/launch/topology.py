@@ -29,7 +29,7 @@ from .._errors import EnvironmentVariableError, LauncherConflictError, NodeRankE
 from . import hostlist
 from .launcher import rendezvous_backend
 from .ports import master_port_for
-from .slurmvars import SlurmStep, allocation, check_below, job_of, required_int, slurm_step
+from .slurmvars import Job, SlurmStep, allocation, check_below, job_of, required_int, slurm_step
 
 __all__ = ["LaunchMode", "Topology", "from_environ"]
 
@@ -57,31 +57,48 @@ class Topology:
     master_port: int
     hostname: str
     nodelist: tuple[str, ...] = ()
-    job_id: str | None = None
+    #: The Slurm job (:func:`~.slurmvars.job_of`, read once, carried whole: its id, array task, restart count,
+    #: cluster, placement); None outside Slurm.
+    job: Job | None = None
     step_id: str | None = None
-    array_job_id: str | None = None
-    array_task_id: str | None = None
-    restart_count: int = 0
     #: In-job restarts before this step within this run of the job (``slurmrt run`` sets SLURMRT_RUN_ATTEMPT): 0 for
     #: the first step, 1 for the step that replaced it on a spare node, ...
     attempt: int = 0
     #: The allocation's node count (SLURM_JOB_NUM_NODES), which may exceed the step's.
     job_nnodes: int | None = None
-    #: SLURM_CLUSTER_NAME: the cluster to ask about this job from another cluster sharing the filesystem.
-    cluster: str | None = None
     #: Things that are not errors but that the user should hear about (logged by init()).
     warnings: tuple[str, ...] = field(default=(), compare=False)
 
     @property
     def is_slurm(self) -> bool:
-        return self.job_id is not None
+        return self.job is not None
+
+    @property
+    def job_id(self) -> str | None:
+        return self.job.id if self.job is not None else None
+
+    @property
+    def array_job_id(self) -> str | None:
+        return self.job.array_job if self.job is not None else None
+
+    @property
+    def array_task_id(self) -> str | None:
+        return self.job.array_task if self.job is not None else None
+
+    @property
+    def restart_count(self) -> int:
+        """Requeues of the job before this run (0 outside Slurm)."""
+        return self.job.restart_count if self.job is not None else 0
+
+    @property
+    def cluster(self) -> str | None:
+        """The cluster to ask about this job from another cluster sharing the filesystem."""
+        return self.job.cluster if self.job is not None else None
 
     @property
     def requeue_id(self) -> str | None:
         """The id ``scontrol requeue`` needs: ``<array job>_<task>`` for an array task, the job id otherwise."""
-        if self.array_job_id and self.array_task_id:
-            return f"{self.array_job_id}_{self.array_task_id}"
-        return self.job_id
+        return self.job.requeue_id if self.job is not None else None
 
     def apply(self, environ: MutableMapping[str, str]) -> None:
         """Export :meth:`exports` into ``environ`` (``os.environ``): the one place slurmrt sets them. A launcher's
@@ -174,14 +191,10 @@ class _Common(TypedDict):
     """The Topology fields every launch shape fills the same way."""
 
     hostname: str
-    job_id: str | None
+    job: Job | None
     step_id: str | None
-    array_job_id: str | None
-    array_task_id: str | None
-    restart_count: int
     attempt: int
     job_nnodes: int | None
-    cluster: str | None
 
 
 def _common(env: Mapping[str, str], job_id: str | None, host: str) -> _Common:
@@ -190,14 +203,10 @@ def _common(env: Mapping[str, str], job_id: str | None, host: str) -> _Common:
     job_nnodes = first_int(env, "SLURM_JOB_NUM_NODES", "SLURM_NNODES", minimum=1)
     return {
         "hostname": host,
-        "job_id": job_id,
+        "job": job,
         "step_id": env.get("SLURM_STEP_ID") or env.get("SLURM_STEPID") or None,
-        "array_job_id": job.array_job if job else None,
-        "array_task_id": job.array_task if job else None,
-        "restart_count": job.restart_count if job else 0,
         "attempt": (get_int(env, "SLURMRT_RUN_ATTEMPT") or 0) if job_id is not None else 0,
         "job_nnodes": job_nnodes[1] if job_nnodes else None,
-        "cluster": job.cluster if job else None,
     }
 
 
@@ -235,7 +244,8 @@ def _build(mode: LaunchMode, env: Mapping[str, str], common: _Common, *, rank: i
     return Topology(mode=mode, rank=rank, local_rank=local_rank, node_rank=node_rank, world_size=world,
                     local_world_size=local_world, nnodes=nnodes,
                     master_addr=env.get("MASTER_ADDR") or (nodelist[0] if nodelist else "127.0.0.1"),
-                    master_port=_port(env, common["job_id"], common["step_id"]), nodelist=nodelist, **common)
+                    master_port=_port(env, job.id if (job := common["job"]) else None, common["step_id"]),
+                    nodelist=nodelist, **common)
 
 
 #: Variables that only an elastic agent (torchrun, and ``accelerate launch``, which runs torchrun's agent) sets in

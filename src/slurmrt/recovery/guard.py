@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from .. import _slurm
-from ..launch.slurmvars import job_of, node_name
+from ..launch.slurmvars import Job, node_name
 from ..record.events import Event, EventLog, read_events
 from ..record.ledger import Ledger
 from ..record.runs import Run, runs_of
@@ -55,10 +55,11 @@ def batch_host(env: Mapping[str, str]) -> str:
     return node_name(env) or socket.gethostname().split(".")[0]
 
 
-def arm(job: str, restart: int, host: str, *, env: Mapping[str, str], events: EventLog,
-        output: str | None, nodes: int | None = None) -> str | None:
-    """Cancel the guards earlier runs of ``job`` armed, submit this run's; returns its job id (None: not armed, and
-    why was said). ``output``: the job's output file (the guard appends to it), else none."""
+def arm(slurm_job: Job, host: str, *, events: EventLog, output: str | None, nodes: int | None = None) -> str | None:
+    """Cancel the guards earlier runs of ``slurm_job`` armed, submit this run's, where the job runs (its partition,
+    account and QOS); returns its job id (None: not armed, and why was said). ``output``: the job's output file (the
+    guard appends to it), else none."""
+    job, restart = slurm_job.requeue_id, slurm_job.restart_count
     for earlier in armed(events.path, job):
         _slurm.run("scancel", earlier)  # pending (its job was requeued): this run's replaces it
     command = [sys.executable, "-m", "slurmrt", "guard", job, "--restart", str(restart), "--batch-host", host,
@@ -68,8 +69,7 @@ def arm(job: str, restart: int, host: str, *, env: Mapping[str, str], events: Ev
     args = ["--parsable", f"--dependency=afternotok:{job}", "--kill-on-invalid-dep=yes", "--nodes=1", "--ntasks=1",
             f"--job-name=slurmrt-guard-{job}", f"--time={TIME_LIMIT_MIN}", "--export=ALL", "--open-mode=append",
             f"--output={output or '/dev/null'}"]
-    slurm_job = job_of(env, default_id=job)
-    args += slurm_job.placement_options() if slurm_job is not None else []  # where the job runs: its partition, ...
+    args += slurm_job.placement_options()
     out = _slurm.run("sbatch", *args, "--wrap", shlex.join(command))
     if isinstance(out, str):
         guard, said = None, out

@@ -37,7 +37,7 @@ from typing import Any
 from .._errors import ConfigError
 from .._safefs import private_dir
 from ..launch import hostlist
-from ..launch.slurmvars import job_of
+from ..launch.slurmvars import Job
 from ..record.events import Event, EventLog
 from ..record.ledger import Ledger
 from ..record.runs import run_of
@@ -72,6 +72,9 @@ class Supervisor:
     env: dict[str, str]
     #: Where the step's processes leave a request: created here, 0700, on a filesystem every node sees.
     directory: Path
+    #: The Slurm job, as ``slurmrt run`` read it once from its variables (:func:`~slurmrt.launch.slurmvars.job_of`);
+    #: None outside a job, which is refused here.
+    slurm_job: Job | None
     srun_args: list[str] = field(default_factory=list)
     forward: tuple[signal.Signals, ...] = (signal.SIGUSR1, signal.SIGUSR2)
     srun: str = "srun"
@@ -95,13 +98,12 @@ class Supervisor:
     evidence: Evidence | None = None
 
     def __post_init__(self) -> None:
-        job = job_of(self.env)
+        job = self.slurm_job
         if job is None or not job.nodes:
             raise ConfigError("slurmrt run starts steps of a Slurm job: run it in an sbatch script (no SLURM_JOB_ID "
                               "or SLURM_JOB_NODELIST here)")
-        #: The Slurm job, read once from its variables (strict: a malformed one was refused above).
-        self.slurm_job = job
         self.job = job.id
+        self.requeue_id = job.requeue_id  #: the id to requeue, and the event log's (``ARRAY_TASK`` in an array)
         self.allocation = list(job.nodes)
         self.wanted = len(self.allocation) - self.spare_nodes
         if self.spare_nodes < 0:
@@ -294,11 +296,6 @@ class Supervisor:
                                     in_job=InJob(self.directory, attempt, spares, self.max_restarts),
                                     job_nodes=len(self.allocation))
         return Executor(facts, self.event_log(attempt), node=None, ledger=self.ledger)
-
-    @property
-    def requeue_id(self) -> str:
-        """The id to requeue, and the event log's: ``ARRAY_TASK`` for a task of a job array."""
-        return self.slurm_job.requeue_id
 
     def _say_avoided(self, placement: Placement | None, avoid: list[str]) -> None:
         kept = [n for n in placement.spares if n in avoid] if placement is not None else []
