@@ -132,6 +132,6 @@ def test_a_straggler_stop_under_slurmrt_run_asks_for_a_new_step_instead(tmp_path
     assert outcome is Outcome.REQUEUED  # exit 3: stopped after its checkpoint for a restart, here in the job
     assert not calls.exists(), "no requeue: the supervisor starts a new step"
     assert injob.read_request(run_dir, 0) == {"attempt": 0, "exclude": ["n2"], "code": 3, "node": "n1",
-                                              "why": "stopped at step 40 (straggler): requeue",
+                                              "why": "stopped at step 40 (straggler): a new step without n2",
                                               "trigger": "straggler"}
     assert [(e["event"], e.get("reasons")) for e in events] == [("in_job_restart", None), ("exit", ["straggler"])]

@@ -3,6 +3,7 @@ loop (recovery/supervisor.py) with a stand-in for srun at the process boundary."
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -42,6 +43,17 @@ def refusals(path: Path) -> list[dict[str, object]]:
 
 def log(tmp_path: Path, attempt: int = 0) -> EventLog:
     return EventLog(tmp_path / "events.jsonl", job="7", restart=0, rank=0, attempt=attempt)
+
+
+def test_an_in_job_restart_under_way_is_said_at_info_not_as_a_requeued_exit(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The fault was said where it was found; its answer, a new step, is not a warning, and the step's exit 3 is not
+    a requeue (nothing is requeued)."""
+    with caplog.at_level(logging.INFO, logger="slurmrt.recovery.executor"):
+        assert request(supervised(tmp_path), log(tmp_path), ["n2"], ExitCode.HUNG, node="n1") is not None
+    said = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "slurmrt.recovery.executor"]
+    assert said and all(level == logging.INFO for level, _ in said), said
+    assert not any("REQUEUED" in message for _, message in said), said
 
 
 def test_a_request_names_the_nodes_and_is_recorded_with_the_exit(tmp_path: Path) -> None:

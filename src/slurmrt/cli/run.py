@@ -65,8 +65,7 @@ def run(args: argparse.Namespace) -> int:
                             evidence=Evidence("srun", job, env, checkpoint_dir=options.checkpoint_dir),
                             **_recorded(options, slurm_job, env))
     if (args.spare_nodes > 0 if args.guard is None else args.guard) and options.requeue:
-        assert slurm_job is not None  # the supervisor refuses a run outside a job
-        log_lines(lambda: _arm(supervisor, slurm_job, env))
+        log_lines(lambda: _arm(supervisor, env))
     return log_lines(supervisor.run)
 
 
@@ -93,8 +92,11 @@ def _recorded(options: Options, slurm_job: Job | None, env: dict[str, str]) -> d
                                                           restart=restart, rank=-1, env=env, attempt=attempt)}
 
 
-def _arm(supervisor: Supervisor, slurm_job: Job, env: dict[str, str]) -> int:
+def _arm(supervisor: Supervisor, env: dict[str, str]) -> int:
     """The guard job for the batch node (:mod:`slurmrt.recovery.guard`); its output goes to the job's."""
+    slurm_job = supervisor.slurm_job
+    if slurm_job is None:  # refused when the supervisor was made; said for the type checker
+        return 0
     info = read_job(supervisor.requeue_id)
     host = guard.batch_host(env)
     armed = guard.arm(slurm_job, host, events=supervisor.event_log(0),

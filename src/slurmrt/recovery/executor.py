@@ -107,7 +107,8 @@ class Executor:
             if no is not None:
                 return no
         message = f"in-job restart {sup.attempt + 1}: {decision.why}"
-        logger.warning("%s (spares: %s)", message, ", ".join(sup.spares))
+        # The fault was said where it was found (a hang, a lost rank, a straggler); this is its answer, under way.
+        logger.info("%s (spares: %s)", message, ", ".join(sup.spares) or "none")
         self.events.emit(Event.IN_JOB_RESTART, nodes=bad, spares=list(sup.spares), why=why,
                          next_attempt=sup.attempt + 1, lead=True)
         self._exit(decision, step, reasons, why=message)
@@ -116,7 +117,9 @@ class Executor:
     def _exit(self, decision: Decision, step: int | None, reasons: list[str], *, why: str | None = None,
               **extra: Any) -> None:
         outcome, said = decision.outcome, why or decision.why
-        if outcome.code:
+        if decision.action is Action.IN_JOB_RESTART:  # exit 3, and slurmrt run starts the new step: no requeue
+            logger.info("exit %d for %s", outcome.code, said)
+        elif outcome.code:
             logger.warning("exit %d (%s): %s", outcome.code, outcome.name, said)
         else:
             logger.info("%s: %s", outcome.name.lower(), said)

@@ -165,11 +165,18 @@ def _stopped(stop: StopDecision, facts: Facts, bad: tuple[str, ...], failed_save
     reasons = ", ".join(sorted(r.value for r in stop.reasons))
     why = f"stopped at step {stop.step} ({reasons}): requeue"
     if stop.reasons == {Reason.STRAGGLER} and facts.in_job is not None:
-        no = in_job_refused(facts, bad)
-        if no is None:
-            return Decision(Action.IN_JOB_RESTART, Outcome.REQUEUED, why, bad)
-        return Decision(Action.REQUEUE, Outcome.REQUEUED, why, bad, in_job_refused=no)
+        return _straggler_out(stop, facts, bad, why)
     return Decision(Action.REQUEUE, Outcome.REQUEUED, why, bad)
+
+
+def _straggler_out(stop: StopDecision, facts: Facts, bad: tuple[str, ...], requeue: str) -> Decision:
+    """A stop to leave a straggler out, under ``slurmrt run``: a new step without its node, else the requeue."""
+    no = in_job_refused(facts, bad)
+    if no is not None:
+        return Decision(Action.REQUEUE, Outcome.REQUEUED, requeue, bad, in_job_refused=no)
+    where = f" without {', '.join(bad)}" if bad else ""
+    return Decision(Action.IN_JOB_RESTART, Outcome.REQUEUED, f"stopped at step {stop.step} (straggler): a new "
+                    f"step{where}", bad)
 
 
 def _node_fault(outcome: Outcome, facts: Facts, bad: tuple[str, ...], *, judged: bool) -> Decision:
