@@ -156,6 +156,11 @@ def prepare(job_id: str, bad: list[str], *, max_excluded: int, needed: int | Non
     return plan(job.excluded, bad, max_excluded=max_excluded, room=room)
 
 
+def _level(excluded: Plan | None) -> int:
+    """Done as planned is part of a recovery that works: INFO. Refused, or not applied: the user should look."""
+    return logging.INFO if excluded is not None and not excluded.refused else logging.WARNING
+
+
 def apply_and_record(job_id: str, prepared: Plan | str, events: EventLog) -> None:
     """Set the (requeued, pending) job's exclusions as :func:`prepare` planned them; log it, and record it as an
     ``exclude`` event (nothing as excluded unless Slurm took it)."""
@@ -167,7 +172,7 @@ def apply_and_record(job_id: str, prepared: Plan | str, events: EventLog) -> Non
             (None, message)
     elif isinstance(prepared, Plan):
         excluded = prepared
-    logger.warning("%s", said)
+    logger.log(_level(excluded), "%s", said)
     events.emit(Event.EXCLUDE, nodes=list(excluded.nodes) if excluded else None,
                 added=list(excluded.added) if excluded else [], refused=list(excluded.refused) if excluded else [],
                 message=said)

@@ -167,7 +167,7 @@ class Executor:
         done, message = self._requeue(job)
         self.events.emit(Event.REQUEUE, done=done, message=message, restart_count=self.facts.restart_count,
                          lead=True)
-        (logger.warning if done else logger.error)("%s", message)
+        (logger.info if done else logger.error)("%s", message)  # done: the recovery works; not: the user must act
         if done and prepared is not None:
             exclusion.apply_and_record(job, prepared, self.events)
         if done or not stops:
