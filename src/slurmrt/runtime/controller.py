@@ -12,8 +12,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Protocol
 
 from .. import _clock
 from .._comm import Groups
@@ -29,9 +30,40 @@ from ..stop.signals import SignalRecorder
 from ..stop.straggler import ComputeTimer, Straggler, StragglerJudge, Timing
 from .report import Reporter
 
-__all__ = ["StopController", "StopSettings"]
+__all__ = ["Collectives", "Nodes", "Recovery", "Saves", "StopController", "StopSettings"]
 
 logger = logging.getLogger(__name__)
+
+
+class Collectives(Protocol):
+    """slurmrt's groups, opened collectively on first use, and who must know the agreement (the exit hooks):
+    :class:`~slurmrt.runtime.hooks.ProcessHooks`."""
+
+    def groups(self) -> Groups: ...
+
+    def watch(self, agreement: Agreement) -> None: ...
+
+
+class Saves(Protocol):
+    """The background save: its result taken per step (cheap), and waited for before a collective on the work group,
+    which is the save's until it ends: :class:`~slurmrt.runtime.session.CheckpointSession`."""
+
+    def poll(self) -> None: ...
+
+    def settle(self) -> None: ...
+
+
+class Nodes(Protocol):
+    """The node of a rank, as the census placed it (:class:`~slurmrt.hang.monitor.HangMonitor`): a straggler's."""
+
+    def node_of(self, rank: int) -> str | None: ...
+
+
+class Recovery(Protocol):
+    """Whether a stop would restart without a node: a spare under ``slurmrt run``, or a requeue
+    (:class:`~slurmrt.recovery.executor.Executor`, from the plan)."""
+
+    def can_leave_out(self, node: str) -> bool: ...
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,21 +82,11 @@ class StopSettings(Part):
 class StopController:
     def __init__(self, topology: Topology, settings: StopSettings, report: Reporter, *, state: RunState,
                  budget: Budget, end_time: EndTime, signals: SignalRecorder, kill_switch: KillSwitch | None,
-                 phases: PhaseTimes | None = None,
-                 groups: Callable[[], Groups], watch: Callable[[Agreement], None] = lambda agreement: None,
-                 poll_saves: Callable[[], None] = lambda: None, settle_saves: Callable[[], None] = lambda: None,
-                 node_of: Callable[[int], str | None] = lambda rank: None,
-                 can_replace: Callable[[str], bool] = lambda node: False) -> None:
-        """``groups`` opens slurmrt's groups (collectively) on first use; ``watch`` is told the agreement (for the
-        exit hooks); ``poll_saves`` takes a finished background save's result (per step, cheap) and
-        ``settle_saves`` waits for it (before a collective on the work group, which is the save's until it ends);
-        ``node_of`` names a rank's node (the census), for a straggler; ``can_replace`` says whether a stop would lead
-        to a restart without a node (the recovery plan: a spare under ``slurmrt run``, or a requeue)."""
+                 phases: PhaseTimes, collectives: Collectives, saves: Saves, nodes: Nodes, recovery: Recovery) -> None:
         self.topology, self.settings, self._report = topology, settings, report
         self.budget, self._end, self._signals, self._switch = budget, end_time, signals, kill_switch
-        self.phases = phases or PhaseTimes()
-        self._groups, self._watch = groups, watch
-        self._poll_saves, self._settle_saves = poll_saves, settle_saves
+        self.phases = phases
+        self._collectives, self._saves, self._nodes, self._recovery = collectives, saves, nodes, recovery
         self._last_tick: float | None = None
         #: What this controller shares with the hang monitor: the heartbeat (the last step boundary), the activity
         #: (changed at saves, loads and phases, not per step; None until the first should_stop: a program that
@@ -87,8 +109,6 @@ class StopController:
         self._judge = StragglerJudge(margin=settings.straggler_margin, windows=settings.straggler_windows)
         #: What a straggler is compared across: nodes (a restart leaves a node out), ranks in a job on one node.
         self._unit = topology.node_rank if topology.nnodes > 1 else topology.rank
-        self._node_of = node_of
-        self._can_replace = can_replace
         #: The straggler named last, and its node (None when the census could not place it).
         self.straggler: Straggler | None = None
         self.straggler_node: str | None = None
@@ -104,7 +124,7 @@ class StopController:
         self.last_step = self.generation_step = step
         if now >= self._next_progress:
             self._progress(step, now)
-        self._poll_saves()
+        self._saves.poll()
         if len(self._signals.first_seen) != self._report.signals_reported:  # no call on the per-step path
             self._report.new_signals(self._signals)
         agreement = self.state.agreement or self._start_agreement()
@@ -126,14 +146,14 @@ class StopController:
 
     def _start_agreement(self) -> Agreement:
         self.state.activity = Activity("step", _clock.mono())  # the first step boundary: the start is over
-        groups = self._groups()
+        groups = self._collectives.groups()
         agreement: Agreement
         if groups.control is None:
             agreement = LocalAgreement(self._contribute)
         else:
             agreement = DistributedAgreement(self._contribute, groups.control,
                                              step_estimate=self.budget.steps.estimate, observe=self._observe)
-            self._watch(agreement)
+            self._collectives.watch(agreement)
         self.state.agreement = agreement
         return agreement
 
@@ -150,7 +170,7 @@ class StopController:
         named = self._judge.observe(timing)
         if named is None:
             return
-        node = self._node_of(named.rank)
+        node = self._nodes.node_of(named.rank)
         self.straggler, self.straggler_node = named, node
         # the nodes a restart leaves out by the options, read by the hang monitor too
         self.state.exclude = (node,) if node is not None and self.settings.straggler != "name" else ()
@@ -158,7 +178,7 @@ class StopController:
         step = self.agreement.last_step if self.agreement is not None else None
         self._report.straggler(named, node=node, action=action, step=step)
         if action == "replace" and node is not None:
-            if self._can_replace(node):
+            if self._recovery.can_leave_out(node):
                 self._replace_straggler = True  # every rank names it at this round: the reason is raised together
             else:
                 logger.warning("straggler=replace, but no restart can leave %s out (no spare node under `slurmrt "
@@ -185,8 +205,8 @@ class StopController:
         phase_s, end = self.phases.get(name), self.end_time
         unfit = phase_s is not None and end is not None and self.settings.deadline and \
             not self.budget.phase_fits(now=_clock.wall(), end=end, phase_s=phase_s)
-        self._settle_saves()
-        if self._groups().work.all_ok(not unfit):
+        self._saves.settle()
+        if self._collectives.groups().work.all_ok(not unfit):
             return False
         if self.decision is None:
             logger.warning("phase %r (%.0f s measured) no longer fits before the end: stopping before it", name,
@@ -249,7 +269,7 @@ class StopController:
 
     def stopped(self, reasons: frozenset[Reason], *, step: int, term_time: float | None = None) -> StopDecision:
         self.last_step = self.generation_step = step
-        work = self._groups().work
+        work = self._collectives.groups().work
         # Gathered to rank 0 and its union sent back, both over the work group's tree: O(log N) hops each, not a ring.
         gathered = work.gather((sorted(r.value for r in reasons), term_time))
         merged: tuple[list[str], float | None] | None = None

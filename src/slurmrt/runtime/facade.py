@@ -84,10 +84,8 @@ class Runtime(TopologyView):
                                  kill_switch=self._switch)
         self.stop = StopController(topology, StopSettings.of(options), self._report, state=state, budget=budget,
                                    end_time=end_time, signals=signals, kill_switch=self._switch,
-                                   phases=PhaseTimes(earlier.phases), groups=self._hooks.groups,
-                                   watch=self._hooks.watch, poll_saves=self.checkpoints.poll,
-                                   settle_saves=self.checkpoints.settle,
-                                   node_of=self.hangs.node_of, can_replace=executor.can_leave_out)
+                                   phases=PhaseTimes(earlier.phases), collectives=self._hooks, saves=self.checkpoints,
+                                   nodes=self.hangs, recovery=executor)
         self._hooks.on_groups = self.hangs.first_collective
         pollers = [p.poll for p in (self._switch, end_time if end_time.asks else None, word) if p is not None]
         if lease is not None and lease.held:
