@@ -111,7 +111,6 @@ class Lease:
     def stale(self, holder: Holder) -> str | None:
         """Why ``holder`` (another owner's) no longer holds the directory, or None while it is live (or nothing
         proves it gone)."""
-        # Shape: one case per proof that a holder is gone, cheapest first (heartbeat, this host, this job, Slurm)
         now = _clock.wall()
         if now - holder.heartbeat > self._stale_s:
             return f"its heartbeat is {now - holder.heartbeat:.0f} s old (more than {self._stale_s:.0f} s)"
@@ -123,12 +122,17 @@ class Lease:
             if self._still_for(holder) >= self._quiet_s:
                 return f"its heartbeat has not moved for {self._quiet_s:.0f} s"
             return None
-        if holder.job and self._still_for(holder) >= self._quiet_s:
-            where = holder.cluster or self._cluster
-            if self._alive(holder.job, self._elsewhere(holder)) is False:
-                return (f"Slurm{f' (cluster {where})' if where else ''} says job {holder.job} has ended, and its "
-                        f"heartbeat has not moved for {self._quiet_s:.0f} s")
-        return None
+        return self._ended_by_slurm(holder)
+
+    def _ended_by_slurm(self, holder: Holder) -> str | None:
+        """Another job's holder, on another host: gone when Slurm says its job ended and its heartbeat is still."""
+        if not holder.job or self._still_for(holder) < self._quiet_s:
+            return None
+        if self._alive(holder.job, self._elsewhere(holder)) is not False:
+            return None
+        where = holder.cluster or self._cluster
+        return (f"Slurm{f' (cluster {where})' if where else ''} says job {holder.job} has ended, and its heartbeat "
+                f"has not moved for {self._quiet_s:.0f} s")
 
     def _elsewhere(self, holder: Holder) -> str | None:
         """The holder's cluster when it is not this one (``squeue -M`` needs slurmdbd, even for the own cluster:
@@ -168,11 +172,21 @@ class Lease:
         ``leader_wait_s`` (the other ranks): before refusing, wait that long for this job's rank 0 to take the
         lease over. Rank 0 decides; a rank that judged the holder live a moment before rank 0 judged it stale (its
         job just ended) must not leave rank 0 alone at the rendezvous."""
-        # Shape: the protocol in order: read, judge once, wait for rank 0, then one refusal per kind of holder
         holder = self.holder()
         if holder is None or self.mine(holder):
             return None
-        why = self.stale(holder)  # once: the wait below reads the file only, it asks Slurm nothing
+        judged = self._judged(holder, leader_wait_s)
+        if judged is None:
+            return None  # rank 0 took it over meanwhile
+        holder, why = judged
+        if why is None:
+            raise self._refusal(holder)
+        return holder
+
+    def _judged(self, holder: Holder, leader_wait_s: float) -> tuple[Holder, str | None] | None:
+        """(the holder, why it is stale or None while live), judged once and then, for up to ``leader_wait_s``,
+        watched in the file only (Slurm is not asked again) for this job's rank 0 to take it over: None then."""
+        why = self.stale(holder)
         deadline = time.monotonic() + leader_wait_s  # real time: a real wait for another process
         while why is None and time.monotonic() < deadline:
             time.sleep(0.5)
@@ -181,21 +195,23 @@ class Lease:
                 return None
             if (now.owner, now.step) != (holder.owner, holder.step):
                 holder, why = now, self.stale(now)
-        if why is None and holder.owner == self.owner:
-            raise LeaseError(
+        return holder, why
+
+    def _refusal(self, holder: Holder) -> LeaseError:
+        """The refusal for a live ``holder``: another step of this job, or another job."""
+        if holder.owner == self.owner:
+            return LeaseError(
                 f"checkpoint directory {self.directory} is in use by {holder.describe(_clock.wall())}, another step "
                 f"of this job (this is step {self._step}). Two steps on one directory destroy each other's "
                 "checkpoints. Fix: run one training step at a time (`wait` for the first), or give each its own "
                 f"checkpoint_dir. If that step is gone for good, remove {self.path}",
                 directory=str(self.directory), holder=holder.owner, host=holder.host)
-        if why is None:
-            raise LeaseError(
-                f"checkpoint directory {self.directory} is in use by {holder.describe(_clock.wall())}; this is "
-                f"{'job ' if self._job else 'run '}{self.owner}. Two jobs on one directory destroy each other's "
-                f"checkpoints. Fix: wait for {holder.owner} to end (or `scancel {holder.owner}`), or give this job "
-                f"its own checkpoint_dir. If {holder.owner} is gone for good, remove {self.path}",
-                directory=str(self.directory), holder=holder.owner, host=holder.host)
-        return holder
+        return LeaseError(
+            f"checkpoint directory {self.directory} is in use by {holder.describe(_clock.wall())}; this is "
+            f"{'job ' if self._job else 'run '}{self.owner}. Two jobs on one directory destroy each other's "
+            f"checkpoints. Fix: wait for {holder.owner} to end (or `scancel {holder.owner}`), or give this job "
+            f"its own checkpoint_dir. If {holder.owner} is gone for good, remove {self.path}",
+            directory=str(self.directory), holder=holder.owner, host=holder.host)
 
     def mine(self, holder: Holder) -> bool:
         """Whether ``holder`` is this job, not another step of it running beside it: the same owner, and an
