@@ -218,16 +218,19 @@ class Cadence:
         self._faults += 1
 
     def _decide(self, step: int) -> tuple[str | None, int]:
-        # Shape: the decision's stages in order (first call, unmeasured tiers, the plan, what is due), each ending early
         now = _clock.mono()
         if self._check is None:  # the first call (or the first after a restart): the clock starts, nothing is due
             return self._first(step, now)
         unmeasured = self._unmeasured()
         if unmeasured is not None:  # save once to each tier, to measure it
             return unmeasured, step + WARMUP_STEPS
-        plan = self.plan = intervals(self._failures(now), shared_cost_s=self._cost["shared"] or 0.0,
-                                     local_cost_s=self._cost["local"] if self._local else None, node_h=self._node_h,
-                                     nodes=self._nodes)
+        self.plan = intervals(self._failures(now), shared_cost_s=self._cost["shared"] or 0.0,
+                              local_cost_s=self._cost["local"] if self._local else None, node_h=self._node_h,
+                              nodes=self._nodes)
+        return self._due(self.plan, step, now)
+
+    def _due(self, plan: Intervals, step: int, now: float) -> tuple[str | None, int]:
+        """The tier due now (None: none), and the step of the next check: when the first tier falls due."""
         left = self._left(plan, now)
         step_s = self._step_s() or 0.0
         due = next((tier for tier, s in left.items() if s <= step_s / 2), None)
