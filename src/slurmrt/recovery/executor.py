@@ -139,12 +139,8 @@ class Executor:
         between its exit event and ``scontrol requeue``. A rank that finds the run answered, or ``slurmrt run`` once
         the step has ended, makes it here. None: nothing to make (the run chose something else, its requeue was made
         or tried, or Slurm no longer shows the job running: it is being requeued)."""
-        # Shape: each reason not to requeue, checked in order before the one requeue
-        chosen = run.exit if run is not None else None
-        if run is None or chosen is None or chosen.get("action") != Action.REQUEUE.value or run.first(Event.REQUEUE):
-            return None
-        job = exclusion.read_job(str(self.facts.job))
-        if not isinstance(job, str) and job.state not in (None, "RUNNING"):
+        chosen = self._unmade_requeue(run)
+        if chosen is None:
             return None
         outcome = Outcome[chosen["outcome"]] if chosen.get("outcome") in Outcome.__members__ else Outcome.REQUEUED
         named = chosen.get("exclude")
@@ -154,16 +150,20 @@ class Executor:
         return self._requeue_job(Decision(Action.REQUEUE, outcome, str(chosen.get("why")), exclude),
                                  stops=outcome is Outcome.REQUEUED)
 
+    def _unmade_requeue(self, run: Run | None) -> dict[str, Any] | None:
+        """``run``'s exit event when it chose a requeue that nobody made and Slurm still shows the job running."""
+        chosen = run.exit if run is not None else None
+        if run is None or chosen is None or chosen.get("action") != Action.REQUEUE.value or run.first(Event.REQUEUE):
+            return None
+        job = exclusion.read_job(str(self.facts.job))
+        return chosen if isinstance(job, str) or job.state in (None, "RUNNING") else None
+
     def _requeue_job(self, decision: Decision, *, stops: bool) -> Decision:
-        # Shape: the requeue's steps in order: what to exclude, scontrol requeue, its record, the exclusion
         job = self.facts.job
         assert job is not None  # plan() requeues only a Slurm job
         if self._made_outside():
             return decision
-        bad = list(decision.exclude)  # this run's own first, then the ledger's, within max_excluded_nodes
-        bad += [n for n in (self.ledger.nodes() if self.ledger is not None else []) if n not in bad]
-        prepared = exclusion.prepare(job, bad, max_excluded=self.facts.max_excluded_nodes,
-                                     needed=self.facts.job_nodes) if bad else None
+        prepared = self._exclusions(job, decision)
         done, message = self._requeue(job)
         self.events.emit(Event.REQUEUE, done=done, message=message, restart_count=self.facts.restart_count,
                          lead=True)
@@ -173,6 +173,14 @@ class Executor:
         if done or not stops:
             return decision
         return Decision(decision.action, Outcome.REQUEUE_NEEDED, message, decision.exclude)
+
+    def _exclusions(self, job: str, decision: Decision) -> exclusion.Plan | str | None:
+        """The nodes the requeued job leaves out: this run's own first, then the ledger's, within
+        ``max_excluded_nodes`` and what the job needs (None: none to leave out)."""
+        bad = list(decision.exclude)
+        bad += [n for n in (self.ledger.nodes() if self.ledger is not None else []) if n not in bad]
+        return exclusion.prepare(job, bad, max_excluded=self.facts.max_excluded_nodes,
+                                 needed=self.facts.job_nodes) if bad else None
 
 
 def _reasons(trigger: Trigger, stop: StopDecision | None, decision: Decision) -> list[str]:
