@@ -9,7 +9,10 @@
 - slurmrt's two gloo process groups (:func:`slurmrt._comm.open_groups`): made at the first call that needs them,
   which every rank reaches at the same point (``should_stop``, ``save`` or ``load_latest``), destroyed at close.
 
-Nothing else in the package installs a handler, registers a hook or creates a process group.
+Nothing else in the package installs a signal handler, registers an atexit hook or creates a process group. Two
+wrappers of ``sys.excepthook`` live beside what they answer: the one ``init()`` installs first for an uncaught
+``ConfigError`` (:mod:`slurmrt.runtime.misconfigured`: one line per node, exit 78), and the one that files a lost
+peer's traceback (:func:`slurmrt.hang.stacks.quiet_peer_tracebacks`). Each passes every other exception on.
 """
 
 from __future__ import annotations
