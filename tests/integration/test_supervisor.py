@@ -453,3 +453,27 @@ def test_the_health_probe_checks_the_directory_the_training_resolved_not_the_env
     assert sup.evidence is not None and sup.evidence.checkpoint_dir is None
     sup._learn(0)
     assert sup.evidence.checkpoint_dir == tmp_path / "mine"
+
+
+def test_the_trainings_own_options_are_said_once_and_not_for_a_checkpoint_dir_set_in_code(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """The README's pattern (checkpoint_dir in code, none in the environment) is no difference to report (it was
+    said as one); a real one (requeue=False in code) is said at the first step, not again at every in-job restart."""
+    from slurmrt.recovery import injob
+    from slurmrt.recovery.facts import Facts, InJob
+
+    env = {**os.environ, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-3]"}
+    env.pop("SLURMRT_CHECKPOINT_DIR", None)
+    sup = Supervisor(["x"], spare_nodes=1, max_restarts=3, env=env, slurm_job=job_of(env), directory=tmp_path / "d",
+                     srun=str(fake_srun(tmp_path)), facts=Facts(job="7"))
+    (tmp_path / "d").mkdir(mode=0o700)
+    shared = {"event_log": tmp_path / "ckpt" / "events-7.jsonl", "checkpoint_dir": tmp_path / "ckpt",
+              "requeue": True, "max_restarts": None, "max_futile_runs": 3, "max_excluded_nodes": 4}
+    injob.share_facts(InJob(tmp_path / "d", 0, (), 3), shared)
+    sup._learn(0)
+    assert "options differ" not in capfd.readouterr().err
+    for attempt in (1, 2):
+        injob.share_facts(InJob(tmp_path / "d", attempt, (), 3), {**shared, "requeue": False})
+        sup._learn(attempt)
+    said = capfd.readouterr().err
+    assert said.count("the training's own options differ from the environment's (requeue=False)") == 1, said
