@@ -230,6 +230,15 @@ def _proc_stat(pid: int) -> list[bytes]:
     return data[data.rfind(b")") + 2:].split()
 
 
+def parent_pid(pid: int) -> int | None:
+    """The parent of process ``pid`` (field 4 of ``/proc/<pid>/stat``); None when there is no such process."""
+    fields = _proc_stat(pid)
+    try:
+        return int(fields[1])
+    except (IndexError, ValueError):
+        return None
+
+
 def process_start_time(pid: int) -> int | None:
     """The start time of process ``pid`` in clock ticks since boot (field 22 of ``/proc/<pid>/stat``); None when
     there is no such process. With the pid it names one process, even after the pid is reused."""

@@ -16,6 +16,8 @@ import re
 import stat
 from collections.abc import Sequence
 
+from .._safefs import parent_pid
+
 __all__ = ["find_launcher", "identify", "launcher_argv", "python_target", "rendezvous_backend"]
 
 # The modules a launcher runs, and the word after the program that makes `accelerate` a launch.
@@ -205,11 +207,11 @@ def find_launcher(pid: int | None = None, *, depth: int = 8) -> tuple[str, list[
     none or /proc cannot tell."""
     current = os.getpid() if pid is None else pid
     for _ in range(depth):
+        parent = parent_pid(current)
+        if parent is None or parent <= 1:
+            return None
+        current = parent
         try:
-            with open(f"/proc/{current}/stat", "rb") as f:
-                current = int(f.read().rsplit(b")", 1)[1].split()[1])
-            if current <= 1:
-                return None
             with open(f"/proc/{current}/cmdline", "rb") as f:
                 argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
         except (OSError, ValueError, IndexError):

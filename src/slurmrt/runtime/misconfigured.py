@@ -24,7 +24,7 @@ from pathlib import Path
 from types import TracebackType
 
 from .._errors import ConfigError, UnsafePathError
-from .._safefs import process_age, read_capped, runtime_base
+from .._safefs import parent_pid, process_age, read_capped, runtime_base
 from ..launch.slurmvars import launch_key, local_id
 from ..recovery.policy import ExitCode
 
@@ -146,8 +146,6 @@ def _sibling_wrote(path: Path, since: float) -> bool:
         if os.stat(path).st_mtime < since:
             return False
         pid = int(read_capped(path, 20))
-        stat = Path(f"/proc/{pid}/stat").read_text()
     except (OSError, ValueError):
         return False
-    fields = stat[stat.rfind(")") + 2:].split()  # after the command's name, which may hold spaces
-    return len(fields) > 1 and fields[1] == str(os.getppid())
+    return parent_pid(pid) == os.getppid()
