@@ -11,6 +11,7 @@ in the package: a part that needs a value asks for it by meaning (tests/unit/tes
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -20,7 +21,7 @@ from . import hostlist
 
 __all__ = ["Job", "SlurmStep", "allocation", "check_below", "cluster_name", "end_time", "export_env", "gpus_on_node",
            "job_id", "job_nodes", "job_of", "launch_key", "local_id", "node_name", "ntasks", "proc_id",
-           "required_first", "required_int", "slurm_step", "start_time", "submit_dir"]
+           "required_first", "required_int", "slurm_step", "start_time", "step_id", "submit_dir", "this_node"]
 
 
 @dataclass(frozen=True)
@@ -175,9 +176,19 @@ def job_id(env: Mapping[str, str]) -> str | None:
     return env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or None
 
 
+def step_id(env: Mapping[str, str]) -> str | None:
+    """This srun step's id (``SLURM_STEP_ID``, or older Slurm's ``SLURM_STEPID``); None in the batch shell."""
+    return env.get("SLURM_STEP_ID") or env.get("SLURM_STEPID") or None
+
+
 def node_name(env: Mapping[str, str]) -> str | None:
     """The node as Slurm names it (``SLURMD_NODENAME``); None outside a job's step or batch shell."""
     return env.get("SLURMD_NODENAME") or None
+
+
+def this_node(env: Mapping[str, str]) -> str:
+    """The node as Slurm names it, else this host's short name (what Slurm's node names usually are)."""
+    return node_name(env) or socket.gethostname().split(".")[0]
 
 
 def submit_dir(env: Mapping[str, str]) -> str | None:
@@ -207,7 +218,7 @@ def export_env(env: Mapping[str, str]) -> str:
 
 def launch_key(env: Mapping[str, str]) -> tuple[str, str, str]:
     """(job, step, restart count) as written, empty when unset: the same for every task of one launch of a step."""
-    return (job_id(env) or "", env.get("SLURM_STEP_ID", ""), env.get("SLURM_RESTART_COUNT", ""))
+    return (job_id(env) or "", step_id(env) or "", env.get("SLURM_RESTART_COUNT", ""))
 
 
 def job_nodes(env: Mapping[str, str]) -> int | None:

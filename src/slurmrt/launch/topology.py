@@ -26,7 +26,7 @@ from typing import TypedDict
 
 from .._env import first_int, get_int, truthy
 from .._errors import EnvironmentVariableError, LauncherConflictError, NodeRankError
-from . import hostlist
+from . import hostlist, slurmvars
 from .launcher import rendezvous_backend
 from .ports import master_port_for
 from .slurmvars import Job, SlurmStep, allocation, check_below, job_of, required_int, slurm_step
@@ -128,8 +128,8 @@ def from_environ(env: Mapping[str, str], *, hostname: str | None = None,
     """
     # Shape: a dispatch over the four launch modes, each built by its own function
     host = hostname or env.get("SLURMD_NODENAME") or socket.gethostname()
-    job_id = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or None
-    in_step = job_id is not None and bool(env.get("SLURM_STEP_ID") or env.get("SLURM_STEPID"))
+    job_id = slurmvars.job_id(env)
+    in_step = job_id is not None and slurmvars.step_id(env) is not None
     launcher = "RANK" in env and "WORLD_SIZE" in env
     common = _common(env, job_id, host)
 
@@ -204,7 +204,7 @@ def _common(env: Mapping[str, str], job_id: str | None, host: str) -> _Common:
     return {
         "hostname": host,
         "job": job,
-        "step_id": env.get("SLURM_STEP_ID") or env.get("SLURM_STEPID") or None,
+        "step_id": slurmvars.step_id(env),
         "attempt": (get_int(env, "SLURMRT_RUN_ATTEMPT") or 0) if job_id is not None else 0,
         "job_nnodes": job_nnodes[1] if job_nnodes else None,
     }

@@ -24,13 +24,12 @@ import dataclasses
 import logging
 import re
 import shlex
-import socket
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from .. import _slurm
-from ..launch.slurmvars import Job, node_name
+from ..launch.slurmvars import Job, this_node
 from ..record.events import Event, EventLog, read_events
 from ..record.ledger import Ledger
 from ..record.runs import Run, runs_of
@@ -52,7 +51,7 @@ _LIVE = {"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFI
 
 def batch_host(env: Mapping[str, str]) -> str:
     """The node this process runs on, as Slurm names it."""
-    return node_name(env) or socket.gethostname().split(".")[0]
+    return this_node(env)
 
 
 def arm(slurm_job: Job, host: str, *, events: EventLog, output: str | None, nodes: int | None = None) -> str | None:

@@ -9,19 +9,18 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 from pathlib import Path
 
 from ..launch.health import check_node
-from ..launch.slurmvars import gpus_on_node, node_name
+from ..launch.slurmvars import gpus_on_node, this_node
 
 #: The step has just ended: its processes' GPU memory may take this long to be given back.
 SETTLE_S = 10.0
 
 
 def main(argv: list[str]) -> int:
-    node = node_name(os.environ) or socket.gethostname().split(".")[0]
+    node = this_node(os.environ)
     gpus = gpus_on_node(os.environ) or 0
     try:
         failures = check_node(os.environ, checkpoint_dir=Path(argv[0]) if argv else None, gpus=gpus, local_rank=0,
