@@ -11,6 +11,7 @@ from typing import Any
 
 from .._text import shorten
 from ..launch import hostlist
+from .plan import Trigger
 
 __all__ = ["Failure", "block", "stacks_path", "stacks_pattern"]
 
@@ -39,7 +40,8 @@ class Failure:
         why, since, stacks = request.get("suspects") or request.get("why"), request.get("since"), request.get("stacks")
         return cls(attempt, code, tuple(nodes), str(why) if why else f"{', '.join(nodes)} failed",
                    float(since) if isinstance(since, (int, float)) and not isinstance(since, bool) else time.time(),
-                   stacks if isinstance(stacks, str) else None, planned=request.get("trigger") == "straggler")
+                   stacks if isinstance(stacks, str) else None,
+                   planned=request.get("trigger") == Trigger.STRAGGLER.value)
 
 
 def stacks_path(events: Path | None, job: str | None, restart: int, attempt: int, rank: int) -> Path | None:
