@@ -1,7 +1,9 @@
-"""The in-process restart's decision (runtime/inprocess.py): pure, the same on every rank."""
+"""The in-process restart's decision: the recovery plan's (Trigger.RAISED), pure, the same on every rank; and the
+wrapper's own checks (runtime/inprocess.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from types import SimpleNamespace
@@ -10,49 +12,81 @@ import pytest
 
 from slurmrt._errors import ConfigError
 from slurmrt._text import shorten
-from slurmrt.runtime.inprocess import Fault, InProcess, refusal
+from slurmrt.recovery.facts import Facts, InProcessFacts, Raised
+from slurmrt.recovery.plan import Action, Decision, Trigger, plan
+from slurmrt.recovery.policy import Outcome
+from slurmrt.runtime.inprocess import Fault, InProcess
+from slurmrt.stop.decision import Reason, StopDecision
 
 
 def _fault(kind: str = "RuntimeError", step: int | None = 7, rank: int = 1) -> Fault:
     return Fault(rank, f"{kind}: boom", kind, step, 1.0e9)
 
 
-def test_a_first_fault_is_restarted() -> None:
-    assert refusal(_fault(), restarted=[], max_restarts=3, stopping=False) is None
+def _plan(fault: Fault, restarted: list[Fault] = (), most: int = 3,  # type: ignore[assignment]
+          stop: StopDecision | None = None) -> Decision:
+    facts = Facts(in_process=InProcessFacts(most, tuple(f.raised for f in restarted)))
+    return plan(Trigger.RAISED, facts, raised=fault.raised, stop=stop)
+
+
+def refused(fault: Fault, restarted: list[Fault] = (), most: int = 3,  # type: ignore[assignment]
+            stop: StopDecision | None = None) -> str | None:
+    decision = _plan(fault, restarted, most, stop)
+    assert (decision.action is Action.IN_PROCESS_RESTART) == (decision.in_process_refused is None)
+    return decision.in_process_refused
+
+
+def test_a_first_fault_is_restarted_in_the_process_and_carries_the_decision_without_it() -> None:
+    decision = _plan(_fault())
+    assert decision.action is Action.IN_PROCESS_RESTART and decision.restarts
+    assert decision.why == "restart 1 in the process"
+    assert decision.fallback is not None and decision.fallback.action is Action.FAIL
+    assert _plan(_fault(step=8), [_fault()]).why == "restart 2 in the process"
+
+
+def test_a_refused_restart_is_what_the_plan_says_for_a_software_error() -> None:
+    decision = _plan(_fault(), [_fault()])
+    assert decision.action is Action.FAIL and decision.outcome is Outcome.FAILED
+    assert dataclasses.replace(decision, in_process_refused=None) == plan(Trigger.SOFTWARE_ERROR, Facts())
+
+
+def test_no_restart_in_the_process_outside_run_restartable() -> None:
+    decision = plan(Trigger.RAISED, Facts(), raised=Raised("RuntimeError", 3))
+    assert decision.action is Action.FAIL and "run_restartable" in str(decision.in_process_refused)
 
 
 def test_the_same_error_at_the_same_step_is_not_restarted_twice_whichever_rank_raised_it() -> None:
-    why = refusal(_fault(rank=2), restarted=[_fault(rank=1)], max_restarts=3, stopping=False)
+    why = refused(_fault(rank=2), [_fault(rank=1)])
     assert why is not None and "repeats" in why and "step 7" in why
 
 
 def test_another_error_or_another_step_is_restarted_again() -> None:
-    assert refusal(_fault("ValueError"), restarted=[_fault()], max_restarts=3, stopping=False) is None
-    assert refusal(_fault(step=8), restarted=[_fault()], max_restarts=3, stopping=False) is None
+    assert refused(_fault("ValueError"), [_fault()]) is None
+    assert refused(_fault(step=8), [_fault()]) is None
 
 
-def test_max_restarts_bounds_the_restarts() -> None:
+def test_max_in_process_restarts_bounds_the_restarts() -> None:
     earlier = [_fault(step=s) for s in (1, 2)]
-    assert refusal(_fault(step=3), restarted=earlier[:1], max_restarts=2, stopping=False) is None
-    why = refusal(_fault(step=3), restarted=earlier, max_restarts=2, stopping=False)
-    assert why is not None and "max_restarts=2" in why
-    assert refusal(_fault(), restarted=[], max_restarts=0, stopping=False) is not None
+    assert refused(_fault(step=3), earlier[:1], most=2) is None
+    why = refused(_fault(step=3), earlier, most=2)
+    assert why is not None and "max_in_process_restarts=2" in why
+    assert refused(_fault(), most=0) is not None
 
 
 def test_a_misconfiguration_is_not_restarted_every_generation_would_meet_it() -> None:
     fault = Fault(1, "ConfigError: save(..., tier='local') needs a node-local directory", "ConfigError", 7, 1.0e9,
                   misconfigured=True)
-    why = refusal(Fault.from_json(fault.to_json()), restarted=[], max_restarts=3, stopping=False)
+    why = refused(Fault.from_json(fault.to_json()))
     assert why is not None and "misconfiguration (ConfigError)" in why
 
 
 def test_an_error_after_an_agreed_stop_ends_the_run_as_it_would_have() -> None:
-    why = refusal(_fault(), restarted=[], max_restarts=3, stopping=True)
+    why = refused(_fault(), stop=StopDecision(7, frozenset({Reason.TERM}), True))
     assert why is not None and "stop" in why
 
 
 def test_a_fault_before_the_first_step_is_named_so() -> None:
-    why = refusal(_fault(step=None), restarted=[_fault(step=None)], max_restarts=3, stopping=False)
+    why = refused(_fault(step=None), [_fault(step=None)])
     assert why is not None and "before the first step" in why
 
 
@@ -76,8 +110,8 @@ def test_a_rejoin_time_that_is_not_a_finite_positive_number_is_a_clear_error(tim
 
 
 @pytest.mark.parametrize("most", [-1, "3", 2.5, True])
-def test_max_restarts_that_is_not_a_count_is_a_clear_error(most: int) -> None:
-    with pytest.raises(ConfigError, match="max_restarts"):
+def test_max_in_process_restarts_that_is_not_a_count_is_a_clear_error(most: int) -> None:
+    with pytest.raises(ConfigError, match="max_in_process_restarts"):
         InProcess(None, backend="gloo", max_restarts=most, rejoin_timeout_s=20.0, timeout=None)
 
 

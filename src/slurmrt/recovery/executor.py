@@ -3,6 +3,8 @@
 It is the only writer of the ``exit`` event. The rank (or ``slurmrt run``) that acts for the job calls
 :meth:`Executor.recover`; the others only exit with the code it chose.
 
+- Restart in the process (``slurmrt.run_restartable``): every rank asks the same plan of the same first error
+  (:meth:`Executor.in_process`); rank 0 records what was made (:meth:`Executor.made_in_process`).
 - In-job restart: a rank leaves the request for ``slurmrt run`` (:mod:`.injob`); when that fails, the requeue takes
   over. ``slurmrt run`` itself (``ask=False``) only records it, and starts the step.
 - Requeue: the ``exit`` event first (Slurm ends every task once it requeues the job), then ``scontrol requeue``, then
@@ -25,7 +27,7 @@ from ..record.ledger import Ledger
 from ..record.runs import Run, runs_of
 from ..stop.decision import StopDecision
 from . import exclusion, injob
-from .facts import Facts
+from .facts import Facts, InProcessFacts, Raised
 from .plan import Action, Decision, Trigger, plan
 from .policy import Outcome, futile_runs, requeue
 
@@ -60,6 +62,30 @@ class Executor:
     def futile(self) -> int:
         """Runs or steps in a row, this one included, that committed no newer checkpoint (the event log)."""
         return futile_runs(runs_of(self.events.path))
+
+    def in_process(self, raised: Raised, limits: InProcessFacts, *, stop: StopDecision | None) -> Decision:
+        """Whether the first error of a generation is restarted in the process: the plan for :attr:`Trigger.RAISED`,
+        from these facts and ``limits`` (``stop``: a stop agreed before it). Every rank asks it of the same error and
+        gets the same answer; nothing is done."""
+        return plan(Trigger.RAISED, dataclasses.replace(self.facts, in_process=limits), raised=raised, stop=stop)
+
+    def made_in_process(self, decision: Decision, *, generation: int, rank: int, error: str, step: int | None,
+                        fault_time: float, seconds: float, lead: bool) -> None:
+        """Record what became of a generation's first error (``rank`` raised ``error`` at ``step``): a restart made
+        (every rank back ``seconds`` after this rank caught it at ``fault_time``, by its own clock), or refused
+        (:attr:`Decision.in_process_refused` says why). ``lead``: this rank records it (rank 0); the refusal is said
+        on every rank, whose error then ends it."""
+        made = decision.action is Action.IN_PROCESS_RESTART
+        why = decision.in_process_refused
+        if lead:
+            self.events.emit(Event.IN_PROCESS, generation=generation, action="restart" if made else "refused",
+                             first_rank=rank, error=error, step=step, why=why, fault_time=fault_time,
+                             seconds=seconds)
+        if made and lead:
+            logger.info("in-process %s: rank %d raised %s (its last step %s); every rank back %.2f s later",
+                        decision.why, rank, error, step, seconds)
+        elif not made:  # the first error caught may be a survivor's "connection closed": the why names the cause
+            logger.warning("no restart in the process: %s (the first error: rank %d's %s)", why, rank, error)
 
     def recover(self, trigger: Trigger, *, nodes: Sequence[str] = (), stop: StopDecision | None = None,
                 failed_save: bool = False, step: int | None = None, ask: bool = True, detail: str = "",

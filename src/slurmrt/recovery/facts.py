@@ -17,7 +17,8 @@ from ..launch.topology import Topology
 from ..options import Options
 from ..sections import RecoverySection
 
-__all__ = ["ATTEMPT_ENV", "DIR_ENV", "MAX_ENV", "SPARES_ENV", "Facts", "InJob", "in_job_from_environ", "resolve"]
+__all__ = ["ATTEMPT_ENV", "DIR_ENV", "MAX_ENV", "SPARES_ENV", "Facts", "InJob", "InProcessFacts", "Raised",
+           "in_job_from_environ", "resolve"]
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +37,33 @@ class InJob:
     attempt: int
     spares: tuple[str, ...]
     max_restarts: int
+
+
+@dataclass(frozen=True)
+class Raised:
+    """The first error of a generation under ``slurmrt.run_restartable``, as the rank that raised it posted it: what
+    the plan weighs of it."""
+
+    kind: str  #: the exception's type
+    #: the last step of the generation that raised it (before its first: the step it resumed after; None: none)
+    step: int | None
+    #: a :class:`~slurmrt.ConfigError`: an option or the launch is wrong, and every generation would meet it again
+    misconfigured: bool = False
+
+    @property
+    def signature(self) -> tuple[str, int | None]:
+        """What makes an error the same as an earlier one: its type at the same step, whichever rank raised it."""
+        return self.kind, self.step
+
+
+@dataclass(frozen=True)
+class InProcessFacts:
+    """What ``slurmrt.run_restartable`` knows of this run's restarts in the process."""
+
+    #: ``run_restartable(..., max_in_process_restarts=)``
+    max_restarts: int
+    #: The errors earlier generations were restarted after, in order.
+    restarted: tuple[Raised, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,6 +90,8 @@ class Facts:
     #: The nodes the job was allocated (``slurmrt run``, the guard): a --no-kill job that lost nodes shows fewer in
     #: ``scontrol show job``, but its requeue asks for them all again.
     job_nodes: int | None = None
+    #: Set under ``slurmrt.run_restartable``, when a rank raised: a restart in the process is possible in principle.
+    in_process: InProcessFacts | None = None
 
     @classmethod
     def of(cls, options: Options, *, job: str | None, restart_count: int, in_job: InJob | None = None) -> Facts:

@@ -1,9 +1,14 @@
 """The one recovery policy: :func:`plan` turns what happened (a :class:`Trigger`) and what is known about the job
 (:class:`~slurmrt.recovery.facts.Facts`) into a :class:`Decision`. Pure: no clock, no file, no environment.
 
-Every way a run ends goes through it: the end of the loop and every agreed stop (``conclude``), a hang or a lost peer
-(the hang response), a failed health check, a node that left a ``slurmrt run`` job, a straggler. The executor
+Every way a run ends or starts again goes through it: the end of the loop and every agreed stop (``conclude``), a
+hang or a lost peer (the hang response), a failed health check, a node that left a ``slurmrt run`` job, a straggler,
+and an error that every process lived through (``slurmrt.run_restartable``). The executor
 (:mod:`slurmrt.recovery.executor`) carries the decision out.
+
+Three ways back, each with its limit: a restart in the process (``max_in_process_restarts``, a fault the processes
+survive), a new step in the job (``slurmrt run --max-in-job-restarts``, a lost process or node, a straggler), and a
+requeue (``max_restarts``, anything else that should go on).
 """
 
 from __future__ import annotations
@@ -14,11 +19,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..stop.decision import Reason, StopDecision
-from .facts import Facts
+from .facts import Facts, Raised
 from .policy import Outcome, at_time_limit, futile_why
 
 __all__ = ["IN_JOB_LOOP_GUARD", "Action", "Decision", "FaultClass", "NodeEvidence", "Trigger", "classify",
-           "fault_outcome", "plan"]
+           "fault_outcome", "in_process_refused", "plan"]
 
 #: Two steps in a row that failed without committing a newer checkpoint: the failure follows the job, not a node,
 #: and another node would most likely not cure it.
@@ -44,11 +49,14 @@ class Trigger(enum.Enum):
     UNHEALTHY = "unhealthy"
     #: A rank ended on an exception of its own.
     SOFTWARE_ERROR = "software_error"
+    #: A rank raised under ``slurmrt.run_restartable`` and every process lives: a fault the processes survive.
+    RAISED = "raised"
 
 
 class Action(enum.Enum):
     """What the job does next."""
 
+    IN_PROCESS_RESTART = "in_process_restart"  # the training called again in the same processes (run_restartable)
     IN_JOB_RESTART = "in_job_restart"  # a new step without the bad nodes, in the same job (``slurmrt run``)
     REQUEUE = "requeue"  # ``scontrol requeue``, the bad nodes added to ``ExcNodeList``
     STOP = "stop"  # ends, not requeued, by intent (scancel, SIGINT, the options, max_restarts, the loop guard)
@@ -59,7 +67,7 @@ class Action(enum.Enum):
     def for_good(self) -> bool:
         """The job ends here: slurmrt starts no other run of it and asks Slurm for none (Slurm may still requeue a
         preempted job). The one definition: the facade, the guard and :attr:`Decision.restarts` read it."""
-        return self not in (Action.IN_JOB_RESTART, Action.REQUEUE)
+        return self not in (Action.IN_PROCESS_RESTART, Action.IN_JOB_RESTART, Action.REQUEUE)
 
     @classmethod
     def of(cls, value: object) -> Action | None:
@@ -93,8 +101,12 @@ class Decision:
     exclude: tuple[str, ...] = ()
     #: Why an in-job restart was not made where one might have been (recorded as ``in_job_refused``).
     in_job_refused: str | None = None
+    #: Why a restart in the process was not made (recorded in the ``in_process`` event; the error then ends the
+    #: process, as it would without ``run_restartable``).
+    in_process_refused: str | None = None
     #: For an in-job restart: the decision without ``slurmrt run``, carried out when the request cannot be left for
-    #: it (planned with this decision, from the same facts: one plan per recovery).
+    #: it; for a restart in the process: the decision without it, when a rank does not come back (planned with this
+    #: decision, from the same facts: one plan per recovery).
     fallback: Decision | None = None
 
     @property
@@ -108,11 +120,15 @@ class Decision:
 
 
 def plan(trigger: Trigger, facts: Facts, *, nodes: Sequence[str] = (), stop: StopDecision | None = None,
-         failed_save: bool = False, progressed: bool = True) -> Decision:
+         failed_save: bool = False, progressed: bool = True, raised: Raised | None = None) -> Decision:
     """The decision for ``trigger``. ``nodes``: the bad nodes (the suspects', the lost or unhealthy node, a
     straggler's, or nodes the options leave out at the next restart); ``stop``: the agreed stop of ``STOPPED`` and
-    ``STRAGGLER``; ``failed_save``: the run's last save failed; ``progressed``: the run made at least one step. An
-    in-job restart carries its :attr:`~Decision.fallback`."""
+    ``STRAGGLER`` (for ``RAISED``: one agreed before the error, if any); ``failed_save``: the run's last save failed;
+    ``progressed``: the run made at least one step; ``raised``: the error of ``RAISED``. An in-job restart and a
+    restart in the process carry their :attr:`~Decision.fallback`."""
+    if trigger is Trigger.RAISED:
+        assert raised is not None, "plan(Trigger.RAISED) weighs the error: raised= names it"
+        return _raised(raised, facts, stop)
     decision = _decide(trigger, facts, nodes, stop, failed_save, progressed)
     if decision.action is not Action.IN_JOB_RESTART:
         return decision
@@ -120,11 +136,15 @@ def plan(trigger: Trigger, facts: Facts, *, nodes: Sequence[str] = (), stop: Sto
     return dataclasses.replace(decision, fallback=fallback)
 
 
+#: A rank's own error, not a node's: what ends the process when no restart in the process is made.
+_SOFTWARE_ERROR = Decision(Action.FAIL, Outcome.FAILED, "a software error, not a bad node: no exclusion, no requeue")
+
+
 def _decide(trigger: Trigger, facts: Facts, nodes: Sequence[str], stop: StopDecision | None, failed_save: bool,
             progressed: bool) -> Decision:
     bad = tuple(dict.fromkeys(nodes))
     if trigger is Trigger.SOFTWARE_ERROR:
-        return Decision(Action.FAIL, Outcome.FAILED, "a software error, not a bad node: no exclusion, no requeue")
+        return _SOFTWARE_ERROR
     if trigger in _NODE_FAULTS:
         return _node_fault(_NODE_FAULTS[trigger], facts, bad, judged=trigger not in _SUSPECTS)
     if trigger is Trigger.STRAGGLER:
@@ -193,6 +213,35 @@ def _node_fault(outcome: Outcome, facts: Facts, bad: tuple[str, ...], *, judged:
         return Decision(Action.FAIL, outcome, f"not requeued: {refused}", bad, in_job_refused=no)
     where = f" without {', '.join(bad)}" if bad else ""
     return Decision(Action.REQUEUE, outcome, f"requeue{where}", bad, in_job_refused=no)
+
+
+def _raised(raised: Raised, facts: Facts, stop: StopDecision | None) -> Decision:
+    """An error every process lived through: the training is called again in the same processes, unless
+    :func:`in_process_refused` says why not; then the error ends the process, as it would without the wrapper."""
+    no = in_process_refused(raised, facts, stop)
+    if no is not None:
+        return dataclasses.replace(_SOFTWARE_ERROR, in_process_refused=no)
+    done = len(facts.in_process.restarted) if facts.in_process is not None else 0
+    return Decision(Action.IN_PROCESS_RESTART, Outcome.FAILED, f"restart {done + 1} in the process",
+                    fallback=_SOFTWARE_ERROR)
+
+
+def in_process_refused(raised: Raised, facts: Facts, stop: StopDecision | None) -> str | None:
+    """Why ``raised`` is not restarted in the process (None: it is). The same on every rank, which all weigh the
+    same first error and the same earlier ones."""
+    limits = facts.in_process
+    if limits is None:
+        return "not under `slurmrt.run_restartable`"
+    if stop is not None:
+        return "a stop was already agreed: the run ends as it would have"
+    if raised.misconfigured:
+        return f"a misconfiguration ({raised.kind}): every generation would meet it; its one line says what to fix"
+    if any(r.signature == raised.signature for r in limits.restarted):
+        at = f"step {raised.step}" if raised.step is not None else "before the first step"
+        return f"the same error ({raised.kind}) at {at} ended an earlier generation: a software error that repeats"
+    if len(limits.restarted) >= limits.max_restarts:
+        return f"max_in_process_restarts={limits.max_restarts} restarts in the process were made"
+    return None
 
 
 def requeue_refused(facts: Facts) -> str | None:

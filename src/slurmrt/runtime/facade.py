@@ -6,7 +6,6 @@ to. How a run ends is the recovery executor's (:mod:`slurmrt.recovery`).
 from __future__ import annotations
 
 import contextlib
-import os
 from typing import Any, NoReturn
 
 from .. import _clock
@@ -14,30 +13,17 @@ from .._comm import destroy_default_group
 from .._errors import ConfigError
 from ..checkpoint import lease as leases
 from ..checkpoint.background import Staged
-from ..checkpoint.cadence import Cadence
 from ..checkpoint.store import SaveFn
-from ..hang.monitor import HangMonitor, HangSettings
-from ..hang.state import RunState
-from ..hang.watchdog import PhaseTimes
 from ..launch.topology import Topology
 from ..options import Options
 from ..record import experiment
 from ..record.goodput import write_metrics
-from ..record.runs import measured_earlier
 from ..recovery.conclude import conclude
 from ..recovery.executor import Executor
 from ..recovery.policy import ExitCode, Outcome
-from ..recovery.word import listen
-from ..stop.deadline import Budget
 from ..stop.decision import Reason, StopDecision
-from ..stop.killswitch import KillSwitch
-from ..stop.signals import SignalRecorder
-from ..stop.watcher import Watcher
 from . import logs
-from .controller import StopController, StopSettings
-from .hooks import ProcessHooks
-from .report import Reporter
-from .session import CheckpointSession, CheckpointSettings
+from .parts import build_run
 from .view import TopologyView
 
 __all__ = ["Runtime"]
@@ -49,63 +35,25 @@ class Runtime(TopologyView):
     def __init__(self, topology: Topology, options: Options, executor: Executor, *,
                  connections: str | None = None, lease: leases.Lease | None = None,
                  experiment_id: str | None = None) -> None:
-        # Shape: the composer: each part built once from its section and collaborators, in dependency order
-        env = os.environ
-        self.topology, self.options, self._executor = topology, options, executor
-        self.events = events = executor.events
+        self.topology, self.options = topology, options
+        self.events = executor.events
         self.cuda_device_max_connections = connections
-        self._report = Reporter(events, topology)
         self._lease, self._experiment_id = lease, experiment_id
-        # Asked even with deadline=False: a SIGTERM at the end time is the time limit (requeue), not a scancel.
-        signals = SignalRecorder(options.signals)  # and rank 0 hears slurmrt run's word: its signals, the job's times
-        end_time, word = listen(executor.facts.in_job, signals.record, env, job_id=topology.job_id,
-                                lead=topology.rank == 0, refresh_s=options.end_time_refresh_s)
-        self._switch = KillSwitch(options.kill_switch) if options.kill_switch and topology.local_rank == 0 else None
-        earlier = measured_earlier(events.path)  # one read of the log's tail, on every rank
-        budget = Budget.from_options(margin_s=options.deadline_margin_s, save_time_s=options.save_time_s,
-                                     kill_wait_s=options.kill_wait_s, measured_step_s=earlier.step_s,
-                                     measured_save_s=earlier.save_s)
-        self._hooks = ProcessHooks(signals, job_id=topology.job_id, world_size=topology.world_size)
-        token = f"{topology.requeue_id or 'local'}-r{topology.restart_count}" + \
-            (f"-a{topology.attempt}" if topology.attempt else "")
-        token = token.replace("/", "_")
-        self.checkpoints = CheckpointSession(CheckpointSettings.of(options), self._report, budget, token=token,
-                                             work=lambda: self._hooks.groups().work,
-                                             guard=lease.guard if lease is not None else None,
-                                             node=topology.hostname, per_node=topology.local_world_size,
-                                             lead=topology.local_rank == 0)
-        self._cadence = Cadence(rank=topology.rank, comm=lambda: self._hooks.groups().work, events=events.path,
-                                current=(topology.restart_count, topology.attempt), nodes=topology.nnodes,
-                                node_h=options.mtbf_node_h, local=options.local_checkpoint_dir is not None,
-                                step_s=budget.steps.estimate, costs=(earlier.save_s, None),
-                                join=self.checkpoints.settle)
-        self._state = state = RunState()  # what the stop controller writes and the hang monitor reads
-        self.hangs = HangMonitor(topology, HangSettings.of(options), executor, state=state, signals=signals,
-                                 kill_switch=self._switch)
-        self.stop = StopController(topology, StopSettings.of(options), self._report, state=state, budget=budget,
-                                   end_time=end_time, signals=signals, kill_switch=self._switch,
-                                   phases=PhaseTimes(earlier.phases), collectives=self._hooks, saves=self.checkpoints,
-                                   nodes=self.hangs, recovery=executor)
-        self._hooks.on_groups = self.hangs.first_collective
-        pollers = [p.poll for p in (self._switch, end_time if end_time.asks else None, word) if p is not None]
-        if lease is not None and lease.held:
-            pollers.append(lease.refresh)
-        if options.watchdog:
-            self._hooks.on_uncaught = self.hangs.uncaught
-            pollers.append(self.hangs.watchdog(budget, self.stop.phases).poll)
-        self._watcher = Watcher(pollers, period_s=options.watch_interval_s)
+        #: The run's parts (runtime/parts.py): the facade forwards to them; ``run_restartable`` restarts them.
+        self.parts = parts = build_run(topology, options, executor, lease=lease)
+        self.stop, self.checkpoints, self.hangs = parts.stop, parts.checkpoints, parts.hangs
         self.outcome: Outcome | None = None  #: how the run ended, once finish() decided
         self._closed = False
 
     def _start(self) -> None:
         """Install the process-global hooks and start the watcher thread (init() calls it)."""
-        self._hooks.install()
-        self._watcher.start()
+        self.parts.hooks.install()
+        self.parts.watcher.start()
         switch = self.options.kill_switch
-        self._report.started(kill_switch=str(switch.resolve()) if switch else None,
+        self.parts.report.started(kill_switch=str(switch.resolve()) if switch else None,
                              connections=self.cuda_device_max_connections, experiment=self._experiment_id)
 
-    event_log = property(lambda self: self._executor.events.path, doc="the job's event log (None without one)")
+    event_log = property(lambda self: self.parts.executor.events.path, doc="the job's event log (None without one)")
 
     @property
     def experiment_id(self) -> str:
@@ -150,7 +98,7 @@ class Runtime(TopologyView):
         balances the measured save stall against the job's failure rate (slurmrt.checkpoint.cadence). Call it on
         every rank at every step; at its check steps, about one per save, it is a collective. A step that starts
         again at 0 each epoch is counted on from the last one."""
-        return self._cadence.due(step)
+        return self.parts.cadence.due(step)
 
     def save(self, state: dict[str, Any] | SaveFn | Staged, *, step: int, blocking: bool = True,
              local: Any = None, tier: str = "shared") -> bool:
@@ -166,7 +114,7 @@ class Runtime(TopologyView):
         with self.stop.doing("save"):
             saved = self.checkpoints.save(state, step=step, blocking=blocking, local=local,
                                           decision=self.stop.decision, tier=tier)
-        self._cadence.saved(tier, _clock.mono() - started, ok=saved)
+        self.parts.cadence.saved(tier, _clock.mono() - started, ok=saved)
         self.stop.restart_step_clock()  # a save between two steps is not step time
         return saved
 
@@ -196,7 +144,7 @@ class Runtime(TopologyView):
 
     def reclaim_signals(self) -> None:
         """Put slurmrt's signal recorders back where a framework replaced them (Lightning, at the start of fit)."""
-        self._hooks.reclaim_signals()
+        self.parts.hooks.reclaim_signals()
 
     def local_reasons(self) -> frozenset[Reason]:
         """This rank's own reasons to stop (signals, the kill switch), not agreed with the others."""
@@ -216,11 +164,12 @@ class Runtime(TopologyView):
         with self.stop.doing("save"):  # waits for saves, and for the other ranks
             failed_save = not self.checkpoints.wait()
             self.stop.end_rounds()
-            self.outcome, action = conclude(self.stop.decision, executor=self._executor, comm=self._hooks.groups().work,
-                                    failed_save=failed_save, step=self.stop.last_step,
-                                    exclude=self.stop.exclude_nodes, progressed=self.stop.steps_done > 0)
+            self.outcome, action = conclude(self.stop.decision, executor=self.parts.executor,
+                                            comm=self.parts.hooks.groups().work, failed_save=failed_save,
+                                            step=self.stop.last_step, exclude=self.stop.exclude_nodes,
+                                            progressed=self.stop.steps_done > 0)
         if self.options.metrics_file is not None and self.rank == 0:
-            write_metrics(self.options.metrics_file, self._executor.events.path, job=self.job_id or "local",
+            write_metrics(self.options.metrics_file, self.parts.executor.events.path, job=self.job_id or "local",
                           experiment=self.experiment_id)
         if self.outcome is Outcome.FINISHED:  # nothing will resume from this node's local tier
             self.checkpoints.clear_local()
@@ -242,16 +191,16 @@ class Runtime(TopologyView):
         if self._closed:
             return
         self._closed = True
-        self._state.activity = None  # the watchdog stands down
+        self.parts.state.activity = None  # the watchdog stands down
         self.stop.end_rounds()
-        self._watcher.stop()
+        self.parts.watcher.stop()
         # A background save still in flight is the user's checkpoint, and its thread is inside a collective: the
         # interpreter must not end under it (gloo aborts the process). Let it commit; and let the pruned checkpoints'
         # files go.
         self.checkpoints.close()
         agreement = self.stop.agreement
         # After a failed round a peer is probably gone: destroying the groups could wait for it.
-        self._hooks.undo(destroy_groups=agreement is None or not agreement.failed)
+        self.parts.hooks.undo(destroy_groups=agreement is None or not agreement.failed)
         if self._lease is not None:
             self._lease.release()  # the next task of an --array=...%1 chain may take the directory now
 

@@ -11,9 +11,10 @@ torchrun, its agent's store there). When
    closed" that follows), then aborts the default group (every group made from it goes with it) and slurmrt's two
    trees. A peer in a collective with it, or in an agreement round, fails at once; its own ``Exception`` takes it
    here too, and so on: every rank that trains with the others reaches this point within one collective.
-2. Each rank decides from the first fault, the same on every rank: restart, unless a stop was already agreed, the
-   same error (type and step) ended an earlier generation (a software error that repeats), or ``max_restarts``
-   generations were restarted. A rank that refuses says so in the store, and the others refuse with it.
+2. Each rank asks the recovery plan about the first fault (:attr:`~slurmrt.recovery.plan.Trigger.RAISED`), the same
+   on every rank: restart, unless a stop was already agreed, the fault is a misconfiguration, the same error (type
+   and step) ended an earlier generation (a software error that repeats), or ``max_in_process_restarts`` generations
+   were restarted. A rank that refuses says so in the store, and the others refuse with it.
 3. Each rank puts slurmrt's per-run parts back to their state before the first step (the agreement, the groups, the
    checkpoint session, the census), arrives at the generation's rejoin count, and waits for every rank. A rank whose
    process died never arrives: after ``rejoin_timeout_s`` the others raise their own exception, and the process ends
@@ -28,6 +29,7 @@ built before it, a data loader's worker processes, a CUDA graph) is the user's t
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import json
 import logging
@@ -42,15 +44,16 @@ from .._comm import torch_distributed
 from .._errors import ConfigError
 from .._text import shorten
 from ..launch.topology import LaunchMode
-from ..record.events import Event
 from ..recovery import injob
+from ..recovery.facts import InProcessFacts, Raised
+from ..recovery.plan import Action, Decision
 from .peerabort import FAULT, PeerAbort
 from .release import release
 
 if TYPE_CHECKING:
     from .view import TopologyView as Runtime  # the facade's base: the facade itself would make an import cycle
 
-__all__ = ["Fault", "InProcess", "refusal", "run_restartable"]
+__all__ = ["Fault", "InProcess", "run_restartable"]
 
 logger = logging.getLogger(__name__)
 
@@ -83,34 +86,22 @@ class Fault:
                    None if d["step"] is None else int(d["step"]), float(d["time"]), d.get("misconfigured") is True)
 
     @property
-    def signature(self) -> tuple[str, int | None]:
-        return self.kind, self.step
+    def raised(self) -> Raised:
+        """What the recovery plan weighs of it."""
+        return Raised(self.kind, self.step, self.misconfigured)
 
 
-def refusal(fault: Fault, *, restarted: list[Fault], max_restarts: int, stopping: bool) -> str | None:
-    """Why ``fault`` is not restarted in the process (None: it is). Pure, and the same on every rank, which all
-    decide from the same first fault and the same earlier ones."""
-    if stopping:
-        return "a stop was already agreed: the run ends as it would have"
-    if fault.misconfigured:
-        return f"a misconfiguration ({fault.kind}): every generation would meet it; its one line says what to fix"
-    if any(f.signature == fault.signature for f in restarted):
-        at = f"step {fault.step}" if fault.step is not None else "before the first step"
-        return f"the same error ({fault.kind}) at {at} ended an earlier generation: a software error that repeats"
-    if len(restarted) >= max_restarts:
-        return f"max_restarts={max_restarts} in-process restarts were used"
-    return None
-
-
-def run_restartable(rt: Runtime, train: Callable[[int], T], *, backend: str = "gloo", max_restarts: int = 3,
-                    rejoin_timeout_s: float = 20.0, timeout: datetime.timedelta | None = None) -> T:
+def run_restartable(rt: Runtime, train: Callable[[int], T], *, backend: str = "gloo",
+                    max_in_process_restarts: int = 3, rejoin_timeout_s: float = 20.0,
+                    timeout: datetime.timedelta | None = None) -> T:
     """Make the default process group (``backend``) and return ``train(generation)``; when it raises on a rank and
     every process lives, rebuild the group and call it again in the same processes (generation 1, 2, ...), without a
     new step or a requeue. ``train`` builds its model and loads the newest checkpoint itself, as a script's start
-    does. Not restarted: an error after an agreed stop, a ConfigError, the same error at the same step twice, more than
-    ``max_restarts``, a rank that does not come back within ``rejoin_timeout_s`` (its process died: the new step's or
-    the requeue's); then the exception is raised, as without the wrapper (docs/guides/in-job.md)."""
-    return InProcess(rt, backend=backend, max_restarts=max_restarts, rejoin_timeout_s=rejoin_timeout_s,
+    does. Whether a fault is restarted is the recovery plan's to say: not an error after an agreed stop, a
+    ConfigError, the same error at the same step twice, more than ``max_in_process_restarts``, nor a rank that does
+    not come back within ``rejoin_timeout_s`` (its process died: the new step's or the requeue's); then the exception
+    is raised, as without the wrapper (docs/guides/in-job.md)."""
+    return InProcess(rt, backend=backend, max_restarts=max_in_process_restarts, rejoin_timeout_s=rejoin_timeout_s,
                      timeout=timeout).run(train)
 
 
@@ -119,9 +110,9 @@ class InProcess:
                  timeout: datetime.timedelta | None) -> None:
         # The project's figures (not a bare comparison): "20", True or nan is refused here, not deep in torch.
         if figures.count(max_restarts) is None or not (figures.seconds(rejoin_timeout_s) or 0.0) > 0:
-            raise ConfigError("run_restartable(): max_restarts must be 0 or more and rejoin_timeout_s a finite number "
-                              "of seconds above 0",
-                              max_restarts=max_restarts, rejoin_timeout_s=rejoin_timeout_s)
+            raise ConfigError("run_restartable(): max_in_process_restarts must be 0 or more and rejoin_timeout_s a "
+                              "finite number of seconds above 0",
+                              max_in_process_restarts=max_restarts, rejoin_timeout_s=rejoin_timeout_s)
         self.rt, self.backend, self.max_restarts = rt, backend, max_restarts
         self.rejoin_timeout_s, self.timeout = rejoin_timeout_s, timeout
         self.restarted: list[Fault] = []
@@ -150,18 +141,28 @@ class InProcess:
                 fault = self._post(generation, err)
                 watcher.tell(FAULT)
                 self._abort(dist, err)
-                why = refusal(fault, restarted=self.restarted, max_restarts=self.max_restarts,
-                              stopping=self.rt.stop.decision is not None)
-                if why is None:
-                    why = self._rejoin(generation)
-                self._record(generation, fault, why, caught)
-                if why is not None:
+                decision = self._decide(fault, generation)
+                self._record(generation, fault, decision, caught)
+                if decision.action is not Action.IN_PROCESS_RESTART:
                     raise
                 self.restarted.append(fault)
                 generation += 1
                 self._restarted(generation)
             finally:
                 watcher.close()
+
+    def _decide(self, fault: Fault, generation: int) -> Decision:
+        """The plan's decision about ``fault``; a restart stands only once every rank is back (else the plan's
+        fallback, with the reason the rank that gave up set)."""
+        limits = InProcessFacts(self.max_restarts, tuple(f.raised for f in self.restarted))
+        decision = self.rt.parts.executor.in_process(fault.raised, limits, stop=self.rt.stop.decision)
+        if decision.action is not Action.IN_PROCESS_RESTART:
+            return decision
+        why = self._rejoin(generation)
+        if why is None:
+            return decision
+        assert decision.fallback is not None  # plan() gives every restart in the process its fallback
+        return dataclasses.replace(decision.fallback, in_process_refused=why)
 
     # -- the store and the groups ------------------------------------------------------------------------------------
     def _base_store(self, dist: Any) -> Any:
@@ -192,8 +193,7 @@ class InProcess:
         """This rank's groups closed at once, the agreement out of its round: peers waiting on it fail instead of
         waiting. The default group is let go of (:mod:`slurmrt.runtime.release`): gloo closes its connections only
         when nothing holds it."""
-        self.rt.stop.restart()
-        self.rt._hooks.drop_groups()  # noqa: SLF001 - the runtime's parts, put back to their state before a first step
+        self.rt.parts.abort()
         if not dist.is_initialized():
             return
         gloo = dist.get_backend() == "gloo"
@@ -205,9 +205,7 @@ class InProcess:
 
     def _restarted(self, generation: int) -> None:
         """Every rank is back: the next generation starts as the first did, its saves in directories of its own."""
-        self.rt.checkpoints.restart(generation)
-        self.rt.hangs.restart()
-        self.rt._cadence.restart()  # noqa: SLF001
+        self.rt.parts.restart(generation)
 
     # -- one fault -------------------------------------------------------------------------------------------------
     def _post(self, generation: int, err: Exception) -> Fault:
@@ -268,27 +266,21 @@ class InProcess:
     def _ended(self) -> list[int]:
         """The tasks srun saw end, as ``slurmrt run`` tells (:class:`slurmrt.recovery.injob.EndedReader`)."""
         if self._tasks is None:
-            self._tasks = injob.EndedReader(self.rt._executor.facts.in_job,  # noqa: SLF001
+            self._tasks = injob.EndedReader(self.rt.parts.executor.facts.in_job,
                                             tasks_are_ranks=self.rt.topology.mode is LaunchMode.SRUN)
         return sorted(self._tasks())
 
-    def _record(self, generation: int, fault: Fault, why: str | None, caught: tuple[float, float]) -> None:
-        """Rank 0 records the generation's fault at the time it caught its own part of it (by its clock, as the
-        events around it are): the first rank's time is another host's clock, and skew would read as recovery."""
-        if why is not None and self._store is not None:  # a refusal before the rejoin: the others' verdict too
+    def _record(self, generation: int, fault: Fault, decision: Decision, caught: tuple[float, float]) -> None:
+        """The executor records the generation's fault (rank 0, at the time it caught its own part of it, by its
+        clock, as the events around it are: the first rank's time is another host's clock, and skew would read as
+        recovery). A refusal before the rejoin is set as the verdict too, for the ranks still waiting."""
+        why = decision.in_process_refused
+        if why is not None and self._store is not None:
             with contextlib.suppress(Exception):  # the store's host is gone: the others time out instead
                 self._store.compare_set(f"{self._prefix}/verdict/{generation}", "", f"{self.rt.rank}: {why}")
-        action = "restart" if why is None else "refused"
-        if self.rt.rank == 0:
-            self.rt.events.emit(Event.IN_PROCESS, generation=generation, action=action, first_rank=fault.rank,
-                                error=fault.error, step=fault.step, why=why, fault_time=caught[0],
-                                seconds=time.monotonic() - caught[1])
-        if why is None and self.rt.rank == 0:
-            logger.info("in-process restart %d: rank %d raised %s (its last step %s); every rank back %.2f s later",
-                        generation + 1, fault.rank, fault.error, fault.step, time.monotonic() - caught[1])
-        elif why is not None:  # the first error caught may be a survivor's "connection closed": the why names the cause
-            logger.warning("no in-process restart: %s (the first error caught: rank %d's %s)", why, fault.rank,
-                           fault.error)
+        self.rt.parts.executor.made_in_process(decision, generation=generation, rank=fault.rank, error=fault.error,
+                                               step=fault.step, fault_time=caught[0],
+                                               seconds=time.monotonic() - caught[1], lead=self.rt.rank == 0)
 
 
 class _NoWatcher:
