@@ -96,7 +96,8 @@ def train(generation: int) -> torch.nn.Module:
     return model
 
 
-model = slurmrt.run_restartable(rt, train, max_in_process_restarts=args.max_restarts, rejoin_timeout_s=args.rejoin_timeout)
+model = slurmrt.run_restartable(rt, train, max_in_process_restarts=args.max_restarts,
+                                rejoin_timeout_s=args.rejoin_timeout)
 if rt.rank == 0:
     args.out.mkdir(parents=True, exist_ok=True)
     torch.save(model.state_dict(), args.out / "weights.pt")
