@@ -1,7 +1,9 @@
 """How an option's value is checked: each option's field carries its :class:`Rule` (:func:`setting`), and
 :func:`convert` is the one place every option, given in code or as ``SLURMRT_<NAME>``, is validated.
 
-The sections that declare the options are :mod:`slurmrt.sections`; :class:`slurmrt.options.Options` composes them.
+Each part's package declares its options in a :class:`Section` of its own (``checkpoint/settings.py``,
+``stop/settings.py``, ...); :class:`slurmrt.options.Options` composes them. Below every package: a section's rules
+and the signals' names need nothing of slurmrt's above the standard helpers.
 """
 
 from __future__ import annotations
@@ -17,15 +19,14 @@ from typing import Any, TypeVar
 from . import _figures as figures
 from ._errors import ConfigError
 from ._safefs import group_id
-from .stop.signals import parse_signal
 
-__all__ = ["Part", "Rule", "convert", "rule_of", "setting"]
+__all__ = ["Rule", "Section", "convert", "parse_signal", "rule_of", "setting"]
 
 _TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
 _NONE = {"none", "off", "never"}
 #: Signals a process cannot catch: a recorder for them would never run.
 _UNCATCHABLE = {signal.SIGKILL, signal.SIGSTOP}
-_P = TypeVar("_P", bound="Part")
+_S = TypeVar("_S", bound="Section")
 
 
 @dataclass(frozen=True)
@@ -54,13 +55,28 @@ def rule_of(cls: type, name: str) -> Rule:
     return next(f.metadata["rule"] for f in fields(cls) if f.name == name)
 
 
-class Part:
-    """A part's settings: the options it uses, named as the options are, picked from the whole by
-    :meth:`of` (the composers hold the whole; a part never does)."""
+class Section:
+    """A part's options (a frozen dataclass of :func:`setting` fields), declared once in its package; the composer
+    picks it from the whole with :meth:`of` and hands it to the part (the composers hold the whole; a part never
+    does)."""
 
     @classmethod
-    def of(cls: type[_P], whole: object) -> _P:
+    def of(cls: type[_S], whole: object) -> _S:
         return cls(**{f.name: getattr(whole, f.name) for f in fields(cls)})  # type: ignore[arg-type]
+
+
+def parse_signal(value: str | int | signal.Signals) -> signal.Signals:
+    """``"USR1"``, ``"SIGUSR1"``, ``10`` or ``signal.SIGUSR1`` -> ``signal.SIGUSR1``."""
+    if isinstance(value, signal.Signals):
+        return value
+    if isinstance(value, int) or (isinstance(value, str) and value.strip().isdigit()):
+        return signal.Signals(int(value))
+    name = value.strip().upper()
+    name = name if name.startswith("SIG") else f"SIG{name}"
+    try:
+        return signal.Signals[name]
+    except KeyError:
+        raise ValueError(f"unknown signal {value!r}; use a name such as USR1 or TERM") from None
 
 
 def convert(name: str, rule: Rule, value: Any) -> Any:

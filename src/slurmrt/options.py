@@ -1,5 +1,6 @@
 """init() options: keyword arguments, each with a ``SLURMRT_*`` environment variable (docs/reference/environment.md),
-declared in the sections of :mod:`slurmrt.sections` and composed here.
+declared once each, in the section of the package that uses it (``checkpoint/settings.py``, ``stop/settings.py``,
+``hang/settings.py``, ``recovery/settings.py``, ``record/settings.py``, ``launch/settings.py``), and composed here.
 
 An explicit argument wins over the environment, which wins over the default; every value is checked by its rule
 (:mod:`slurmrt._rules`).
@@ -14,19 +15,28 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from ._rules import convert, rule_of
+from .checkpoint.settings import CheckpointSection
+from .hang.settings import HangSection
 from .launch.parallel import ParallelConfig
+from .launch.settings import LaunchSection
 from .launch.slurmvars import export_env
-from .sections import CheckpointSection, HangSection, LaunchSection, RecordSection, RecoverySection, StopSection
+from .record.settings import RecordSection
+from .recovery.settings import RecoverySection
+from .stop.settings import StopSection
 
-__all__ = ["DEPRECATED", "OTHER_VARIABLES", "Options", "dropped_by_export", "unknown_variables", "warn_unknown"]
+__all__ = ["DEPRECATED", "OTHER_VARIABLES", "SECTIONS", "Options", "dropped_by_export", "unknown_variables",
+           "warn_unknown"]
+
+#: Every section, in the order of the options' documentation.
+SECTIONS = (CheckpointSection, StopSection, HangSection, RecoverySection, RecordSection, LaunchSection)
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True)
 class Options(CheckpointSection, StopSection, HangSection, RecoverySection, RecordSection, LaunchSection):
-    """Every option: the sections of :mod:`slurmrt.sections` composed, each option a keyword argument here and of
-    ``init()``. A part takes only its own settings, picked from this by the composers (``StopSettings.of``)."""
+    """Every option: the packages' sections (:data:`SECTIONS`) composed, each option a keyword argument here and of
+    ``init()``. A part takes only its own section, picked from this by the composers (``StopSection.of``)."""
 
     @property
     def kill_switch_poll_s(self) -> float:

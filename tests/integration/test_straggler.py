@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 
-from slurmrt import Options
 from slurmrt._comm import SoloComm
 from slurmrt.launch.topology import from_environ
 from slurmrt.record.events import EventLog, read_events
@@ -21,6 +20,7 @@ from slurmrt.recovery.conclude import conclude
 from slurmrt.recovery.executor import Executor
 from slurmrt.recovery.facts import resolve
 from slurmrt.recovery.policy import Outcome
+from slurmrt.recovery.settings import RecoverySection
 from slurmrt.stop import straggler as mod
 from slurmrt.stop.decision import Reason, StopDecision
 
@@ -76,7 +76,7 @@ def _conclude(tmp_path: Path, reasons: set[Reason], exclude: list[str]) -> tuple
     topo = from_environ(env)
     events = EventLog(tmp_path / "events.jsonl", job="7", restart=0, rank=0)
     decision = StopDecision(40, frozenset(reasons), True)
-    executor = Executor(resolve(Options(), topo, os.environ), events, node=topo.hostname)
+    executor = Executor(resolve(RecoverySection(), topo, os.environ, kill_switch=None), events, node=topo.hostname)
     outcome, _ = conclude(decision, executor=executor, comm=SoloComm(), failed_save=False, step=40, exclude=exclude)
     return outcome, list(read_events(events.path))
 

@@ -95,7 +95,7 @@ def test_a_named_node_is_replaced_only_on_evidence_against_it(tmp_path: Path, un
     log = tmp_path / "events-7.jsonl"
     env = {**os.environ, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-3]", "SLURM_NTASKS_PER_NODE": "2",
            "FAKE_LOG": str(tmp_path / "log"), "FAKE_CODE": "3", "FAKE_UNHEALTHY": "n2" if unhealthy else ""}
-    sup = Supervisor(["python", "train.py"], spare_nodes=1, max_restarts=3, env=env, slurm_job=job_of(env),
+    sup = Supervisor(["python", "train.py"], spare_nodes=1, max_in_job_restarts=3, env=env, slurm_job=job_of(env),
                      directory=tmp_path / "d", srun=str(fake_srun(tmp_path)),
                      event_log=lambda attempt: EventLog(log, job="7", restart=0, rank=-1, attempt=attempt))
     assert sup.run() == 3  # the last step's code
@@ -123,7 +123,8 @@ def test_a_step_killed_unanswered_restarts_on_the_same_nodes_and_one_ending_on_a
     would fail the same way."""
     env = {**os.environ, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-3]", "FAKE_LOG": str(tmp_path / "log"),
            "FAKE_WAIT_FIRST": "1", "FAKE_CODE": str(code)}
-    sup = Supervisor(["x"], spare_nodes=1, max_restarts=3, env=env, slurm_job=job_of(env), directory=tmp_path / "d",
+    sup = Supervisor(["x"], spare_nodes=1, max_in_job_restarts=3, env=env, slurm_job=job_of(env),
+                     directory=tmp_path / "d",
                      srun=str(fake_srun(tmp_path)))
     assert sup.run() == expected
     calls = [json.loads(line) for line in (tmp_path / "log").read_text().splitlines()]
@@ -137,7 +138,8 @@ def test_the_tasks_srun_saw_end_reach_the_steps_ranks_while_the_step_runs(
     directory before the step ends, where the step's ranks look while they take the census."""
     env = {**os.environ, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-3]", "SLURM_NTASKS_PER_NODE": "2",
            "FAKE_LOG": str(tmp_path / "log"), "FAKE_TASK_ENDED": "n2: tasks 2-3: Killed"}
-    sup = Supervisor(["x"], spare_nodes=1, max_restarts=1, env=env, slurm_job=job_of(env), directory=tmp_path / "d",
+    sup = Supervisor(["x"], spare_nodes=1, max_in_job_restarts=1, env=env, slurm_job=job_of(env),
+                     directory=tmp_path / "d",
                      srun=str(fake_srun(tmp_path)))
     sup.run()
     seen = [json.loads(line) for line in (tmp_path / "log").read_text().splitlines() if '"ended"' in line]
@@ -153,7 +155,8 @@ def test_a_task_that_init_found_misconfigured_ends_the_job_with_78_and_no_restar
     step's code (137) would read as a killed rank, restarted and requeued in a loop; srun's line says otherwise."""
     env = {**os.environ, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-3]", "FAKE_LOG": str(tmp_path / "log"),
            "FAKE_TASK_ENDED": "n1: task 0: Exited with exit code 78"}
-    sup = Supervisor(["x"], spare_nodes=1, max_restarts=3, env=env, slurm_job=job_of(env), directory=tmp_path / "d",
+    sup = Supervisor(["x"], spare_nodes=1, max_in_job_restarts=3, env=env, slurm_job=job_of(env),
+                     directory=tmp_path / "d",
                      srun=str(fake_srun(tmp_path)))
     assert sup.run() == ExitCode.CONFIG
     steps = [line for line in (tmp_path / "log").read_text().splitlines() if '"argv"' in line]
@@ -172,7 +175,8 @@ def _answered(tmp_path: Path, *, code: int, outcome: str, rank: int, step_code: 
                                                        lead=True, **chosen)
     env = {**os.environ, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-3]", "FAKE_LOG": str(tmp_path / "log"),
            "FAKE_WAIT_FIRST": "1", "FAKE_CODE": step_code, **(extra_env or {})}
-    return Supervisor(["x"], spare_nodes=1, max_restarts=3, env=env, slurm_job=job_of(env), directory=tmp_path / "d",
+    return Supervisor(["x"], spare_nodes=1, max_in_job_restarts=3, env=env, slurm_job=job_of(env),
+                      directory=tmp_path / "d",
                       srun=str(fake_srun(tmp_path)),
                       event_log=lambda attempt: EventLog(log, job="7", restart=0, rank=-1, attempt=attempt))
 
@@ -225,7 +229,7 @@ def test_a_stale_request_from_a_killed_supervisor_is_not_read_as_this_runs(tmp_p
     d.mkdir(mode=0o700)
     (d / "request-1.json").write_text('{"attempt": 1, "exclude": ["n1"]}')
     env = {**os.environ, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-3]", "FAKE_LOG": str(tmp_path / "log")}
-    sup = Supervisor(["x"], spare_nodes=1, max_restarts=3, env=env, slurm_job=job_of(env), directory=d,
+    sup = Supervisor(["x"], spare_nodes=1, max_in_job_restarts=3, env=env, slurm_job=job_of(env), directory=d,
                      srun=str(fake_srun(tmp_path)))
     assert sup.run() == 0
     assert len((tmp_path / "log").read_text().splitlines()) == 2  # step 0, its replacement; no third step
@@ -289,7 +293,8 @@ def test_a_node_that_left_the_allocation_is_replaced_though_nobody_could_ask(
     env = {**os.environ, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-3]", "FAKE_LOG": str(tmp_path / "log"),
            "FAKE_NODE_FAILURE": "1", "PATH": f"{tmp_path}:{os.environ['PATH']}"}
     monkeypatch.setenv("PATH", env["PATH"])  # _slurm.run finds scontrol on this process's PATH
-    sup = Supervisor(["x"], spare_nodes=1, max_restarts=3, env=env, slurm_job=job_of(env), directory=tmp_path / "d",
+    sup = Supervisor(["x"], spare_nodes=1, max_in_job_restarts=3, env=env, slurm_job=job_of(env),
+                     directory=tmp_path / "d",
                      srun=str(fake_srun(tmp_path)))
     # n[1-3] still held: no node left, and nobody in the step asked: the step died unanswered (137) on healthy
     # nodes, a process fault: a new step on the same nodes, the spare kept (not the step's raw code, a job left dead)
@@ -328,7 +333,8 @@ def test_a_spare_that_left_the_job_is_not_given_a_step(tmp_path: Path, monkeypat
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
     env = {**os.environ, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-3]", "FAKE_LOG": str(tmp_path / "log"),
            "FAKE_UNHEALTHY": "n2"}
-    sup = Supervisor(["x"], spare_nodes=1, max_restarts=3, env=env, slurm_job=job_of(env), directory=tmp_path / "d",
+    sup = Supervisor(["x"], spare_nodes=1, max_in_job_restarts=3, env=env, slurm_job=job_of(env),
+                     directory=tmp_path / "d",
                      srun=str(fake_srun(tmp_path)))
     assert sup.run() == int(ExitCode.UNHEALTHY)
     assert len((tmp_path / "log").read_text().splitlines()) == 1  # step 0 only
@@ -343,7 +349,8 @@ def test_a_signal_before_the_step_runs_is_in_its_word_with_the_jobs_times_when_i
     wait = tmp_path / "step-running"
     env = {**os.environ, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]", "FAKE_LOG": str(tmp_path / "log"),
            "FAKE_WAIT": str(wait), "FAKE_WAIT_FIRST": "1"}
-    sup = Supervisor(["x"], spare_nodes=0, max_restarts=0, env=env, slurm_job=job_of(env), directory=tmp_path / "d",
+    sup = Supervisor(["x"], spare_nodes=0, max_in_job_restarts=0, env=env, slurm_job=job_of(env),
+                     directory=tmp_path / "d",
                      srun=str(fake_srun(tmp_path)))
     sup.forwarder.times = lambda job: (1000.0, 2000.0 if job == "7" else None)
     sup._on_signal(signal.SIGUSR1, None)  # the handler, as Python calls it: no step yet
@@ -378,7 +385,8 @@ def test_the_supervisor_records_in_the_event_log_the_training_resolved_in_code(t
              "max_restarts": 9, "max_futile_runs": 3, "max_excluded_nodes": 4}
     env = {**os.environ, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-3]", "FAKE_LOG": str(tmp_path / "log"),
            "FAKE_WAIT_FIRST": "1", "FAKE_CODE": "137", "FAKE_FACTS": json.dumps(facts).replace('"ATTEMPT"', "ATTEMPT")}
-    sup = Supervisor(["x"], spare_nodes=1, max_restarts=1, env=env, slurm_job=job_of(env), directory=tmp_path / "d",
+    sup = Supervisor(["x"], spare_nodes=1, max_in_job_restarts=1, env=env, slurm_job=job_of(env),
+                     directory=tmp_path / "d",
                      srun=str(fake_srun(tmp_path)),
                      event_log=lambda attempt: EventLog(env_log, job="7", restart=0, rank=-1, attempt=attempt))
     assert sup.run() == 5  # killed twice on healthy nodes: the same nodes once (--max-in-job-restarts 1), then the end
@@ -387,7 +395,7 @@ def test_the_supervisor_records_in_the_event_log_the_training_resolved_in_code(t
     decisions = [e for e in ev if e["event"] == "recovery"]
     assert [(d["class"], d["action"]) for d in decisions] == [("process", "in_job_restart"), ("process", "requeue")]
     assert [e["event"] for e in ev if e["event"] in ("requeue", "exit")][-2:] == ["exit", "requeue"]
-    assert sup.facts is not None and sup.facts.max_restarts == 9
+    assert sup.facts is not None and sup.facts.policy.max_restarts == 9
 
 
 @pytest.mark.parametrize("text", ["", "{", "[]", '{"attempt": 0}', '{"attempt": 0, "event_log": "rel/e.jsonl", '
@@ -444,7 +452,8 @@ def test_the_health_probe_checks_the_directory_the_training_resolved_not_the_env
 
     env = {**os.environ, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-3]"}
     env.pop("SLURMRT_CHECKPOINT_DIR", None)
-    sup = Supervisor(["x"], spare_nodes=1, max_restarts=3, env=env, slurm_job=job_of(env), directory=tmp_path / "d",
+    sup = Supervisor(["x"], spare_nodes=1, max_in_job_restarts=3, env=env, slurm_job=job_of(env),
+                     directory=tmp_path / "d",
                      srun=str(fake_srun(tmp_path)), evidence=Evidence("srun", "7", env))
     (tmp_path / "d").mkdir(mode=0o700)
     injob.share_facts(InJob(tmp_path / "d", 0, (), 3), {"event_log": None, "checkpoint_dir": tmp_path / "mine",
@@ -464,7 +473,8 @@ def test_the_trainings_own_options_are_said_once_and_not_for_a_checkpoint_dir_se
 
     env = {**os.environ, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-3]"}
     env.pop("SLURMRT_CHECKPOINT_DIR", None)
-    sup = Supervisor(["x"], spare_nodes=1, max_restarts=3, env=env, slurm_job=job_of(env), directory=tmp_path / "d",
+    sup = Supervisor(["x"], spare_nodes=1, max_in_job_restarts=3, env=env, slurm_job=job_of(env),
+                     directory=tmp_path / "d",
                      srun=str(fake_srun(tmp_path)), facts=Facts(job="7"))
     (tmp_path / "d").mkdir(mode=0o700)
     shared = {"event_log": tmp_path / "ckpt" / "events-7.jsonl", "checkpoint_dir": tmp_path / "ckpt",

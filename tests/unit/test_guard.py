@@ -18,6 +18,7 @@ from slurmrt.record.ledger import Ledger
 from slurmrt.recovery.exclusion import JobNodes, parse_job
 from slurmrt.recovery.facts import Facts
 from slurmrt.recovery.guard import arm, armed, judge, stand_guard
+from slurmrt.recovery.settings import RecoverySection
 from tests.unit.conftest import fake_slurm
 
 #: What `scontrol show job -o` said about a --no-kill job whose batch node n1 failed (test cluster, 2026-11-26).
@@ -88,9 +89,10 @@ def test_a_guard_that_cannot_be_submitted_costs_a_warning_and_nothing_else(slurm
     assert event["guard"] is None and armed(path, "664") == []
 
 
-def _stand(tmp_path: Path, ledger: Ledger, **facts: object) -> int:
+def _stand(tmp_path: Path, ledger: Ledger, **policy: object) -> int:
     path = tmp_path / "events.jsonl"
-    return stand_guard("664", 1, "n1", facts=Facts(job="664", restart_count=1, **facts), ledger=ledger,  # type: ignore[arg-type]
+    facts = Facts(job="664", restart_count=1, policy=RecoverySection(**policy))  # type: ignore[arg-type]
+    return stand_guard("664", 1, "n1", facts=facts, ledger=ledger,
                        event_log=lambda attempt: EventLog(path, job="664", restart=1, rank=-1, attempt=attempt))
 
 

@@ -18,6 +18,7 @@ from slurmrt.recovery.executor import Executor
 from slurmrt.recovery.facts import Facts, InJob, in_job_from_environ
 from slurmrt.recovery.plan import Action, Trigger
 from slurmrt.recovery.policy import ExitCode
+from slurmrt.recovery.settings import RecoverySection
 from slurmrt.recovery.supervisor import Placement, Supervisor, place, srun_command
 
 
@@ -161,9 +162,11 @@ def test_placement_and_the_step_command() -> None:
 def test_too_many_spares_or_no_job_is_a_clear_error(tmp_path: Path) -> None:
     env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]"}
     with pytest.raises(ConfigError, match="--spare-nodes 2 with 2 node"):
-        Supervisor(["true"], spare_nodes=2, max_restarts=3, env=env, slurm_job=job_of(env), directory=tmp_path / "d")
+        Supervisor(["true"], spare_nodes=2, max_in_job_restarts=3, env=env, slurm_job=job_of(env),
+                   directory=tmp_path / "d")
     with pytest.raises(ConfigError, match="run it in an sbatch script"):
-        Supervisor(["true"], spare_nodes=0, max_restarts=3, env={}, slurm_job=job_of({}), directory=tmp_path / "d")
+        Supervisor(["true"], spare_nodes=0, max_in_job_restarts=3, env={}, slurm_job=job_of({}),
+                   directory=tmp_path / "d")
 
 
 def test_local_tier_partners_and_the_step_chosen_across_nodes() -> None:
@@ -189,7 +192,7 @@ def test_the_trainings_event_log_is_the_environments_when_both_name_one_file(tmp
     monkeypatch.chdir(tmp_path)
     data = {"event_log": str(tmp_path / "ckpt" / "events-7.jsonl"), "checkpoint_dir": str(tmp_path / "ckpt"),
             "requeue": True, "max_restarts": None, "max_futile_runs": 3, "max_excluded_nodes": 4}
-    facts = Facts(job="7", requeue=True, max_futile_runs=3, max_excluded_nodes=4)
+    facts = Facts(job="7", policy=RecoverySection(requeue=True, max_futile_runs=3, max_excluded_nodes=4))
     assert facts.learned(data, Path("ckpt/events-7.jsonl"))[1] == ""
     assert facts.learned(data, tmp_path / "ckpt" / "events-7.jsonl")[1] == ""
     assert facts.learned(data, Path("other/events-7.jsonl"))[1] == f"event log {tmp_path / 'ckpt' / 'events-7.jsonl'}"

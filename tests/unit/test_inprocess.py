@@ -106,19 +106,19 @@ def test_a_long_error_is_cut_at_a_word_and_says_so() -> None:
 @pytest.mark.parametrize("timeout", [math.inf, math.nan, 0.0, -1.0, "20", True, 10**400])
 def test_a_rejoin_time_that_is_not_a_finite_positive_number_is_a_clear_error(timeout: float) -> None:
     with pytest.raises(ConfigError, match="rejoin_timeout_s"):
-        InProcess(None, backend="gloo", max_restarts=3, rejoin_timeout_s=timeout, timeout=None)
+        InProcess(None, backend="gloo", max_in_process_restarts=3, rejoin_timeout_s=timeout, timeout=None)
 
 
 @pytest.mark.parametrize("most", [-1, "3", 2.5, True])
 def test_max_in_process_restarts_that_is_not_a_count_is_a_clear_error(most: int) -> None:
     with pytest.raises(ConfigError, match="max_in_process_restarts"):
-        InProcess(None, backend="gloo", max_restarts=most, rejoin_timeout_s=20.0, timeout=None)
+        InProcess(None, backend="gloo", max_in_process_restarts=most, rejoin_timeout_s=20.0, timeout=None)
 
 
 def _waiting(terminated: bool, ended: list[int]) -> InProcess:
     topology = SimpleNamespace(restart_count=0, attempt=0, rank=1, world_size=2)
     rt = SimpleNamespace(topology=topology, rank=1, stop=SimpleNamespace(terminated=terminated))
-    waiting = InProcess(rt, backend="gloo", max_restarts=3, rejoin_timeout_s=20.0, timeout=None)
+    waiting = InProcess(rt, backend="gloo", max_in_process_restarts=3, rejoin_timeout_s=20.0, timeout=None)
     waiting._tasks = lambda: set(ended)  # type: ignore[assignment]  # srun's ended tasks, as slurmrt run tells
     return waiting
 

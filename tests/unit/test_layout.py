@@ -17,15 +17,15 @@ ROOT = Path(__file__).resolve().parents[2] / "src" / "slurmrt"  # read, not impo
 #: coordinators (runtime/) stand above the parts they coordinate. A new folder or top-level module must say where
 #: it belongs. docs/architecture.md draws the same floors.
 FLOORS = [
-    # no slurmrt folder below
-    ["_errors", "_figures", "_text", "_clock", "_env", "_slurm", "_safefs", "_tree", "_comm", "_flock"],
+    # no slurmrt folder below; the options' rules (each package declares its section with them)
+    ["_errors", "_figures", "_text", "_clock", "_env", "_slurm", "_safefs", "_tree", "_comm", "_flock", "_rules"],
     # the event log; the launch as Slurm describes it; the log lines, whose lock and prefix name the job and node
     ["record", "launch", "log"],
     ["stop"],  # the parts of an agreed stop: signals, the deadline, the kill switch, the agreement, stragglers
-    # the options, declared in sections with their rules and composed; the checkpoint store, its tiers and files
-    ["_rules", "sections", "options", "checkpoint", "trackers"],
+    ["checkpoint", "trackers"],  # the checkpoint store, its tiers and files
     ["recovery"],  # the one plan and its executor: requeue, in-job restart, exclusion, `slurmrt run`
     ["hang"],  # detection and naming (watchdog, census) and the response, which asks recovery
+    ["options"],  # every package's section, composed
     ["runtime"],  # init(), the Runtime and the coordinators it builds
     ["__init__", "__main__", "cli", "sim", "integrations"],  # what users call
 ]

@@ -16,6 +16,7 @@ from slurmrt.record.ledger import Ledger, ledger_path
 from slurmrt.recovery.executor import Executor
 from slurmrt.recovery.facts import Facts
 from slurmrt.recovery.plan import Action, Trigger
+from slurmrt.recovery.settings import RecoverySection
 from slurmrt.recovery.supervisor import place
 from tests.unit.conftest import fake_slurm
 
@@ -80,7 +81,7 @@ def test_recovery_writes_the_nodes_it_leaves_out_and_the_requeue_excludes_the_le
     ledger = Ledger(tmp_path / "bad-nodes.json")
     ledger.record(["n9"], reason="hang: an earlier job", job="6000")
     events = EventLog(tmp_path / "events.jsonl", job="7001", restart=0, rank=0)
-    executor = Executor(Facts(job="7001", max_excluded_nodes=4), events, node="n1",
+    executor = Executor(Facts(job="7001", policy=RecoverySection(max_excluded_nodes=4)), events, node="n1",
                         requeue_job=lambda job: (True, f"job {job} requeued"), ledger=ledger)
     decision = executor.recover(Trigger.HANG, nodes=["n5"], detail="no step for 600 s")
     assert decision.action is Action.REQUEUE and "ExcNodeList=n5,n9" in (tmp_path / "calls").read_text()

@@ -10,14 +10,15 @@ import pytest
 from slurmrt import ExitCode, Outcome, Reason, StopDecision
 from slurmrt.recovery.facts import Facts
 from slurmrt.recovery.plan import Action, Decision, Trigger, plan
+from slurmrt.recovery.settings import RecoverySection
 
 FACTS = {"requeue_enabled": True, "is_slurm": True, "restart_count": 0, "max_restarts": None}
 
 
 def choose(decision: StopDecision | None, *, requeue_enabled: bool, is_slurm: bool, restart_count: int,
            max_restarts: int | None, kill_switch: Path | None = None) -> Decision:
-    facts = Facts(job="7" if is_slurm else None, requeue=requeue_enabled, restart_count=restart_count,
-                  max_restarts=max_restarts, kill_switch=kill_switch)
+    facts = Facts(job="7" if is_slurm else None, restart_count=restart_count, kill_switch=kill_switch,
+                  policy=RecoverySection(requeue=requeue_enabled, max_restarts=max_restarts))
     return plan(Trigger.FINISHED if decision is None else Trigger.STOPPED, facts, stop=decision)
 
 

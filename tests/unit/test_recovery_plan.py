@@ -13,6 +13,7 @@ from slurmrt.record.events import Event, EventLog, read_events
 from slurmrt.recovery.executor import Executor
 from slurmrt.recovery.facts import Facts, InJob
 from slurmrt.recovery.plan import Action, FaultClass, NodeEvidence, Trigger, classify, plan
+from slurmrt.recovery.settings import RecoverySection
 
 RUN_DIR = Path("/run/slurmrt-7")
 #: A Slurm job under `slurmrt run` with one spare left, nothing used up.
@@ -22,9 +23,9 @@ NO_SPARE = replace(BASE, in_job=InJob(RUN_DIR, 0, (), 3))
 LIMIT = replace(BASE, in_job=InJob(RUN_DIR, 3, ("n3",), 3))
 LOOPING_STEPS = replace(BASE, futile=2)
 LOOPING_RUNS = replace(BASE, futile=3)
-NO_REQUEUE = replace(NO_SPARE, requeue=False)
+NO_REQUEUE = replace(NO_SPARE, policy=RecoverySection(requeue=False))
 NOT_SLURM = Facts(job=None)
-MAX_RESTARTS = replace(NO_SPARE, restart_count=5, max_restarts=5)
+MAX_RESTARTS = replace(NO_SPARE, restart_count=5, policy=RecoverySection(max_restarts=5))
 
 A = Action
 #: The faults whose nodes come with evidence (a node that left the job, a failed health check).
@@ -270,7 +271,8 @@ def test_a_requeue_chosen_and_not_made_is_made_once_by_whoever_finds_it(tmp_path
     (run,) = runs_of(tmp_path / "events.jsonl")
     assert finder.complete_requeue(run) is None and requeued == ["7"]  # made once
     stopped = tmp_path / "stopped.jsonl"  # a run that chose to stop has no requeue to make
-    Executor(replace(NO_RUN, requeue=False), EventLog(stopped, job="7", restart=0, rank=0), node="n1",
+    Executor(replace(NO_RUN, policy=RecoverySection(requeue=False)), EventLog(stopped, job="7", restart=0, rank=0),
+             node="n1",
              requeue_job=killed).recover(Trigger.STOPPED, stop=_stop(Reason.SIGNAL))
     (run,) = runs_of(stopped)
     assert finder.complete_requeue(run) is None and requeued == ["7"]

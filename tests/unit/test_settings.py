@@ -1,7 +1,7 @@
-"""Each part is built from the settings it uses: no constructor below the facade takes the whole `Options`, and
-every field of a part's settings (a dataclass named ``...Settings``) is read by the part, read from the source as the
-layout test reads it. Each option is declared once, in one section (slurmrt.sections), and `Options` is their
-composition."""
+"""Each option is declared once, in the section of the package that uses it (``<package>/settings.py``); `Options`
+is their composition, and only the composers hold it: a part is handed its package's section (``StopSection.of``), or
+values. Read from the source as the layout test reads it: a module below the composers that names `Options` at all
+(an import, an annotation of any parameter, an attribute) is a part handed the whole."""
 
 from __future__ import annotations
 
@@ -9,79 +9,114 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2] / "src" / "slurmrt"
-#: The composers: they build the parts from `Options` (init(), the Runtime facade, the CLI commands).
-COMPOSERS = {"runtime/facade.py", "runtime/startup.py"}
+#: The composers: they build the parts from `Options` (init(), the Runtime facade and its parts' builder, each CLI
+#: command for its own process, the package's re-export), and the composition itself.
+COMPOSERS = ("runtime/facade.py", "runtime/startup.py", "runtime/parts.py", "options.py", "__init__.py", "cli/")
+#: The simulator models Slurm: its job's ``requeue``, ``kill_wait_s`` and ``max_restarts`` are sbatch's and
+#: slurm.conf's, not slurmrt's options of those names.
+NOT_OPTIONS = ("sim/",)
+#: Parts that read a package's section but live in runtime/ (they report through the runtime's Reporter): their reads
+#: count for the package they belong to.
+HOME = {"runtime/controller.py": "stop/", "runtime/session.py": "checkpoint/"}
 
 
-def _annotation(arg: ast.arg) -> str:
-    return ast.unparse(arg.annotation) if arg.annotation is not None else ""
+def _composer(path: str) -> bool:
+    return path.startswith(COMPOSERS)
 
 
-def _constructors(tree: ast.Module) -> dict[str, list[ast.arg]]:
-    """Each class's ``__init__`` parameters."""
-    found = {}
-    for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
-        for fn in cls.body:
-            if isinstance(fn, ast.FunctionDef) and fn.name == "__init__":
-                found[cls.name] = [*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs]
-    return found
+def holders(sources: dict[str, str]) -> list[str]:
+    """Modules outside the composers that name `Options`: imported, in an annotation, or as an attribute."""
+    found = []
+    for path, source in sources.items():
+        if _composer(path):
+            continue
+        tree = ast.parse(source)
+        named = any((isinstance(n, ast.Name) and n.id == "Options")
+                    or (isinstance(n, ast.Attribute) and n.attr == "Options")
+                    or (isinstance(n, ast.alias) and n.name == "Options") for n in ast.walk(tree))
+        strings = any(isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value.strip() in
+                      {"Options", "Options | None"} for n in ast.walk(tree))
+        found += [path] if named or strings else []
+    return sorted(found)
 
 
-def _sections(tree: ast.Module) -> dict[str, list[str]]:
-    """Each settings section's fields (a class named ``...Settings``)."""
-    return {cls.name: [f.target.id for f in cls.body if isinstance(f, ast.AnnAssign) and isinstance(f.target, ast.Name)]
-            for cls in ast.walk(tree) if isinstance(cls, ast.ClassDef) and cls.name.endswith("Settings")}
+def _section_fields(tree: ast.Module) -> dict[str, list[str]]:
+    """Each section's fields (a class deriving from ``Section``)."""
+    return {cls.name: [f.target.id for f in cls.body if isinstance(f, ast.AnnAssign) and isinstance(f.target, ast.Name)
+                       and "ClassVar" not in ast.unparse(f.annotation)]
+            for cls in ast.walk(tree) if isinstance(cls, ast.ClassDef)
+            and any(ast.unparse(b) == "Section" for b in cls.bases)}
 
 
-def wholesale(sources: dict[str, str]) -> list[str]:
-    """Constructors outside the composers that take the whole `Options`."""
-    return sorted(f"{path}:{cls}({arg.arg})" for path, source in sources.items() if path not in COMPOSERS
-                  for cls, args in _constructors(ast.parse(source)).items() for arg in args
-                  if _annotation(arg).split(".")[-1].strip("'\"") in {"Options", "Options | None"})
-
-
-def unused(sources: dict[str, str]) -> list[str]:
-    """Fields of a settings section that no class taking that section reads (as ``<anything>.field``)."""
-    trees = {path: ast.parse(source) for path, source in sources.items()}
-    sections = {name: fields for tree in trees.values() for name, fields in _sections(tree).items()}
+def unread(sources: dict[str, str]) -> list[str]:
+    """Fields of a section that nothing reads as an attribute (``<anything>.field``) in its own package or in a
+    composer: an option declared and never used."""
     missing = []
-    for name, fields in sections.items():
-        readers = [cls for tree in trees.values() for cls in ast.walk(tree) if isinstance(cls, ast.ClassDef)
-                   and any(name in _annotation(a) for a in _constructors(ast.Module([cls], [])).get(cls.name, []))]
-        read = {n.attr for cls in readers for n in ast.walk(cls) if isinstance(n, ast.Attribute)}
-        missing += [f"{name}.{field}" for field in fields if readers and field not in read]
-        missing += [f"{name}: no part takes it"] if not readers else []
+    for path, source in sources.items():
+        package = path.split("/")[0] + "/"
+        readers = [ast.parse(s) for p, s in sources.items()
+                   if p != path and (HOME.get(p, p).startswith(package) or _composer(p))]
+        read = {n.attr for tree in readers for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+        for name, fields in _section_fields(ast.parse(source)).items():
+            missing += [f"{name}.{field}" for field in fields if field not in read]
     return sorted(missing)
+
+
+def projections(sources: dict[str, str], options: set[str]) -> list[str]:
+    """Classes outside the sections that declare two or more fields named as options: a second declaration."""
+    found = []
+    for path, source in sources.items():
+        if path.endswith("settings.py") or path.startswith(NOT_OPTIONS):
+            continue
+        for cls in (n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ClassDef)):
+            own = [f.target.id for f in cls.body if isinstance(f, ast.AnnAssign) and isinstance(f.target, ast.Name)]
+            twice = [f for f in own if f in options]
+            found += [f"{path}:{cls.name}({', '.join(twice)})"] if len(twice) >= 2 else []
+    return sorted(found)
 
 
 def _package() -> dict[str, str]:
     return {str(p.relative_to(ROOT)): p.read_text() for p in ROOT.rglob("*.py")}
 
 
-def test_no_part_below_the_composers_takes_the_whole_options() -> None:
-    sources = _package()
-    assert wholesale(sources) == [], "build the part from a settings section of its own"
-    # the parts that have a section: at least these, each taken by the part it is for
-    sections = {name for source in sources.values() for name in _sections(ast.parse(source))}
-    assert {"StopSettings", "CheckpointSettings", "HangSettings"} <= sections
+def _options() -> set[str]:
+    from dataclasses import fields
+
+    from slurmrt.options import Options
+
+    return {f.name for f in fields(Options)}
 
 
-def test_every_setting_a_part_receives_is_read_by_it() -> None:
-    assert unused(_package()) == []
+def test_no_module_below_the_composers_holds_the_whole_options() -> None:
+    assert holders(_package()) == [], "hand the part its package's section (Section.of), or the values it needs"
+
+
+def test_every_option_of_a_section_is_read_by_its_package_or_a_composer() -> None:
+    assert unread(_package()) == []
+
+
+def test_no_class_declares_options_a_second_time() -> None:
+    assert projections(_package(), _options()) == [], "take the section whole instead of copying its fields"
 
 
 def test_the_settings_guards_catch_what_they_guard() -> None:
     planted = {
-        "stop/part.py": (
-            "from dataclasses import dataclass\n"
-            "@dataclass\nclass PartSettings:\n    used: int\n    idle: float\n"
-            "class Part:\n    def __init__(self, settings: PartSettings) -> None:\n        self.n = settings.used\n"
-            "class Greedy:\n    def __init__(self, topology: object, options: Options) -> None:\n        pass\n"
-            "@dataclass\nclass OrphanSettings:\n    x: int\n"),
-        "runtime/facade.py": "class Runtime:\n    def __init__(self, options: Options) -> None:\n        pass\n",
+        "stop/settings.py": "class PartSection(Section):\n    used: int\n    idle: float\n",
+        "stop/part.py": "class Part:\n    def __init__(self, s: PartSection) -> None:\n        self.n = s.used\n",
+        "recovery/facts.py": "class Facts:\n    @classmethod\n    def of(cls, options: 'Options') -> None:\n"
+                             "        pass\n",
+        "hang/copy.py": "from dataclasses import dataclass\n@dataclass\nclass HangCopy:\n    hang_floor_s: float\n"
+                        "    census_wait_s: float\n    other: int\n",
+        "checkpoint/reader.py": "def f(rt):\n    return rt.options.Options\n",
+        "runtime/facade.py": "from ..options import Options\nclass Runtime:\n"
+                             "    def __init__(self, o: Options) -> None:\n        pass\n",
+        "cli/run.py": "from ..options import Options\nx = Options.resolve({}, {}).idle_elsewhere\n",
     }
-    assert wholesale(planted) == ["stop/part.py:Greedy(options)"]  # the composer may
-    assert unused(planted) == ["OrphanSettings: no part takes it", "PartSettings.idle"]
+    # a parameter of any method, a string annotation and an attribute count; the composers may
+    assert holders(planted) == ["checkpoint/reader.py", "recovery/facts.py"]
+    assert unread(planted) == ["PartSection.idle"]  # read in the cli would not do: the cli reads idle_elsewhere
+    assert projections(planted, {"hang_floor_s", "census_wait_s", "used", "idle"}) == [
+        "hang/copy.py:HangCopy(hang_floor_s, census_wait_s)"]
 
 
 def declared_twice(sections: tuple[type, ...]) -> list[str]:
@@ -101,8 +136,7 @@ def declared_twice(sections: tuple[type, ...]) -> list[str]:
 def test_each_option_is_declared_once_with_its_rule_and_options_composes_the_sections() -> None:
     from dataclasses import fields
 
-    from slurmrt.options import Options
-    from slurmrt.sections import SECTIONS
+    from slurmrt.options import SECTIONS, Options
 
     assert declared_twice(SECTIONS) == []
     declared = {f.name for section in SECTIONS for f in fields(section)}
@@ -112,22 +146,20 @@ def test_each_option_is_declared_once_with_its_rule_and_options_composes_the_sec
     assert all("rule" in f.metadata for f in fields(Options))
 
 
-def test_each_part_picks_options_by_their_names_and_types() -> None:
-    """A part's settings are options (same name, same type), so ``.of`` picks them from the whole."""
+def test_a_section_is_picked_from_the_options_whole_and_is_where_its_package_says() -> None:
+    """``Section.of`` picks a package's section from `Options` (same names, same values); each section lives in the
+    package of the part that uses it."""
     from dataclasses import fields
 
-    from slurmrt.hang.monitor import HangSettings
-    from slurmrt.options import Options
-    from slurmrt.runtime.controller import StopSettings
-    from slurmrt.runtime.session import CheckpointSettings
+    from slurmrt.options import SECTIONS, Options
 
-    types = {f.name: str(f.type) for f in fields(Options)}
     options = Options(checkpoint_dir="/ckpt", hang_floor_s=7.0, straggler="exclude")  # type: ignore[arg-type]
-    for part in (StopSettings, CheckpointSettings, HangSettings):
-        assert {f.name: str(f.type) for f in fields(part)}.items() <= types.items(), part.__name__
-        picked = part.of(options)
-        assert all(getattr(picked, f.name) == getattr(options, f.name) for f in fields(part))
-    assert HangSettings.of(options).hang_floor_s == 7.0 and StopSettings.of(options).straggler == "exclude"
+    for section in SECTIONS:
+        picked = section.of(options)
+        assert all(getattr(picked, f.name) == getattr(options, f.name) for f in fields(section)), section.__name__
+        assert section.__module__.endswith(".settings"), section.__module__
+    packages = {section.__module__.split(".")[1] for section in SECTIONS}
+    assert packages == {"checkpoint", "stop", "hang", "recovery", "record", "launch"}
 
 
 def test_the_declared_once_guard_catches_an_option_declared_twice() -> None:
@@ -147,14 +179,12 @@ def test_the_declared_once_guard_catches_an_option_declared_twice() -> None:
     assert declared_twice((One, Other)) == ["keep_last: One and Other"]
 
 
-def test_the_recovery_facts_take_their_defaults_from_the_recovery_section() -> None:
-    from dataclasses import fields
+def test_the_recovery_facts_hold_the_recovery_section_whole() -> None:
+    from slurmrt.recovery.facts import POLICY, Facts
+    from slurmrt.recovery.settings import RecoverySection
 
-    from slurmrt.recovery.facts import Facts
-    from slurmrt.sections import RecoverySection
-
-    section = RecoverySection()
-    assert all(getattr(Facts(), f.name) == getattr(section, f.name) for f in fields(RecoverySection))
+    assert Facts().policy == RecoverySection()
+    assert POLICY == ("requeue", "max_restarts", "max_futile_runs", "max_excluded_nodes")
 
 
 def test_the_launch_sections_shape_options_are_the_declared_shapes_fields() -> None:
@@ -163,6 +193,6 @@ def test_the_launch_sections_shape_options_are_the_declared_shapes_fields() -> N
     from dataclasses import fields
 
     from slurmrt.launch.parallel import ParallelConfig
-    from slurmrt.sections import LaunchSection
+    from slurmrt.launch.settings import LaunchSection
 
     assert set(LaunchSection.SHAPE) == {f.name for f in fields(ParallelConfig)} | {"megatron_args"}

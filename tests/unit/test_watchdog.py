@@ -14,6 +14,7 @@ from slurmrt.hang.watchdog import STEP_FACTOR, Activity, Hang, PhaseTimes, Watch
 from slurmrt.record.runs import Run
 from slurmrt.recovery import exclusion
 from slurmrt.recovery import policy as outcome
+from slurmrt.recovery.settings import RecoverySection
 from slurmrt.stop.deadline import Budget
 
 
@@ -217,7 +218,8 @@ def test_runs_that_commit_nothing_newer_are_counted_and_the_third_stops_the_requ
     facts = Facts(job="7", restart_count=4)
 
     def choose(futile: int, max_futile: int | None = 3) -> Any:
-        return plan(Trigger.STOPPED, replace(facts, futile=futile, max_futile_runs=max_futile), stop=decision)
+        policy = RecoverySection(max_futile_runs=max_futile)
+        return plan(Trigger.STOPPED, replace(facts, futile=futile, policy=policy), stop=decision)
 
     assert choose(2).outcome is outcome.Outcome.REQUEUED
     stopped = choose(3)
@@ -261,12 +263,12 @@ def _no_exit(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 def _executor(topo: Any, log: Any) -> Any:
     """The recovery executor of rank 0 of job 7, as init() builds it."""
-    from slurmrt.options import Options
     from slurmrt.record.events import EventLog
     from slurmrt.recovery.executor import Executor
     from slurmrt.recovery.facts import resolve
 
-    return Executor(resolve(Options(), topo, {}), EventLog(log, job="7", restart=0, rank=0), node=topo.hostname)
+    facts = resolve(RecoverySection(), topo, {}, kill_switch=None)
+    return Executor(facts, EventLog(log, job="7", restart=0, rank=0), node=topo.hostname)
 
 
 def _in_job_executor(topo: Any, log: Any, run_dir: Any) -> Any:

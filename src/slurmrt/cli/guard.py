@@ -9,7 +9,6 @@ log says). Not a command to run by hand, though it is safe to: it reads the job 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 from typing import Any
 
@@ -20,6 +19,7 @@ from ..record.events import EventLog
 from ..record.ledger import Ledger
 from ..recovery.facts import Facts
 from ..recovery.guard import stand_guard
+from ..recovery.settings import RecoverySection
 from ._common import add_command, log_lines
 
 
@@ -30,7 +30,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--nodes {args.nodes}: 1 or more (the nodes the job was allocated)")
     env = dict(os.environ)
     options = Options.resolve({}, env)  # the job's: the guard's environment is the one `slurmrt run` had
-    facts = dataclasses.replace(Facts.of(options, job=args.job, restart_count=args.restart), job_nodes=args.nodes)
+    facts = Facts(job=args.job, policy=RecoverySection.of(options), restart_count=args.restart,
+                  kill_switch=options.kill_switch, job_nodes=args.nodes)
     return log_lines(lambda: stand_guard(
         args.job, args.restart, args.batch_host, facts=facts, ledger=Ledger.of(env, cluster_name(env)),
         event_log=lambda attempt: EventLog.for_job(options.event_log, options.checkpoint_dir, job=args.job,

@@ -26,6 +26,7 @@ from ..recovery import guard
 from ..recovery.evidence import Evidence
 from ..recovery.exclusion import read_job
 from ..recovery.facts import Facts
+from ..recovery.settings import RecoverySection
 from ..recovery.supervisor import STEP_WAIT_S, Supervisor, default_directory
 from ..stop.signals import parse_signal
 from ._common import add_command, log_lines
@@ -59,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
     # code: checkpoint_dir=...), the supervisor learns those (Supervisor._learn).
     options = Options.resolve({}, env)
     _check_nodes(command, env, slurm_job, args.spare_nodes)
-    supervisor = Supervisor(command, spare_nodes=args.spare_nodes, max_restarts=args.max_in_job_restarts, env=env,
+    supervisor = Supervisor(command, spare_nodes=args.spare_nodes, max_in_job_restarts=args.max_in_job_restarts,
+                            env=env,
                             directory=directory, slurm_job=slurm_job, srun_args=srun_args, forward=forward,
                             wait_s=args.step_wait, refresh_s=options.end_time_refresh_s,
                             evidence=Evidence("srun", job, env, checkpoint_dir=options.checkpoint_dir),
@@ -86,7 +88,8 @@ def _check_nodes(command: list[str], env: dict[str, str], job: Job | None, spare
 def _recorded(options: Options, slurm_job: Job | None, env: dict[str, str]) -> dict[str, Any]:
     """The supervisor's facts, bad-node ledger and event log, from the job's options and the Slurm job."""
     requeue_id, restart = (slurm_job.requeue_id, slurm_job.restart_count) if slurm_job is not None else ("", 0)
-    return {"facts": Facts.of(options, job=requeue_id, restart_count=restart),
+    return {"facts": Facts(job=requeue_id, policy=RecoverySection.of(options), restart_count=restart,
+                           kill_switch=options.kill_switch),
             "ledger": Ledger.of(env, slurm_job.cluster if slurm_job is not None else None),
             "event_log": lambda attempt: EventLog.for_job(options.event_log, options.checkpoint_dir, job=requeue_id,
                                                           restart=restart, rank=-1, env=env, attempt=attempt)}

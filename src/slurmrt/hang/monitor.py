@@ -14,12 +14,9 @@ import functools
 import logging
 import re
 import signal
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from .._comm import torch_distributed
-from .._rules import Part
 from ..launch.topology import Topology
 from ..recovery.executor import Executor
 from ..recovery.policy import ExitCode
@@ -29,11 +26,12 @@ from ..stop.killswitch import KillSwitch, cancel_and_exit
 from ..stop.signals import SignalRecorder
 from .census import Census, CensusError
 from .response import HangResponse, exit_now, is_peer_failure, unhealthy
+from .settings import HangSection
 from .stacks import quiet_peer_tracebacks, stacks_file
 from .state import RunState
 from .watchdog import PhaseTimes, Watchdog
 
-__all__ = ["HangMonitor", "HangSettings"]
+__all__ = ["HangMonitor"]
 
 logger = logging.getLogger(__name__)
 
@@ -42,27 +40,15 @@ logger = logging.getLogger(__name__)
 _MISSED = re.compile(r"Ranks? ([\d, ]+) failed")
 
 
-@dataclass(frozen=True, kw_only=True)
-class HangSettings(Part):
-    """The options the hang monitor uses (declared in :class:`slurmrt.sections.HangSection` and, for the kill switch
-    and the watcher's pace, :class:`~slurmrt.sections.StopSection`)."""
-
-    hang_floor_s: float
-    startup_timeout_s: float
-    hang_timeout_s: float | None
-    census_wait_s: float | None  #: None: 3 watch intervals, at least 10 s
-    watch_interval_s: float
-    kill_switch: Path | None
-    health_check: bool
-
-
 class HangMonitor:
-    def __init__(self, topology: Topology, settings: HangSettings, executor: Executor, *, state: RunState,
-                 signals: SignalRecorder, kill_switch: KillSwitch | None) -> None:
+    def __init__(self, topology: Topology, settings: HangSection, executor: Executor, *, state: RunState,
+                 signals: SignalRecorder, kill_switch: KillSwitch | None, watch_interval_s: float) -> None:
         """``executor``: what the job does about a hang (:mod:`slurmrt.recovery`); ``state``: what the stop
         controller shares (the heartbeat and activity the watchdog reads, the agreement, and the nodes a requeue or
-        in-job restart leaves out besides the suspects)."""
+        in-job restart leaves out besides the suspects); ``kill_switch``: this node's poller (its first rank's);
+        ``watch_interval_s``: the watcher's pace, which the census's default wait follows."""
         self.topology, self.settings, self.executor = topology, settings, executor
+        self._watch_interval_s = watch_interval_s
         self._state = state
         self._signals = signals
         self._switch = kill_switch
@@ -73,13 +59,13 @@ class HangMonitor:
         """The watchdog to poll on the watcher thread (over the run state's heartbeat and activity), and the
         response it calls when the run is hung."""
         s, state = self.settings, self._state
-        census_wait_s = s.census_wait_s or max(10.0, 3 * s.watch_interval_s)
+        census_wait_s = s.census_wait_s or max(10.0, 3 * self._watch_interval_s)
         self._response = HangResponse(
             self.topology, self.executor, kill_switch_seen=self.kill_switch_seen, last_step=self._last_step,
             census=self.census, census_wait_s=census_wait_s, also_exclude=lambda: list(state.exclude),
             terminating=lambda: signal.SIGTERM in self._signals.first_seen,
-            cancel=functools.partial(cancel_and_exit, s.kill_switch, self.topology.requeue_id)
-            if s.kill_switch else None)
+            cancel=functools.partial(cancel_and_exit, self._switch.path, self.topology.requeue_id)
+            if self._switch is not None else None)
         return Watchdog(budget, phases, heartbeat=lambda: state.heartbeat, activity=lambda: state.activity,
                         on_hang=self._response.hung, floor_s=s.hang_floor_s, startup_s=s.startup_timeout_s,
                         fixed_s=s.hang_timeout_s, probe=self._probe)

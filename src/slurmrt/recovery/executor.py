@@ -205,7 +205,7 @@ class Executor:
         ``max_excluded_nodes`` and what the job needs (None: none to leave out)."""
         bad = list(decision.exclude)
         bad += [n for n in (self.ledger.nodes() if self.ledger is not None else []) if n not in bad]
-        return exclusion.prepare(job, bad, max_excluded=self.facts.max_excluded_nodes,
+        return exclusion.prepare(job, bad, max_excluded=self.facts.policy.max_excluded_nodes,
                                  needed=self.facts.job_nodes) if bad else None
 
 

@@ -14,13 +14,15 @@ from pathlib import Path
 from typing import Any
 
 from ..launch.topology import Topology
-from ..options import Options
-from ..sections import RecoverySection
+from .settings import RecoverySection
 
 __all__ = ["ATTEMPT_ENV", "DIR_ENV", "MAX_ENV", "SPARES_ENV", "Facts", "InJob", "InProcessFacts", "Raised",
            "in_job_from_environ", "resolve"]
 
 logger = logging.getLogger(__name__)
+
+#: The recovery options a training tells ``slurmrt run`` (:meth:`Facts.learned`): the section's, whole.
+POLICY = tuple(f.name for f in dataclasses.fields(RecoverySection))
 
 #: Set by ``slurmrt run`` in the training step's environment (:mod:`slurmrt.recovery.supervisor`).
 DIR_ENV = "SLURMRT_RUN_DIR"
@@ -36,7 +38,8 @@ class InJob:
     directory: Path
     attempt: int
     spares: tuple[str, ...]
-    max_restarts: int
+    #: ``slurmrt run --max-in-job-restarts``
+    max_in_job_restarts: int
 
 
 @dataclass(frozen=True)
@@ -61,7 +64,7 @@ class InProcessFacts:
     """What ``slurmrt.run_restartable`` knows of this run's restarts in the process."""
 
     #: ``run_restartable(..., max_in_process_restarts=)``
-    max_restarts: int
+    max_in_process_restarts: int
     #: The errors earlier generations were restarted after, in order.
     restarted: tuple[Raised, ...] = ()
 
@@ -72,17 +75,14 @@ class Facts:
 
     #: The id ``scontrol requeue`` takes (``ARRAY_TASK`` for a task of an array); None: not a Slurm job.
     job: str | None = None
-    #: The ``requeue`` option.
-    requeue: bool = RecoverySection.requeue
+    #: The recovery's options, whole: ``requeue``, ``max_restarts``, ``max_futile_runs``, ``max_excluded_nodes``.
+    policy: RecoverySection = RecoverySection()
     #: ``SLURM_RESTART_COUNT``: requeues before this run.
     restart_count: int = 0
-    max_restarts: int | None = RecoverySection.max_restarts
     #: Runs (or in-job steps) in a row, this one included, that committed no checkpoint newer than the one they
     #: resumed from. Only the rank that acts knows it, from the event log, when it acts (:meth:`with_futile`); 0
     #: before that, so that every rank asking "could a restart happen?" gets the same answer.
     futile: int = 0
-    max_futile_runs: int | None = RecoverySection.max_futile_runs  # the defaults are the section's, said once
-    max_excluded_nodes: int = RecoverySection.max_excluded_nodes
     #: Set under ``slurmrt run``: an in-job restart is possible in principle.
     in_job: InJob | None = None
     #: The kill switch's path, for the words of a kill-switch stop.
@@ -93,25 +93,16 @@ class Facts:
     #: Set under ``slurmrt.run_restartable``, when a rank raised: a restart in the process is possible in principle.
     in_process: InProcessFacts | None = None
 
-    @classmethod
-    def of(cls, options: Options, *, job: str | None, restart_count: int, in_job: InJob | None = None) -> Facts:
-        """The facts of a run of ``job`` (None: not a Slurm job) that ``options`` configure."""
-        return cls(job=job, requeue=options.requeue, restart_count=restart_count, max_restarts=options.max_restarts,
-                   max_futile_runs=options.max_futile_runs, max_excluded_nodes=options.max_excluded_nodes,
-                   in_job=in_job, kill_switch=options.kill_switch)
 
     def learned(self, data: Mapping[str, Any], event_log: Path | None) -> tuple[Facts, str]:
         """These facts with the options a training resolved (:func:`slurmrt.recovery.injob.read_facts`), and the
         differences from these and from ``event_log`` (the environment's), in words ("" when none). An event log the
         environment left unset is no difference: the training set its checkpoint directory in code, as the README's
         script does, and ``slurmrt run`` follows it."""
-        new = dataclasses.replace(self, requeue=data["requeue"], max_restarts=data["max_restarts"],
-                                  max_futile_runs=data["max_futile_runs"],
-                                  max_excluded_nodes=data["max_excluded_nodes"])
+        new = dataclasses.replace(self, policy=RecoverySection(**{f: data[f] for f in POLICY}))
         learned_log = Path(data["event_log"]) if data["event_log"] else None
-        differ = [f"{name}={getattr(new, name)!r}" for name in ("requeue", "max_restarts", "max_futile_runs",
-                                                               "max_excluded_nodes")
-                  if getattr(new, name) != getattr(self, name)]
+        differ = [f"{name}={getattr(new.policy, name)!r}" for name in POLICY
+                  if getattr(new.policy, name) != getattr(self.policy, name)]
         if event_log is not None and learned_log != Path(os.path.abspath(event_log)):  # it is absolute
             differ.append(f"event log {learned_log}")
         return new, ", ".join(differ)
@@ -142,8 +133,9 @@ def in_job_from_environ(env: Mapping[str, str]) -> InJob | None:
     return InJob(Path(raw), attempt, spares, most)
 
 
-def resolve(options: Options, topology: Topology, env: Mapping[str, str]) -> Facts:
-    """The facts of this run of the job, from its options, its topology and ``slurmrt run``'s variables."""
+def resolve(policy: RecoverySection, topology: Topology, env: Mapping[str, str], *,
+            kill_switch: Path | None) -> Facts:
+    """The facts of this run of the job, from its recovery options, its topology and ``slurmrt run``'s variables."""
     slurm = topology.is_slurm
-    return Facts.of(options, job=topology.requeue_id if slurm else None, restart_count=topology.restart_count,
-                    in_job=in_job_from_environ(env) if slurm else None)
+    return Facts(job=topology.requeue_id if slurm else None, policy=policy, restart_count=topology.restart_count,
+                 in_job=in_job_from_environ(env) if slurm else None, kill_switch=kill_switch)

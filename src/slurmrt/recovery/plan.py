@@ -239,21 +239,22 @@ def in_process_refused(raised: Raised, facts: Facts, stop: StopDecision | None) 
     if any(r.signature == raised.signature for r in limits.restarted):
         at = f"step {raised.step}" if raised.step is not None else "before the first step"
         return f"the same error ({raised.kind}) at {at} ended an earlier generation: a software error that repeats"
-    if len(limits.restarted) >= limits.max_restarts:
-        return f"max_in_process_restarts={limits.max_restarts} restarts in the process were made"
+    if len(limits.restarted) >= limits.max_in_process_restarts:
+        return f"max_in_process_restarts={limits.max_in_process_restarts} restarts in the process were made"
     return None
 
 
 def requeue_refused(facts: Facts) -> str | None:
     """Why a run that should be requeued is not (the options, no Slurm, max_restarts, the loop guard); None:
     requeue."""
-    if not facts.requeue:
+    policy = facts.policy
+    if not policy.requeue:
         return "stopped; requeue is off (requeue=False)"
     if facts.job is None:
         return "stopped; not a SLURM job, nothing to requeue"
-    if facts.max_restarts is not None and facts.restart_count >= facts.max_restarts:
-        return f"stopped; restart {facts.restart_count} reached max_restarts={facts.max_restarts}"
-    if facts.max_futile_runs is not None and facts.futile >= facts.max_futile_runs:
+    if policy.max_restarts is not None and facts.restart_count >= policy.max_restarts:
+        return f"stopped; restart {facts.restart_count} reached max_restarts={policy.max_restarts}"
+    if policy.max_futile_runs is not None and facts.futile >= policy.max_futile_runs:
         return futile_why(facts.futile)
     return None
 
@@ -267,8 +268,8 @@ def in_job_refused(facts: Facts, bad: Sequence[str], *, judged: bool = True) -> 
         return "not under `slurmrt run`"
     if judged and not bad:
         return "no node was named, so there is nothing a spare node would change"
-    if sup.attempt >= sup.max_restarts:
-        return f"{sup.attempt} in-job restart(s) made, the limit (--max-in-job-restarts) is {sup.max_restarts}"
+    if sup.attempt >= sup.max_in_job_restarts:
+        return f"{sup.attempt} in-job restart(s) made, the limit (--max-in-job-restarts) is {sup.max_in_job_restarts}"
     if judged and len(sup.spares) < len(bad):
         return (f"{len(bad)} node(s) to replace ({', '.join(bad)}) but {len(sup.spares)} spare(s) left"
                 + (f" ({', '.join(sup.spares)})" if sup.spares else ""))

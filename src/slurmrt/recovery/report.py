@@ -58,13 +58,13 @@ def stacks_pattern(events: Path | None, job: str | None, restart: int, attempt: 
     return None if one is None else str(one.with_name(one.name.removesuffix("0.txt") + "*.txt"))
 
 
-def block(failure: Failure, attempt: int, max_restarts: int, nodes: tuple[str, ...], spares: tuple[str, ...],
+def block(failure: Failure, attempt: int, max_in_job_restarts: int, nodes: tuple[str, ...], spares: tuple[str, ...],
           now: float | None = None) -> list[str]:
     """The lines, without the ``slurmrt run:`` prefix."""
     took = max(0.0, (time.time() if now is None else now) - failure.since)
     what = f"  stopped:  step {failure.attempt}, to leave a straggler out: " if failure.planned else \
         f"  failed:   step {failure.attempt} (exit code {failure.code}): "
-    lines = [f"in-job restart {attempt} of at most {max_restarts}:", what + shorten(failure.why),
+    lines = [f"in-job restart {attempt} of at most {max_in_job_restarts}:", what + shorten(failure.why),
              f"  left out: {', '.join(failure.nodes) or 'none (no node evidence): the same nodes'}" +
              (f" ({failure.fault.replace('_', ' ')})" if failure.fault else ""),
              f"  new step: {attempt} on {hostlist.compress(list(nodes))}" +

@@ -68,7 +68,7 @@ __all__ = ["STEP_WAIT_S", "Placement", "Supervisor", "default_directory", "place
 class Supervisor:
     command: list[str]
     spare_nodes: int
-    max_restarts: int
+    max_in_job_restarts: int
     env: dict[str, str]
     #: Where the step's processes leave a request: created here, 0700, on a filesystem every node sees.
     directory: Path
@@ -293,7 +293,7 @@ class Supervisor:
     def _executor(self, attempt: int, spares: tuple[str, ...]) -> Executor:
         """The recovery executor for step ``attempt``, whose spares still in the job are ``spares``."""
         facts = dataclasses.replace(self.facts or Facts(job=self.requeue_id, restart_count=self.restart_count),
-                                    in_job=InJob(self.directory, attempt, spares, self.max_restarts),
+                                    in_job=InJob(self.directory, attempt, spares, self.max_in_job_restarts),
                                     job_nodes=len(self.allocation))
         return Executor(facts, self.event_log(attempt), node=None, ledger=self.ledger)
 
@@ -313,10 +313,10 @@ class Supervisor:
     def _step_once(self, placement: Placement, attempt: int) -> int:
         env = dict(self.env)
         env.update({DIR_ENV: str(self.directory), ATTEMPT_ENV: str(attempt), SPARES_ENV: ",".join(placement.spares),
-                    MAX_ENV: str(self.max_restarts)})
+                    MAX_ENV: str(self.max_in_job_restarts)})
         argv = srun_command(self.srun, placement, self.per_node, self.srun_args, self.command, wait_s=self.wait_s)
         if self._failure is not None and attempt > 0:
-            for line in block(self._failure, attempt, self.max_restarts, placement.nodes, placement.spares):
+            for line in block(self._failure, attempt, self.max_in_job_restarts, placement.nodes, placement.spares):
                 self._say(line)
         else:
             self._say(f"step {attempt} on {hostlist.compress(placement.nodes)}" +

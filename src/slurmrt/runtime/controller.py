@@ -13,12 +13,10 @@ import contextlib
 import logging
 import signal
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Protocol
 
 from .. import _clock
 from .._comm import Groups
-from .._rules import Part
 from ..hang.state import RunState
 from ..hang.watchdog import Activity, PhaseTimes
 from ..launch.topology import Topology
@@ -26,11 +24,12 @@ from ..stop.agreement import Agreement, DistributedAgreement, LocalAgreement
 from ..stop.deadline import Budget, EndTime
 from ..stop.decision import Contribution, Reason, StopDecision, contribution
 from ..stop.killswitch import KillSwitch
+from ..stop.settings import StopSection
 from ..stop.signals import SignalRecorder
 from ..stop.straggler import ComputeTimer, Straggler, StragglerJudge, Timing
 from .report import Reporter
 
-__all__ = ["Collectives", "Nodes", "Recovery", "Saves", "StopController", "StopSettings"]
+__all__ = ["Collectives", "Nodes", "Recovery", "Saves", "StopController"]
 
 logger = logging.getLogger(__name__)
 
@@ -66,21 +65,8 @@ class Recovery(Protocol):
     def can_leave_out(self, node: str) -> bool: ...
 
 
-@dataclass(frozen=True, kw_only=True)
-class StopSettings(Part):
-    """The options the stop controller uses (declared in :class:`slurmrt.sections.StopSection`)."""
-
-    progress_s: float | None  #: rank 0's progress events, every this many seconds (None: none)
-    deadline: bool  #: stop before the time limit, from the job's end time
-    deadline_margin_s: float
-    straggler: str  #: "name", "exclude" or "replace"
-    straggler_margin: float
-    straggler_window: int
-    straggler_windows: int
-
-
 class StopController:
-    def __init__(self, topology: Topology, settings: StopSettings, report: Reporter, *, state: RunState,
+    def __init__(self, topology: Topology, settings: StopSection, report: Reporter, *, state: RunState,
                  budget: Budget, end_time: EndTime, signals: SignalRecorder, kill_switch: KillSwitch | None,
                  phases: PhaseTimes, collectives: Collectives, saves: Saves, nodes: Nodes, recovery: Recovery) -> None:
         self.topology, self.settings, self._report = topology, settings, report

@@ -101,19 +101,20 @@ def run_restartable(rt: Runtime, train: Callable[[int], T], *, backend: str = "g
     ConfigError, the same error at the same step twice, more than ``max_in_process_restarts``, nor a rank that does
     not come back within ``rejoin_timeout_s`` (its process died: the new step's or the requeue's); then the exception
     is raised, as without the wrapper (docs/guides/in-job.md)."""
-    return InProcess(rt, backend=backend, max_restarts=max_in_process_restarts, rejoin_timeout_s=rejoin_timeout_s,
+    return InProcess(rt, backend=backend, max_in_process_restarts=max_in_process_restarts,
+                     rejoin_timeout_s=rejoin_timeout_s,
                      timeout=timeout).run(train)
 
 
 class InProcess:
-    def __init__(self, rt: Any, *, backend: str, max_restarts: int, rejoin_timeout_s: float,
+    def __init__(self, rt: Any, *, backend: str, max_in_process_restarts: int, rejoin_timeout_s: float,
                  timeout: datetime.timedelta | None) -> None:
         # The project's figures (not a bare comparison): "20", True or nan is refused here, not deep in torch.
-        if figures.count(max_restarts) is None or not (figures.seconds(rejoin_timeout_s) or 0.0) > 0:
+        if figures.count(max_in_process_restarts) is None or not (figures.seconds(rejoin_timeout_s) or 0.0) > 0:
             raise ConfigError("run_restartable(): max_in_process_restarts must be 0 or more and rejoin_timeout_s a "
                               "finite number of seconds above 0",
-                              max_in_process_restarts=max_restarts, rejoin_timeout_s=rejoin_timeout_s)
-        self.rt, self.backend, self.max_restarts = rt, backend, max_restarts
+                              max_in_process_restarts=max_in_process_restarts, rejoin_timeout_s=rejoin_timeout_s)
+        self.rt, self.backend, self.max_in_process_restarts = rt, backend, max_in_process_restarts
         self.rejoin_timeout_s, self.timeout = rejoin_timeout_s, timeout
         self.restarted: list[Fault] = []
         self._store: Any = None
@@ -154,7 +155,7 @@ class InProcess:
     def _decide(self, fault: Fault, generation: int) -> Decision:
         """The plan's decision about ``fault``; a restart stands only once every rank is back (else the plan's
         fallback, with the reason the rank that gave up set)."""
-        limits = InProcessFacts(self.max_restarts, tuple(f.raised for f in self.restarted))
+        limits = InProcessFacts(self.max_in_process_restarts, tuple(f.raised for f in self.restarted))
         decision = self.rt.parts.executor.in_process(fault.raised, limits, stop=self.rt.stop.decision)
         if decision.action is not Action.IN_PROCESS_RESTART:
             return decision

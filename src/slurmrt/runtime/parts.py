@@ -12,7 +12,9 @@ from dataclasses import dataclass
 
 from ..checkpoint import lease as leases
 from ..checkpoint.cadence import Cadence
-from ..hang.monitor import HangMonitor, HangSettings
+from ..checkpoint.settings import CheckpointSection
+from ..hang.monitor import HangMonitor
+from ..hang.settings import HangSection
 from ..hang.state import RunState
 from ..hang.watchdog import PhaseTimes
 from ..launch.topology import Topology
@@ -22,12 +24,13 @@ from ..recovery.executor import Executor
 from ..recovery.word import listen
 from ..stop.deadline import Budget
 from ..stop.killswitch import KillSwitch
+from ..stop.settings import StopSection
 from ..stop.signals import SignalRecorder
 from ..stop.watcher import Watcher
-from .controller import StopController, StopSettings
+from .controller import StopController
 from .hooks import ProcessHooks
 from .report import Reporter
-from .session import CheckpointSession, CheckpointSettings
+from .session import CheckpointSession
 
 __all__ = ["RunParts", "build_run"]
 
@@ -76,7 +79,7 @@ def build_run(topology: Topology, options: Options, executor: Executor, *,
                                  kill_wait_s=options.kill_wait_s, measured_step_s=earlier.step_s,
                                  measured_save_s=earlier.save_s)
     hooks = ProcessHooks(signals, job_id=topology.job_id, world_size=topology.world_size)
-    checkpoints = CheckpointSession(CheckpointSettings.of(options), report, budget, token=_token(topology),
+    checkpoints = CheckpointSession(CheckpointSection.of(options), report, budget, token=_token(topology),
                                     work=lambda: hooks.groups().work,
                                     guard=lease.guard if lease is not None else None,
                                     node=topology.hostname, per_node=topology.local_world_size,
@@ -86,9 +89,9 @@ def build_run(topology: Topology, options: Options, executor: Executor, *,
                       node_h=options.mtbf_node_h, local=options.local_checkpoint_dir is not None,
                       step_s=budget.steps.estimate, costs=(earlier.save_s, None), join=checkpoints.settle)
     state = RunState()
-    hangs = HangMonitor(topology, HangSettings.of(options), executor, state=state, signals=signals,
-                        kill_switch=switch)
-    stop = StopController(topology, StopSettings.of(options), report, state=state, budget=budget, end_time=end_time,
+    hangs = HangMonitor(topology, HangSection.of(options), executor, state=state, signals=signals,
+                        kill_switch=switch, watch_interval_s=options.watch_interval_s)
+    stop = StopController(topology, StopSection.of(options), report, state=state, budget=budget, end_time=end_time,
                           signals=signals, kill_switch=switch, phases=PhaseTimes(earlier.phases), collectives=hooks,
                           saves=checkpoints, nodes=hangs, recovery=executor)
     hooks.on_groups = hangs.first_collective

@@ -11,46 +11,30 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .. import _clock
 from .._comm import Comm
 from .._errors import CheckpointError, ConfigError
-from .._rules import Part
 from .._safefs import group_id
 from ..checkpoint import progress, visible
 from ..checkpoint.background import PendingSave, SaveResult, Staged
 from ..checkpoint.local import LocalTier
 from ..checkpoint.manifest import read_manifest
+from ..checkpoint.settings import CheckpointSection
 from ..checkpoint.store import CheckpointStore, Loaded, SaveFn
 from ..stop.deadline import Budget
 from ..stop.decision import StopDecision
 from .report import Reporter
 
-__all__ = ["CheckpointSession", "CheckpointSettings"]
+__all__ = ["CheckpointSession"]
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, kw_only=True)
-class CheckpointSettings(Part):
-    """The options the checkpoint session uses (declared in :class:`slurmrt.sections.CheckpointSection`)."""
-
-    checkpoint_dir: Path | None
-    keep_last: int
-    keep_every: int | None
-    save_threads: int
-    save_nice: int
-    save_process: bool
-    trusted_group: str | None
-    local_checkpoint_dir: Path | None
-    local_keep: int
-
-
 class CheckpointSession:
-    def __init__(self, settings: CheckpointSettings, report: Reporter, budget: Budget, *, token: str,
+    def __init__(self, settings: CheckpointSection, report: Reporter, budget: Budget, *, token: str,
                  work: Callable[[], Comm], guard: Callable[[], None] | None = None, node: str = "local",
                  per_node: int = 1, lead: bool = True) -> None:
         """``token`` names this attempt's temporary directories (job id and restart); ``work`` opens slurmrt's

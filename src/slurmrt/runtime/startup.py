@@ -22,6 +22,7 @@ from ..recovery import facts as recovery_facts
 from ..recovery import injob
 from ..recovery.conclude import exit_at_init
 from ..recovery.executor import Executor
+from ..recovery.settings import RecoverySection
 from ..stop import killswitch
 from . import logs, misconfigured
 from .facade import Runtime
@@ -54,7 +55,8 @@ def _init(options: Options | None, overrides: dict[str, Any]) -> Runtime:
         if opts.checkpoint_dir is not None else None
     events = EventLog.for_job(opts.event_log, opts.checkpoint_dir, job=topo.requeue_id, restart=topo.restart_count,
                               rank=topo.rank, env=env, attempt=topo.attempt)
-    executor = Executor(recovery_facts.resolve(opts, topo, env), events, node=topo.hostname,
+    facts = recovery_facts.resolve(RecoverySection.of(opts), topo, env, kill_switch=opts.kill_switch)
+    executor = Executor(facts, events, node=topo.hostname,
                         ledger=Ledger.of(env, topo.cluster) if topo.is_slurm else None)
     _tell_supervisor(topo.rank, executor, opts)
     _may_train(env, opts, topo, executor, node_gpus)

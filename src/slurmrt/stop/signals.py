@@ -18,26 +18,13 @@ from types import FrameType
 from typing import Any
 
 from .. import _clock
+from .._rules import parse_signal
 
 __all__ = ["DEFAULT_SIGNALS", "SignalRecorder", "parse_signal"]
 
 DEFAULT_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
 
 _Handler = Callable[[int, FrameType | None], Any] | int | None
-
-
-def parse_signal(value: str | int | signal.Signals) -> signal.Signals:
-    """``"USR1"``, ``"SIGUSR1"``, ``10`` or ``signal.SIGUSR1`` -> ``signal.SIGUSR1``."""
-    if isinstance(value, signal.Signals):
-        return value
-    if isinstance(value, int) or (isinstance(value, str) and value.strip().isdigit()):
-        return signal.Signals(int(value))
-    name = value.strip().upper()
-    name = name if name.startswith("SIG") else f"SIG{name}"
-    try:
-        return signal.Signals[name]
-    except KeyError:
-        raise ValueError(f"unknown signal {value!r}; use a name such as USR1 or TERM") from None
 
 
 class SignalRecorder:
