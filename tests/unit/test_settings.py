@@ -15,9 +15,6 @@ COMPOSERS = ("runtime/facade.py", "runtime/startup.py", "runtime/parts.py", "opt
 #: The simulator models Slurm: its job's ``requeue``, ``kill_wait_s`` and ``max_restarts`` are sbatch's and
 #: slurm.conf's, not slurmrt's options of those names.
 NOT_OPTIONS = ("sim/",)
-#: Parts that read a package's section but live in runtime/ (they report through the runtime's Reporter): their reads
-#: count for the package they belong to.
-HOME = {"runtime/controller.py": "stop/", "runtime/session.py": "checkpoint/"}
 
 
 def _composer(path: str) -> bool:
@@ -55,7 +52,7 @@ def unread(sources: dict[str, str]) -> list[str]:
     for path, source in sources.items():
         package = path.split("/")[0] + "/"
         readers = [ast.parse(s) for p, s in sources.items()
-                   if p != path and (HOME.get(p, p).startswith(package) or _composer(p))]
+                   if p != path and (p.startswith(package) or _composer(p))]
         read = {n.attr for tree in readers for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
         for name, fields in _section_fields(ast.parse(source)).items():
             missing += [f"{name}.{field}" for field in fields if field not in read]

@@ -10,12 +10,13 @@ import pytest
 
 from slurmrt import _clock
 from slurmrt.hang.census import RankState, name_suspects
-from slurmrt.hang.watchdog import STEP_FACTOR, Activity, Hang, PhaseTimes, Watchdog
+from slurmrt.hang.watchdog import STEP_FACTOR, Hang, Watchdog
 from slurmrt.record.runs import Run
 from slurmrt.recovery import exclusion
 from slurmrt.recovery import policy as outcome
 from slurmrt.recovery.settings import RecoverySection
 from slurmrt.stop.deadline import Budget
+from slurmrt.stop.state import Activity, PhaseTimes
 
 
 @pytest.fixture

@@ -1,5 +1,8 @@
-"""Checkpoints that are complete or absent, the same on every rank. Floor: above ``launch/`` and ``stop/``, beside
-``options``; below ``recovery/``, ``hang/`` and ``runtime/`` (whose ``session`` coordinates these parts).
+"""Checkpoints that are complete or absent, the same on every rank. Floor: above ``launch/`` and ``stop/``; below
+``recovery/``, ``hang/`` and ``runtime/``.
+
+- :mod:`.session`: one run's saves and loads, between the training loop and the store (handed its :mod:`.settings`
+  section).
 
 - :mod:`.store`: the commit protocol, background saves and pruning; :mod:`.loading`: the newest sound checkpoint,
   agreed by every rank.

@@ -24,12 +24,12 @@ from ..stop.deadline import Budget
 from ..stop.decision import Reason
 from ..stop.killswitch import KillSwitch, cancel_and_exit
 from ..stop.signals import SignalRecorder
+from ..stop.state import PhaseTimes, RunState
 from .census import Census, CensusError
 from .response import HangResponse, exit_now, is_peer_failure, unhealthy
 from .settings import HangSection
 from .stacks import quiet_peer_tracebacks, stacks_file
-from .state import RunState
-from .watchdog import PhaseTimes, Watchdog
+from .watchdog import Watchdog
 
 __all__ = ["HangMonitor"]
 

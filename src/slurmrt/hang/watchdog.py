@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from .. import _clock
 from ..stop.deadline import Budget
+from ..stop.state import Activity, PhaseTimes
 
-__all__ = ["Activity", "Hang", "PhaseTimes", "Watchdog", "IO_FACTOR", "PHASE_FACTOR", "STEP_FACTOR", "WARMUP_STEPS"]
+__all__ = ["Hang", "Watchdog", "IO_FACTOR", "PHASE_FACTOR", "STEP_FACTOR", "WARMUP_STEPS"]
 
 logger = logging.getLogger(__name__)
 
@@ -41,44 +42,12 @@ WARMUP_STEPS = 3
 
 
 @dataclass(frozen=True)
-class Activity:
-    """What the training thread is doing since ``since`` (monotonic seconds)."""
-
-    kind: str  # "start", "step", "save", "load" or "phase"
-    since: float
-    name: str | None = None  # the phase's name
-    timeout_s: float | None = None  # a phase's own allowance, when the user gave one
-
-    def resumed(self, now: float) -> Activity:
-        """The same activity, taken up again at ``now`` after a nested one (a save inside a phase)."""
-        return replace(self, since=now)
-
-    def describe(self) -> str:
-        return f"phase {self.name!r}" if self.kind == "phase" else {"start": "the start (before the first steps)",
-                                                                      "step": "a training step"}.get(self.kind,
-                                                                                                     self.kind)
-
-
-@dataclass(frozen=True)
 class Hang:
     """The watchdog's finding: ``activity`` made no progress for ``idle_s``, more than its ``allowed_s``."""
 
     activity: Activity
     idle_s: float
     allowed_s: float
-
-
-class PhaseTimes:
-    """The longest measured duration of each named phase (this run's, and the earlier runs' from the event log)."""
-
-    def __init__(self, earlier: dict[str, float] | None = None) -> None:
-        self.longest: dict[str, float] = dict(earlier or {})
-
-    def add(self, name: str, seconds: float) -> None:
-        self.longest[name] = max(seconds, self.longest.get(name, 0.0))
-
-    def get(self, name: str) -> float | None:
-        return self.longest.get(name)
 
 
 class Watchdog:

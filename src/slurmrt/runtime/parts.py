@@ -12,25 +12,24 @@ from dataclasses import dataclass
 
 from ..checkpoint import lease as leases
 from ..checkpoint.cadence import Cadence
+from ..checkpoint.session import CheckpointSession
 from ..checkpoint.settings import CheckpointSection
 from ..hang.monitor import HangMonitor
 from ..hang.settings import HangSection
-from ..hang.state import RunState
-from ..hang.watchdog import PhaseTimes
 from ..launch.topology import Topology
 from ..options import Options
 from ..record.runs import measured_earlier
 from ..recovery.executor import Executor
 from ..recovery.word import listen
+from ..stop.controller import StopController
 from ..stop.deadline import Budget
 from ..stop.killswitch import KillSwitch
 from ..stop.settings import StopSection
 from ..stop.signals import SignalRecorder
+from ..stop.state import PhaseTimes, RunState
 from ..stop.watcher import Watcher
-from .controller import StopController
 from .hooks import ProcessHooks
 from .report import Reporter
-from .session import CheckpointSession
 
 __all__ = ["RunParts", "build_run"]
 

@@ -1,5 +1,9 @@
 """The parts of an agreed stop: every rank at the same step, for the right reason, with time left to save. Floor:
-above ``launch/`` and ``record/``; the stop controller that coordinates them is :mod:`slurmrt.runtime.controller`.
+above ``launch/`` and ``record/``.
+
+- :mod:`.controller`: the stop controller that coordinates them on the training thread (``should_stop``), handed
+  its :mod:`.settings` section and its collaborators as protocols; :mod:`.state`: what it shares with the hang
+  monitor (the step boundary, the activity, the agreement), below both.
 
 - :mod:`.signals`: handlers that only record what arrived and when.
 - :mod:`.killswitch`: the kill-switch file, and giving up on a job that hangs with the switch set.

@@ -17,21 +17,37 @@ from typing import Protocol
 
 from .. import _clock
 from .._comm import Groups
-from ..hang.state import RunState
-from ..hang.watchdog import Activity, PhaseTimes
 from ..launch.topology import Topology
-from ..stop.agreement import Agreement, DistributedAgreement, LocalAgreement
-from ..stop.deadline import Budget, EndTime
-from ..stop.decision import Contribution, Reason, StopDecision, contribution
-from ..stop.killswitch import KillSwitch
-from ..stop.settings import StopSection
-from ..stop.signals import SignalRecorder
-from ..stop.straggler import ComputeTimer, Straggler, StragglerJudge, Timing
-from .report import Reporter
+from .agreement import Agreement, DistributedAgreement, LocalAgreement
+from .deadline import Budget, EndTime
+from .decision import Contribution, Reason, StopDecision, contribution
+from .killswitch import KillSwitch
+from .settings import StopSection
+from .signals import SignalRecorder
+from .state import Activity, PhaseTimes, RunState
+from .straggler import ComputeTimer, Straggler, StragglerJudge, Timing
 
-__all__ = ["Collectives", "Nodes", "Recovery", "Saves", "StopController"]
+__all__ = ["Collectives", "Nodes", "Recovery", "Reports", "Saves", "StopController"]
 
 logger = logging.getLogger(__name__)
+
+
+class Reports(Protocol):
+    """What a stop says in the log and the event log: the signals, the agreed decision, progress, phases and
+    stragglers (:class:`~slurmrt.runtime.report.Reporter`)."""
+
+    signals_reported: int
+
+    def new_signals(self, recorder: SignalRecorder) -> None: ...
+
+    def decision(self, decision: StopDecision, *, steps_measured: int, step_s: float | None, save_s: float | None,
+                 margin_s: float, worst_step_s: float | None = None) -> None: ...
+
+    def progress(self, step: int, step_s: float | None, slurm_start: float | None = None) -> None: ...
+
+    def phase(self, name: str, seconds: float) -> None: ...
+
+    def straggler(self, s: Straggler, *, node: str | None, action: str, step: int | None = None) -> None: ...
 
 
 class Collectives(Protocol):
@@ -45,7 +61,7 @@ class Collectives(Protocol):
 
 class Saves(Protocol):
     """The background save: its result taken per step (cheap), and waited for before a collective on the work group,
-    which is the save's until it ends: :class:`~slurmrt.runtime.session.CheckpointSession`."""
+    which is the save's until it ends: :class:`~slurmrt.checkpoint.session.CheckpointSession`."""
 
     def poll(self) -> None: ...
 
@@ -66,7 +82,7 @@ class Recovery(Protocol):
 
 
 class StopController:
-    def __init__(self, topology: Topology, settings: StopSection, report: Reporter, *, state: RunState,
+    def __init__(self, topology: Topology, settings: StopSection, report: Reports, *, state: RunState,
                  budget: Budget, end_time: EndTime, signals: SignalRecorder, kill_switch: KillSwitch | None,
                  phases: PhaseTimes, collectives: Collectives, saves: Saves, nodes: Nodes, recovery: Recovery) -> None:
         self.topology, self.settings, self._report = topology, settings, report

@@ -12,29 +12,39 @@ import contextlib
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from .. import _clock
 from .._comm import Comm
 from .._errors import CheckpointError, ConfigError
 from .._safefs import group_id
-from ..checkpoint import progress, visible
-from ..checkpoint.background import PendingSave, SaveResult, Staged
-from ..checkpoint.local import LocalTier
-from ..checkpoint.manifest import read_manifest
-from ..checkpoint.settings import CheckpointSection
-from ..checkpoint.store import CheckpointStore, Loaded, SaveFn
 from ..stop.deadline import Budget
 from ..stop.decision import StopDecision
-from .report import Reporter
+from . import progress, visible
+from .background import PendingSave, SaveResult, Staged
+from .local import LocalTier
+from .manifest import read_manifest
+from .settings import CheckpointSection
+from .store import CheckpointStore, Loaded, SaveFn
 
-__all__ = ["CheckpointSession"]
+__all__ = ["CheckpointSession", "Reports"]
 
 logger = logging.getLogger(__name__)
 
 
+class Reports(Protocol):
+    """What a save or a load says in the log and the event log (:class:`~slurmrt.runtime.report.Reporter`)."""
+
+    def saved(self, result: SaveResult, *, blocking: bool, tier: str = "shared") -> None: ...
+
+    def save_skipped(self, step: int, save_s: float | None) -> None: ...
+
+    def loaded(self, got: tuple[int, Any] | None, *, tier: str = "shared", from_peers: int | None = None,
+               seconds: float | None = None) -> None: ...
+
+
 class CheckpointSession:
-    def __init__(self, settings: CheckpointSection, report: Reporter, budget: Budget, *, token: str,
+    def __init__(self, settings: CheckpointSection, report: Reports, budget: Budget, *, token: str,
                  work: Callable[[], Comm], guard: Callable[[], None] | None = None, node: str = "local",
                  per_node: int = 1, lead: bool = True) -> None:
         """``token`` names this attempt's temporary directories (job id and restart); ``work`` opens slurmrt's
