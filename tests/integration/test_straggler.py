@@ -126,12 +126,11 @@ def test_a_straggler_stop_under_slurmrt_run_asks_for_a_new_step_instead(tmp_path
     run_dir = tmp_path / "run"
     run_dir.mkdir(mode=0o700)
     monkeypatch.setenv(facts.DIR_ENV, str(run_dir))
-    monkeypatch.setenv(facts.SPARES_ENV, "n3")
-    monkeypatch.setenv(facts.MAX_ENV, "3")
     outcome, events = _conclude(tmp_path, {Reason.STRAGGLER}, ["n2"])
     assert outcome is Outcome.REQUEUED  # exit 3: stopped after its checkpoint for a restart, here in the job
     assert not calls.exists(), "no requeue: the supervisor starts a new step"
     assert injob.read_request(run_dir, 0) == {"attempt": 0, "exclude": ["n2"], "code": 3, "node": "n1",
-                                              "why": "stopped at step 40 (straggler): a new step without n2",
+                                              "why": "stopped at step 40 (straggler): a new step without n2, or the "
+                                                     "requeue, as `slurmrt run` weighs its spares",
                                               "trigger": "straggler"}
     assert [(e["event"], e.get("reasons")) for e in events] == [("in_job_restart", None), ("exit", ["straggler"])]

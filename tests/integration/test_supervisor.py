@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from slurmrt.launch.slurmvars import job_of
+from slurmrt.record.events import EventLog, read_events
 from slurmrt.recovery.policy import ExitCode
 from slurmrt.recovery.supervisor import Supervisor
 from slurmrt.recovery.word import Word, read_word
@@ -69,7 +70,8 @@ FAKE_SRUN = textwrap.dedent("""\
         sys.exit(137)
     if attempt == 0 and not os.environ.get("FAKE_WAIT_FIRST"):
         with open(os.path.join(os.environ["SLURMRT_RUN_DIR"], "request-0.json"), "w") as f:
-            json.dump({{"attempt": 0, "exclude": [nodes[1]]}}, f)
+            json.dump({{"attempt": 0, "exclude": [nodes[1]], "trigger": os.environ.get("FAKE_TRIGGER", "hang"),
+                        "why": "named by the step"}}, f)
         sys.exit(137)
     if os.environ.get("FAKE_WAIT"):
         open(os.environ["FAKE_WAIT"], "w").close()
@@ -106,12 +108,39 @@ def test_a_named_node_is_replaced_only_on_evidence_against_it(tmp_path: Path, un
     decision = next(e for e in read_events(log) if e["event"] == "recovery")
     assert decision["evidence"][0]["node"] == "n2" and decision["action"] == "in_job_restart"
     if unhealthy:
-        assert [c["spares"] for c in calls] == ["n3", ""] and "--nodelist=n1,n3" in calls[1]["argv"]
+        assert "--nodelist=n1,n3" in calls[1]["argv"]
         assert decision["class"] == "node_unhealthy" and decision["left_out"] == ["n2"]
     else:
-        assert [c["spares"] for c in calls] == ["n3", "n3"] and "--nodelist=n1,n2" in calls[1]["argv"]
+        assert "--nodelist=n1,n2" in calls[1]["argv"]
         assert decision["class"] == "hang" and decision["left_out"] == [] and decision["kept"] == ["n1", "n2"]
     assert not (tmp_path / "d").exists(), "the supervisor's directory is removed at its end"
+
+
+@pytest.mark.parametrize("spares", [1, 0])
+def test_nodes_the_step_judged_itself_are_weighed_against_the_spares_by_slurmrt_run_alone(tmp_path: Path,
+                                                                                          spares: int) -> None:
+    """The step's ranks judged n2 themselves (it failed its start-up health check) and asked, without knowing the
+    spares: with one, slurmrt run starts the new step on it; with none, it requeues the job without n2 itself, and
+    says why (the one planner: the spare count never travelled down to the training)."""
+    nodes = "n[1-3]" if spares else "n[1-2]"
+    env = {**os.environ, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": nodes, "FAKE_LOG": str(tmp_path / "log"),
+           "FAKE_TRIGGER": "unhealthy", "FAKE_CODE": "0"}
+    log = tmp_path / "events-7.jsonl"
+    sup = Supervisor(["x"], spare_nodes=spares, max_in_job_restarts=3, env=env, slurm_job=job_of(env),
+                     directory=tmp_path / "d", srun=str(fake_srun(tmp_path)),
+                     event_log=lambda attempt: EventLog(log, job="7", restart=0, rank=-1, attempt=attempt))
+    code = sup.run()
+    calls = [json.loads(line) for line in (tmp_path / "log").read_text().splitlines()]
+    if spares:
+        assert code == 0 and len(calls) == 2 and "--nodelist=n1,n3" in calls[1]["argv"]
+        assert not log.exists() or not [e for e in read_events(log) if e["event"] == "in_job_refused"]
+        return
+    assert code == int(ExitCode.UNHEALTHY) and len(calls) == 1  # no new step: the requeue (refused by the stub)
+    ev = list(read_events(log))
+    (refused,) = [e for e in ev if e["event"] == "in_job_refused"]
+    assert refused["nodes"] == ["n2"] and "but 0 spare(s) left" in refused["why"]
+    assert [e["action"] for e in ev if e["event"] == "exit"] == ["requeue"]
+    assert [e["event"] for e in ev][-1] == "requeue"
 
 
 @pytest.mark.parametrize(("code", "expected", "steps"), [(2, 2, 1), (127, 127, 1), (137, 5, 4), (139, 5, 4)])
@@ -129,7 +158,8 @@ def test_a_step_killed_unanswered_restarts_on_the_same_nodes_and_one_ending_on_a
     assert sup.run() == expected
     calls = [json.loads(line) for line in (tmp_path / "log").read_text().splitlines()]
     assert len(calls) == steps
-    assert all("--nodelist=n1,n2" in c["argv"] and c["spares"] == "n3" for c in calls)
+    assert all("--nodelist=n1,n2" in c["argv"] for c in calls)
+    assert all(c["spares"] is None for c in calls), "the spares stay with slurmrt run, the one planner"
 
 
 def test_the_tasks_srun_saw_end_reach_the_steps_ranks_while_the_step_runs(
@@ -416,7 +446,7 @@ def test_the_options_a_training_shares_are_read_back_whole(tmp_path: Path) -> No
 
     d = tmp_path / "run"
     d.mkdir(mode=0o700)
-    injob.share_facts(InJob(d, 2, (), 3), {"event_log": tmp_path / "e.jsonl", "checkpoint_dir": None,
+    injob.share_facts(InJob(d, 2), {"event_log": tmp_path / "e.jsonl", "checkpoint_dir": None,
                                            "requeue": False, "max_restarts": 1, "max_futile_runs": None,
                                            "max_excluded_nodes": 2, "other": "ignored"})
     assert injob.read_facts(d, 2) == {"event_log": str(tmp_path / "e.jsonl"), "checkpoint_dir": None,
@@ -435,7 +465,7 @@ def test_relative_paths_a_training_shares_are_read_back_absolute(tmp_path: Path,
     d = tmp_path / "run"
     d.mkdir(mode=0o700)
     monkeypatch.chdir(tmp_path)
-    injob.share_facts(InJob(d, 0, (), 3), {"event_log": Path("ckpt/events-7.jsonl"), "checkpoint_dir": "ckpt",
+    injob.share_facts(InJob(d, 0), {"event_log": Path("ckpt/events-7.jsonl"), "checkpoint_dir": "ckpt",
                                            "requeue": True, "max_restarts": None, "max_futile_runs": 3,
                                            "max_excluded_nodes": 4})
     read = injob.read_facts(d, 0)
@@ -456,7 +486,7 @@ def test_the_health_probe_checks_the_directory_the_training_resolved_not_the_env
                      directory=tmp_path / "d",
                      srun=str(fake_srun(tmp_path)), evidence=Evidence("srun", "7", env))
     (tmp_path / "d").mkdir(mode=0o700)
-    injob.share_facts(InJob(tmp_path / "d", 0, (), 3), {"event_log": None, "checkpoint_dir": tmp_path / "mine",
+    injob.share_facts(InJob(tmp_path / "d", 0), {"event_log": None, "checkpoint_dir": tmp_path / "mine",
                                                         "requeue": True, "max_restarts": None,
                                                         "max_futile_runs": 3, "max_excluded_nodes": 4})
     assert sup.evidence is not None and sup.evidence.checkpoint_dir is None
@@ -479,11 +509,11 @@ def test_the_trainings_own_options_are_said_once_and_not_for_a_checkpoint_dir_se
     (tmp_path / "d").mkdir(mode=0o700)
     shared = {"event_log": tmp_path / "ckpt" / "events-7.jsonl", "checkpoint_dir": tmp_path / "ckpt",
               "requeue": True, "max_restarts": None, "max_futile_runs": 3, "max_excluded_nodes": 4}
-    injob.share_facts(InJob(tmp_path / "d", 0, (), 3), shared)
+    injob.share_facts(InJob(tmp_path / "d", 0), shared)
     sup._learn(0)
     assert "options differ" not in capfd.readouterr().err
     for attempt in (1, 2):
-        injob.share_facts(InJob(tmp_path / "d", attempt, (), 3), {**shared, "requeue": False})
+        injob.share_facts(InJob(tmp_path / "d", attempt), {**shared, "requeue": False})
         sup._learn(attempt)
     said = capfd.readouterr().err
     assert said.count("the training's own options differ from the environment's (requeue=False)") == 1, said

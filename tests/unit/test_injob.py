@@ -15,17 +15,18 @@ from slurmrt.record.events import Event, EventLog, read_events
 from slurmrt.record.runs import runs
 from slurmrt.recovery import injob
 from slurmrt.recovery.executor import Executor
-from slurmrt.recovery.facts import Facts, InJob, in_job_from_environ
+from slurmrt.recovery.facts import Facts, InJob, Spares, in_job_from_environ
 from slurmrt.recovery.plan import Action, Trigger
 from slurmrt.recovery.policy import ExitCode
 from slurmrt.recovery.settings import RecoverySection
 from slurmrt.recovery.supervisor import Placement, Supervisor, place, srun_command
 
 
-def supervised(tmp_path: Path, *, attempt: int = 0, spares: tuple[str, ...] = ("n3",), most: int = 3) -> InJob:
+def supervised(tmp_path: Path, *, attempt: int = 0, spares: tuple[str, ...] | None = ("n3",), most: int = 3) -> InJob:
+    """A step as ``slurmrt run`` plans it (its spares and limit); ``spares=None``: as the training sees it."""
     d = tmp_path / "run"
     d.mkdir(mode=0o700, exist_ok=True)
-    return InJob(d, attempt, spares, most)
+    return InJob(d, attempt, Spares(spares, most) if spares is not None else None)
 
 
 def request(sup: InJob, events: EventLog, bad: list[str], code: ExitCode, *, node: str, why: str = "") -> str | None:
@@ -69,6 +70,19 @@ def test_a_request_names_the_nodes_and_is_recorded_with_the_exit(tmp_path: Path)
     assert ev[1]["outcome"] == "HUNG" and ev[1]["code"] == 5
     # A second rank of the same node (a failed health check) finds the request made: no requeue either.
     assert request(sup, log(tmp_path), ["n2"], ExitCode.UNHEALTHY, node="n2") is not None
+
+
+def test_the_training_reports_a_fault_to_slurmrt_run_whatever_the_spares_and_leaves_the_choice_to_it(
+        tmp_path: Path) -> None:
+    """Without the spares (the training's view) a fault that names more nodes than slurmrt run has spares, or comes
+    after its limit, is still asked for: slurmrt run, the one planner, weighs them (and requeues)."""
+    sup = supervised(tmp_path, attempt=5, spares=None)
+    said = request(sup, log(tmp_path), ["n2", "n4"], ExitCode.UNHEALTHY, node="n1")
+    assert said == ("in-job restart 6: a new step without n2, n4, or the requeue, as `slurmrt run` weighs its "
+                    "spares")
+    (event,) = [e for e in read_events(tmp_path / "events.jsonl") if e["event"] == "in_job_restart"]
+    assert "spares" not in event  # the training does not know them
+    assert request(supervised(tmp_path, spares=None), log(tmp_path), [], ExitCode.UNHEALTHY, node="n1") is None
 
 
 @pytest.mark.parametrize(("bad", "sup_args", "why", "code"), [
@@ -131,8 +145,9 @@ def test_the_supervisor_reads_only_a_well_formed_request_of_this_attempt(tmp_pat
     ({"SLURMRT_RUN_DIR": "relative"}, None),
     ({"SLURMRT_RUN_DIR": "/x", "SLURMRT_RUN_ATTEMPT": "one"}, None),
     ({"SLURMRT_RUN_DIR": "/x", "SLURMRT_RUN_ATTEMPT": "-1"}, None),
+    # the spares and the limit are slurmrt run's own: they do not travel down (one planner)
     ({"SLURMRT_RUN_DIR": "/x", "SLURMRT_RUN_ATTEMPT": "1", "SLURMRT_RUN_SPARES": "n3,n4",
-      "SLURMRT_RUN_MAX_RESTARTS": "2"}, InJob(Path("/x"), 1, ("n3", "n4"), 2)),
+      "SLURMRT_RUN_MAX_RESTARTS": "2"}, InJob(Path("/x"), 1)),
 ])
 def test_the_environment_of_slurmrt_run(env: dict[str, str], expected: InJob | None) -> None:
     assert in_job_from_environ(env) == expected

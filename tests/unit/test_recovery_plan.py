@@ -11,16 +11,16 @@ import pytest
 from slurmrt import Outcome, Reason, StopDecision
 from slurmrt.record.events import Event, EventLog, read_events
 from slurmrt.recovery.executor import Executor
-from slurmrt.recovery.facts import Facts, InJob
+from slurmrt.recovery.facts import Facts, InJob, Spares
 from slurmrt.recovery.plan import Action, FaultClass, NodeEvidence, Trigger, classify, plan
 from slurmrt.recovery.settings import RecoverySection
 
 RUN_DIR = Path("/run/slurmrt-7")
 #: A Slurm job under `slurmrt run` with one spare left, nothing used up.
-BASE = Facts(job="7", in_job=InJob(RUN_DIR, 0, ("n3",), 3))
+BASE = Facts(job="7", in_job=InJob(RUN_DIR, 0, Spares(("n3",), 3)))
 NO_RUN = replace(BASE, in_job=None)
-NO_SPARE = replace(BASE, in_job=InJob(RUN_DIR, 0, (), 3))
-LIMIT = replace(BASE, in_job=InJob(RUN_DIR, 3, ("n3",), 3))
+NO_SPARE = replace(BASE, in_job=InJob(RUN_DIR, 0, Spares((), 3)))
+LIMIT = replace(BASE, in_job=InJob(RUN_DIR, 3, Spares(("n3",), 3)))
 LOOPING_STEPS = replace(BASE, futile=2)
 LOOPING_RUNS = replace(BASE, futile=3)
 NO_REQUEUE = replace(NO_SPARE, policy=RecoverySection(requeue=False))
@@ -39,7 +39,7 @@ SUSPECT_FAULTS = [(Trigger.HANG, Outcome.HUNG), (Trigger.RANK_LOST, Outcome.PEER
     (BASE, ["n2"], A.IN_JOB_RESTART, None),
     (NO_RUN, ["n2"], A.REQUEUE, None),  # no `slurmrt run`: the requeue, as always
     (NO_SPARE, ["n2"], A.REQUEUE, "but 0 spare(s) left"),  # the no-spare node failure: requeued, not dead
-    (replace(BASE, in_job=InJob(RUN_DIR, 0, ("n3",), 3)), ["n1", "n2"], A.REQUEUE, "2 node(s) to replace"),
+    (replace(BASE, in_job=InJob(RUN_DIR, 0, Spares(("n3",), 3))), ["n1", "n2"], A.REQUEUE, "2 node(s) to replace"),
     (LIMIT, ["n2"], A.REQUEUE, "the limit (--max-in-job-restarts) is 3"),
     (BASE, [], A.REQUEUE, "no node was named"),
     (LOOPING_STEPS, ["n2"], A.REQUEUE, "the last 2 steps failed"),
@@ -208,7 +208,7 @@ def test_a_request_that_cannot_be_left_falls_back_to_the_requeue(tmp_path: Path)
     """The supervisor's directory is open to everyone (planted?): the rank cannot ask, so it requeues."""
     (tmp_path / "open").mkdir()
     (tmp_path / "open").chmod(0o777)
-    facts = replace(BASE, in_job=InJob(tmp_path / "open", 0, ("n3",), 3))
+    facts = replace(BASE, in_job=InJob(tmp_path / "open", 0, Spares(("n3",), 3)))
     requeued: list[str] = []
     done = _executor(tmp_path, facts, requeued).recover(Trigger.HANG, nodes=["n2"])
     assert done.action is Action.REQUEUE and requeued == ["7"]

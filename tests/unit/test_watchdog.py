@@ -277,10 +277,11 @@ def _in_job_executor(topo: Any, log: Any, run_dir: Any) -> Any:
     import dataclasses
 
     from slurmrt.recovery.executor import Executor
-    from slurmrt.recovery.facts import InJob
+    from slurmrt.recovery.facts import InJob, Spares
 
     base = _executor(topo, log)
-    return Executor(dataclasses.replace(base.facts, in_job=InJob(run_dir, 0, ("n3",), 3)), base.events, node="n1")
+    facts = dataclasses.replace(base.facts, in_job=InJob(run_dir, 0, Spares(("n3",), 3)))
+    return Executor(facts, base.events, node="n1")
 
 
 def test_without_a_census_a_rank_names_nobody_and_excludes_no_node(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:

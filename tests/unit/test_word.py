@@ -55,7 +55,7 @@ def test_the_reader_records_each_signal_once_and_gives_the_deadline_its_times(tm
 
 def test_rank_0_under_slurmrt_run_asks_the_word_and_nobody_else_asks_at_all(tmp_path: Path) -> None:
     write_word(tmp_path, 2, Word(5.0, 3600.0, {}))
-    in_job = InJob(tmp_path, 2, (), 1)
+    in_job = InJob(tmp_path, 2)
     end, word = listen(in_job, lambda s, at: None, {}, job_id="7", lead=True, refresh_s=60.0)
     assert word is not None and end.asks
     end.poll()
@@ -91,7 +91,7 @@ def test_a_time_limit_changed_outside_reaches_the_deadline_at_the_next_turn(tmp_
     """Under slurmrt run the end time is a file the supervisor refreshes: read at every watcher turn (the word's
     poll reads it, the end time takes what it read), not every end_time_refresh_s."""
     write_word(tmp_path, 0, Word(5.0, 3600.0, {}))
-    end, word = listen(InJob(tmp_path, 0, (), 1), lambda s, at: None, {}, job_id="7", lead=True, refresh_s=900.0)
+    end, word = listen(InJob(tmp_path, 0), lambda s, at: None, {}, job_id="7", lead=True, refresh_s=900.0)
     assert word is not None
     end.poll()
     assert end.value == 3600.0

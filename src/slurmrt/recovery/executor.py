@@ -134,9 +134,9 @@ class Executor:
                 return no
         message = f"in-job restart {sup.attempt + 1}: {decision.why}"
         # The fault was said where it was found (a hang, a lost rank, a straggler); this is its answer, under way.
-        logger.info("%s (spares: %s)", message, ", ".join(sup.spares) or "none")
-        self.events.emit(Event.IN_JOB_RESTART, nodes=bad, spares=list(sup.spares), why=why,
-                         next_attempt=sup.attempt + 1, lead=True)
+        spares: dict[str, Any] = {"spares": list(sup.spares.nodes)} if sup.spares is not None else {}  # its own
+        logger.info("%s%s", message, f" (spares: {', '.join(spares['spares']) or 'none'})" if spares else "")
+        self.events.emit(Event.IN_JOB_RESTART, nodes=bad, why=why, next_attempt=sup.attempt + 1, lead=True, **spares)
         self._exit(decision, step, reasons, why=message)
         return None
 

@@ -16,8 +16,8 @@ from typing import Any
 from ..launch.topology import Topology
 from .settings import RecoverySection
 
-__all__ = ["ATTEMPT_ENV", "DIR_ENV", "MAX_ENV", "SPARES_ENV", "Facts", "InJob", "InProcessFacts", "Raised",
-           "in_job_from_environ", "resolve"]
+__all__ = ["ATTEMPT_ENV", "DIR_ENV", "Facts", "InJob", "InProcessFacts", "Raised", "Spares", "in_job_from_environ",
+           "resolve"]
 
 logger = logging.getLogger(__name__)
 
@@ -27,19 +27,27 @@ POLICY = tuple(f.name for f in dataclasses.fields(RecoverySection))
 #: Set by ``slurmrt run`` in the training step's environment (:mod:`slurmrt.recovery.supervisor`).
 DIR_ENV = "SLURMRT_RUN_DIR"
 ATTEMPT_ENV = "SLURMRT_RUN_ATTEMPT"
-SPARES_ENV = "SLURMRT_RUN_SPARES"
-MAX_ENV = "SLURMRT_RUN_MAX_RESTARTS"
+
+
+@dataclass(frozen=True)
+class Spares:
+    """What only ``slurmrt run`` weighs, the one planner of a new step: the spare nodes still in the job and its
+    limit."""
+
+    nodes: tuple[str, ...]
+    #: ``slurmrt run --max-in-job-restarts``
+    max_in_job_restarts: int
 
 
 @dataclass(frozen=True)
 class InJob:
-    """What ``slurmrt run`` told this step: where to leave a request, which attempt this is, the spare nodes."""
+    """A step of ``slurmrt run``: where to leave a request, which attempt this is. ``spares``: ``slurmrt run``'s own
+    (:class:`Spares`); None in the training, which reports a fault there and exits, and lets ``slurmrt run`` decide
+    between a new step and the requeue (no spare count travels down to the training and back up)."""
 
     directory: Path
     attempt: int
-    spares: tuple[str, ...]
-    #: ``slurmrt run --max-in-job-restarts``
-    max_in_job_restarts: int
+    spares: Spares | None = None
 
 
 @dataclass(frozen=True)
@@ -122,15 +130,14 @@ def in_job_from_environ(env: Mapping[str, str]) -> InJob | None:
     if not raw:
         return None
     try:
-        attempt, most = int(env.get(ATTEMPT_ENV, "0")), int(env.get(MAX_ENV, "0"))
-        if attempt < 0 or most < 0 or not os.path.isabs(raw):
+        attempt = int(env.get(ATTEMPT_ENV, "0"))
+        if attempt < 0 or not os.path.isabs(raw):
             raise ValueError
     except ValueError:
-        logger.warning("%s=%r, %s=%r, %s=%r: not what `slurmrt run` sets; no in-job restart", DIR_ENV, raw,
-                       ATTEMPT_ENV, env.get(ATTEMPT_ENV), MAX_ENV, env.get(MAX_ENV))
+        logger.warning("%s=%r, %s=%r: not what `slurmrt run` sets; no in-job restart", DIR_ENV, raw,
+                       ATTEMPT_ENV, env.get(ATTEMPT_ENV))
         return None
-    spares = tuple(n for n in env.get(SPARES_ENV, "").split(",") if n)
-    return InJob(Path(raw), attempt, spares, most)
+    return InJob(Path(raw), attempt)
 
 
 def resolve(policy: RecoverySection, topology: Topology, env: Mapping[str, str], *,

@@ -196,7 +196,14 @@ def _straggler_out(stop: StopDecision, facts: Facts, bad: tuple[str, ...], reque
         return Decision(Action.REQUEUE, Outcome.REQUEUED, requeue, bad, in_job_refused=no)
     where = f" without {', '.join(bad)}" if bad else ""
     return Decision(Action.IN_JOB_RESTART, Outcome.REQUEUED, f"stopped at step {stop.step} (straggler): a new "
-                    f"step{where}", bad)
+                    f"step{where}{_weighed(facts)}", bad)
+
+
+def _weighed(facts: Facts) -> str:
+    """In the training, what is left to ``slurmrt run``: its spares, its limit, and so the choice between the new
+    step and the requeue."""
+    return ", or the requeue, as `slurmrt run` weighs its spares" if facts.in_job and facts.in_job.spares is None \
+        else ""
 
 
 def _node_fault(outcome: Outcome, facts: Facts, bad: tuple[str, ...], *, judged: bool) -> Decision:
@@ -207,7 +214,7 @@ def _node_fault(outcome: Outcome, facts: Facts, bad: tuple[str, ...], *, judged:
     if facts.in_job is not None and no is None:
         where = f"without {', '.join(bad)}" if judged and bad else \
             f"(suspects {', '.join(bad)}, to be judged)" if bad else "on the same nodes"
-        return Decision(Action.IN_JOB_RESTART, outcome, f"a new step {where}", bad)
+        return Decision(Action.IN_JOB_RESTART, outcome, f"a new step {where}{_weighed(facts)}", bad)
     refused = requeue_refused(facts)
     if refused is not None:
         return Decision(Action.FAIL, outcome, f"not requeued: {refused}", bad, in_job_refused=no)
@@ -262,20 +269,25 @@ def requeue_refused(facts: Facts) -> str | None:
 def in_job_refused(facts: Facts, bad: Sequence[str], *, judged: bool = True) -> str | None:
     """Why this step may not be replaced in the job (None: it may). ``bad``: the nodes to leave out, each needing a
     spare; not ``judged``: suspects, which need no spare until ``slurmrt run`` finds node evidence against them (a
-    process that died on a healthy node is restarted on the same nodes)."""
+    process that died on a healthy node is restarted on the same nodes). The spares and their limit are ``slurmrt
+    run``'s alone: in the training (no :class:`~slurmrt.recovery.facts.Spares`) a fault is left for it to weigh."""
     sup = facts.in_job
     if sup is None:
         return "not under `slurmrt run`"
     if judged and not bad:
         return "no node was named, so there is nothing a spare node would change"
-    if sup.attempt >= sup.max_in_job_restarts:
-        return f"{sup.attempt} in-job restart(s) made, the limit (--max-in-job-restarts) is {sup.max_in_job_restarts}"
-    if judged and len(sup.spares) < len(bad):
-        return (f"{len(bad)} node(s) to replace ({', '.join(bad)}) but {len(sup.spares)} spare(s) left"
-                + (f" ({', '.join(sup.spares)})" if sup.spares else ""))
     if facts.futile >= IN_JOB_LOOP_GUARD:
         return (f"the last {facts.futile} steps failed without a checkpoint newer than the one they resumed from: the "
                 "same failure again, which another node would most likely not cure")
+    spares = sup.spares
+    if spares is None:
+        return None
+    if sup.attempt >= spares.max_in_job_restarts:
+        return (f"{sup.attempt} in-job restart(s) made, the limit (--max-in-job-restarts) is "
+                f"{spares.max_in_job_restarts}")
+    if judged and len(spares.nodes) < len(bad):
+        return (f"{len(bad)} node(s) to replace ({', '.join(bad)}) but {len(spares.nodes)} spare(s) left"
+                + (f" ({', '.join(spares.nodes)})" if spares.nodes else ""))
     return None
 
 

@@ -11,9 +11,10 @@ from typing import Any
 
 from .._text import shorten
 from ..launch import hostlist
-from .plan import Trigger
+from ..record.events import Event, EventLog
+from .plan import Action, Decision, FaultClass, NodeEvidence, Trigger
 
-__all__ = ["Failure", "block", "stacks_path", "stacks_pattern"]
+__all__ = ["Failure", "block", "recorded", "stacks_path", "stacks_pattern"]
 
 
 @dataclass(frozen=True)
@@ -73,3 +74,20 @@ def block(failure: Failure, attempt: int, max_in_job_restarts: int, nodes: tuple
     if failure.stacks:
         lines.append(f"  stacks:   {failure.stacks}")
     return lines
+
+
+def recorded(events: EventLog, trigger: Trigger, fault: FaultClass, evidence: list[NodeEvidence], decision: Decision,
+             nodes: tuple[str, ...], attempt: int, failure: Failure | None) -> str:
+    """Record ``slurmrt run``'s decision on failed step ``attempt`` of ``nodes``, with its evidence (a ``recovery``
+    event); the line to say, "" for a new step (whose block says it, with the class: one account, not two)."""
+    left = list(decision.exclude)
+    why = decision.in_job_refused or decision.why
+    named: dict[str, Any] = {"class": fault.value}  # a keyword of Python's
+    events.emit(Event.RECOVERY, trigger=trigger.value, evidence=[e.to_json(trigger) for e in evidence],
+                action=decision.action.value, kept=[n for n in nodes if n not in left], left_out=left, why=why,
+                lead=True, **named)
+    if decision.action is Action.IN_JOB_RESTART:
+        return ""
+    said = f"{failure.why}; " if failure is not None and not failure.stacks else ""
+    return (f"{said}step {attempt}: {fault.value.replace('_', ' ')} ({trigger.value}); "
+            f"{decision.action.value.replace('_', ' ')}" + (f" without {', '.join(left)}" if left else "") + f": {why}")

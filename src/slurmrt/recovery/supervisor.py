@@ -28,7 +28,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -38,18 +38,18 @@ from .._errors import ConfigError
 from .._safefs import private_dir
 from ..launch import hostlist
 from ..launch.slurmvars import Job
-from ..record.events import Event, EventLog
+from ..record.events import EventLog
 from ..record.ledger import Ledger
 from ..record.runs import run_of
 from . import exclusion, injob
 from .answered import misconfigured_tasks, recorded_code
 from .evidence import Evidence
 from .executor import Executor
-from .facts import ATTEMPT_ENV, DIR_ENV, MAX_ENV, SPARES_ENV, Facts, InJob
+from .facts import ATTEMPT_ENV, DIR_ENV, Facts, InJob, Spares
 from .forward import Forwarder
-from .plan import Action, Decision, FaultClass, NodeEvidence, Trigger, fault_outcome
+from .plan import Action, Decision, FaultClass, Trigger, fault_outcome, in_job_refused
 from .policy import ExitCode, Outcome
-from .report import Failure, block
+from .report import Failure, block, recorded
 from .steps import (
     STEP_WAIT_S,
     Placement,
@@ -194,7 +194,7 @@ class Supervisor:
         trigger = Trigger(raw) if raw in {t.value for t in Trigger} else Trigger.HANG
         self._failure = Failure.asked(ask, attempt, code, suspects)
         if trigger not in (Trigger.HANG, Trigger.RANK_LOST):  # judged in the step: measured slow, or unhealthy
-            return suspects, code
+            return self._spend(trigger, suspects, placement, attempt, code, detail=str(ask.get("why") or ""))
         if named and not suspects:
             self._say(f"step {attempt} asked to leave out {named}, none of them in the step")
         return self._judge(trigger, suspects or list(placement.nodes), placement, attempt, code, asked=True,
@@ -209,20 +209,41 @@ class Supervisor:
         assert self.evidence is not None
         held = self._allocated()
         fault, bad, evidence = self.evidence.judge(trigger, suspects, held)
-        spares = tuple(n for n in placement.spares if n in held)
-        if asked and len(bad) <= len(spares):  # the ranks chose the new step and recorded it
+        executor = self._executor(attempt, tuple(n for n in placement.spares if n in held))
+        if asked and self._refused(executor, bad, judged=bool(bad)) is None:  # the ranks asked for it, and recorded it
             decision = self._as_asked(fault_outcome(trigger), fault, bad, suspects, detail)
-        else:  # the plan decides again with the judged nodes: a spare for each, else the requeue
+        else:  # the plan decides with the judged nodes: a spare for each, else the requeue
             judged = trigger if not bad else Trigger.NODE_GONE if fault is FaultClass.NODE_LOST else Trigger.UNHEALTHY
-            decision = self._executor(attempt, spares).recover(
+            decision = executor.recover(
                 judged, nodes=bad, ask=False,
                 detail=f"{detail}; {fault.value}" + (f": {', '.join(bad)} left out" if bad else ""))
-        self._record(trigger, fault, evidence, decision, placement, attempt)
+        said = recorded(self.event_log(attempt), trigger, fault, evidence, decision, placement.nodes, attempt,
+                        self._failure)
+        if said:
+            self._say(said)
         if self._failure is not None:  # the block at the next step says what was really left out
             self._failure = dataclasses.replace(self._failure, nodes=tuple(bad), fault=fault.value)
         if decision.action is Action.IN_JOB_RESTART:
             return list(bad), code
         return None, decision.code  # the executor said why, and what it did instead
+
+    def _spend(self, trigger: Trigger, nodes: list[str], placement: Placement, attempt: int, code: int, *,
+               detail: str) -> tuple[list[str] | None, int]:
+        """Nodes the step's ranks judged themselves (a straggler measured slow, a node that failed its health
+        check): a new step without them when a spare is left for each and the limit and the loop guard allow it,
+        else the plan's other answer (the requeue without them), recorded."""
+        executor = self._executor(attempt, tuple(n for n in placement.spares if n in self._allocated()))
+        if self._refused(executor, nodes) is None:
+            return nodes, code
+        decision = executor.recover(trigger, nodes=nodes, ask=False, detail=detail or trigger.value)
+        self._failure = None  # the executor said why, and what it did instead
+        return None, decision.code
+
+    @staticmethod
+    def _refused(executor: Executor, nodes: Sequence[str], *, judged: bool = True) -> str | None:
+        """Why the plan would not make the new step the ranks asked for, with the spares, the limit and the loop
+        guard that only ``slurmrt run`` knows (None: it would)."""
+        return in_job_refused(executor.facts.with_futile(executor.futile()), nodes, judged=judged)
 
     def _as_asked(self, outcome: Outcome, fault: FaultClass, bad: tuple[str, ...], suspects: list[str],
                   detail: str) -> Decision:
@@ -233,23 +254,6 @@ class Supervisor:
         why = f"{', '.join(bad)}: {fault.value}" if bad else \
             "a new step on the same nodes: no node evidence against " + ", ".join(suspects)
         return Decision(Action.IN_JOB_RESTART, outcome, why, bad)
-
-    def _record(self, trigger: Trigger, fault: FaultClass, evidence: list[NodeEvidence], decision: Decision,
-                placement: Placement, attempt: int) -> None:
-        """The decision of this attempt, with its evidence, in the event log and in one line."""
-        left = list(decision.exclude)
-        kept = [n for n in placement.nodes if n not in left]
-        why = decision.in_job_refused or decision.why
-        named: dict[str, Any] = {"class": fault.value}  # a keyword of Python's
-        self.event_log(attempt).emit(Event.RECOVERY, trigger=trigger.value, evidence=[e.to_json(trigger)
-                                     for e in evidence], action=decision.action.value, kept=kept, left_out=left,
-                                     why=why, lead=True, **named)
-        if decision.action is Action.IN_JOB_RESTART:
-            return  # the new step's block says it, with the class (report.block): one account, not two
-        said = f"{self._failure.why}; " if self._failure is not None and not self._failure.stacks else ""
-        self._say(f"{said}step {attempt}: {fault.value.replace('_', ' ')} ({trigger.value}); "
-                  f"{decision.action.value.replace('_', ' ')}" + (f" without {', '.join(left)}" if left else "") +
-                  f": {why}")
 
     def _standing(self, attempt: int, code: int) -> int | None:
         """The exit code that stands without a recovery: ``code`` when slurmrt in the step chose it (finished,
@@ -293,7 +297,7 @@ class Supervisor:
     def _executor(self, attempt: int, spares: tuple[str, ...]) -> Executor:
         """The recovery executor for step ``attempt``, whose spares still in the job are ``spares``."""
         facts = dataclasses.replace(self.facts or Facts(job=self.requeue_id, restart_count=self.restart_count),
-                                    in_job=InJob(self.directory, attempt, spares, self.max_in_job_restarts),
+                                    in_job=InJob(self.directory, attempt, Spares(spares, self.max_in_job_restarts)),
                                     job_nodes=len(self.allocation))
         return Executor(facts, self.event_log(attempt), node=None, ledger=self.ledger)
 
@@ -312,8 +316,7 @@ class Supervisor:
 
     def _step_once(self, placement: Placement, attempt: int) -> int:
         env = dict(self.env)
-        env.update({DIR_ENV: str(self.directory), ATTEMPT_ENV: str(attempt), SPARES_ENV: ",".join(placement.spares),
-                    MAX_ENV: str(self.max_in_job_restarts)})
+        env.update({DIR_ENV: str(self.directory), ATTEMPT_ENV: str(attempt)})  # the spares stay here: one planner
         argv = srun_command(self.srun, placement, self.per_node, self.srun_args, self.command, wait_s=self.wait_s)
         if self._failure is not None and attempt > 0:
             for line in block(self._failure, attempt, self.max_in_job_restarts, placement.nodes, placement.spares):
