@@ -297,3 +297,54 @@ def test_work_redone_after_an_in_process_restart_counts_from_the_first_load_not_
     ledger = account(events)
     assert ledger.seconds["lost_work"] == pytest.approx(40.0) and ledger.seconds["startup"] == pytest.approx(10.0)
     assert sum(ledger.seconds.values()) == pytest.approx(ledger.wall_s)
+
+
+def _recovered(kind: str) -> list[dict[str, object]]:
+    """A job that trains to step 39 after a checkpoint at 30, fails, comes back from 30 and finishes at 90: the
+    failure answered by a restart in the process, a new step in the job (``slurmrt run``) or a requeue."""
+    first = [ev(0, 0, "init", nnodes=2, job_nodes=2), ev(10, 0, "fresh_start", seconds=0.0),
+             ev(40, 0, "save", step=30, seconds=1.0, blocking=True), ev(50, 0, "progress", step=39)]
+    if kind == "in_process":
+        fault = (T0 + timedelta(seconds=50)).timestamp()
+        return [*first, ev(51, 0, "in_process", generation=0, action="restart", first_rank=1,
+                           error="RuntimeError: boom", step=39, fault_time=fault, seconds=1.0),
+                ev(53, 0, "resume", step=30, seconds=1.5), ev(100, 0, "progress", step=90),
+                ev(100, 0, "exit", outcome="FINISHED", code=0, step=90)]
+    if kind == "in_job":
+        return [*first, ev(51, 0, "in_job_restart", nodes=["n2"], why="a new step", next_attempt=1, lead=True),
+                ev(51, 0, "exit", outcome="PEER_LOST", code=5, step=39, action="in_job_restart", lead=True),
+                ev(55, 0, "init", nnodes=2, job_nodes=3, attempt=1), ev(57, 0, "resume", step=30, attempt=1),
+                ev(100, 0, "progress", step=90, attempt=1), ev(100, 0, "exit", outcome="FINISHED", code=0, step=90,
+                                                                attempt=1)]
+    return [*first, ev(51, 0, "exit", outcome="PEER_LOST", code=5, step=39, action="requeue", lead=True),
+            ev(51, 0, "requeue", done=True, message="requeued", restart_count=0, lead=True),
+            ev(70, 1, "init", nnodes=2, job_nodes=2), ev(72, 1, "resume", step=30),
+            ev(120, 1, "progress", step=90), ev(120, 1, "exit", outcome="FINISHED", code=0, step=90)]
+
+
+@pytest.mark.parametrize(("kind", "counts"), [("in_process", (0, 0, 1)), ("in_job", (0, 1, 0)),
+                                              ("requeue", (1, 0, 0))])
+def test_each_kind_of_recovery_is_counted_once_the_same_way_by_the_four_records(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str, counts: tuple[int, int, int]) -> None:
+    """A restart in the process, a new step and a requeue: `slurmrt status`'s header, `--json`, the simulator's
+    summary count it once each (requeues, in-job restarts, in-process restarts), and the header's lost work, the
+    json totals and the goodput ledger's lost work agree: the 9 steps from the checkpoint (30) to the fault (39)."""
+    from slurmrt.sim.summary import RunRecord, _annotate, summary
+
+    events = _recovered(kind)
+    (tmp_path / "events-12.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    requeues, in_job, in_process = counts
+    assert main(["status", "--no-chart", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    said = f"{requeues} requeue(s), {in_job} in-job restart(s)" + (f", {in_process} in-process restart(s)"
+                                                                   if in_process else "")
+    assert said in out and "work lost 9 step(s)" in out, out
+    assert main(["status", "--json", str(tmp_path)]) == 0
+    (job,) = json.loads(capsys.readouterr().out)["jobs"]
+    assert (job["restarts"], job["in_job_restarts"], job["in_process_restarts"]) == counts
+    assert job["totals"]["lost_steps"] == 9 and job["totals"]["lost_s"] > 0
+    assert job["totals"]["lost_s"] == pytest.approx(job["goodput"]["seconds"]["lost_work"])
+    assert account(events).seconds["lost_work"] == pytest.approx(job["totals"]["lost_s"])
+    records = [RunRecord(restart=r) for r in range(requeues + 1)]
+    _annotate(records, events)
+    assert said in summary(records)
