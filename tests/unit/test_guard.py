@@ -159,3 +159,36 @@ def test_the_guard_command_refuses_bad_values_with_the_rule() -> None:
 
     assert main(["guard", "664", "--restart", "-1", "--batch-host", "n1"]) == 2
     assert main(["guard", "664", "--restart", "0", "--batch-host", "n1", "--nodes", "0"]) == 2
+
+
+def test_the_guard_decides_with_what_the_newest_step_resolved_read_from_slurmrt_runs_directory(
+        slurm: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The README's script sets its checkpoint directory (so its event log) and max_restarts in code; the guard,
+    started after the batch node died with `slurmrt run`, reads the newest well-formed record of the directory
+    `slurmrt run` armed it with (the same record `slurmrt run` reads), not the environment's options."""
+    import argparse
+
+    from slurmrt.cli.guard import resolved
+    from slurmrt.recovery import injob
+    from slurmrt.recovery.facts import InJob
+
+    monkeypatch.setenv("FAKE_SBATCH_ID", "901")
+    run_dir = tmp_path / ".slurmrt-run-664"
+    assert arm(Job("664"), "n1", events=EventLog(None, job="664", restart=0, rank=-1), output=None,
+               run_dir=run_dir) == "901"
+    (sbatch,) = [c.split() for c in slurm.read_text().splitlines() if c.startswith("sbatch")]
+    assert sbatch[-2:] == ["--run-dir", str(run_dir)]
+    record = {"event_log": tmp_path / "ckpt" / "events-664.jsonl", "checkpoint_dir": tmp_path / "ckpt",
+              "requeue": True, "max_restarts": 2, "max_futile_runs": 3, "max_excluded_nodes": 4}
+    injob.share_facts(InJob(run_dir, 0), record)
+    injob.share_facts(InJob(run_dir, 1), {**record, "max_restarts": 7})
+    args = argparse.Namespace(job="664", restart=0, nodes=3, run_dir=run_dir)
+    env = {"SLURMRT_MAX_RESTARTS": "1"}
+    facts, event_log = resolved(args, env)
+    assert facts.policy.max_restarts == 7 and facts.job_nodes == 3  # the newest step's, not the environment's
+    assert event_log(1).path == tmp_path / "ckpt" / "events-664.jsonl"
+    injob.facts_path(run_dir, 1).write_text("{not json")  # a damaged newest record: the one before it
+    assert resolved(args, env)[0].policy.max_restarts == 2
+    for missing in (tmp_path / "gone", None):  # slurmrt run's directory gone, or a guard armed without it
+        facts, event_log = resolved(argparse.Namespace(job="664", restart=0, nodes=3, run_dir=missing), env)
+        assert facts.policy.max_restarts == 1 and event_log(0).path is None

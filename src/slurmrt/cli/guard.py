@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from .._errors import ConfigError
@@ -17,6 +19,7 @@ from ..launch.slurmvars import cluster_name
 from ..options import Options
 from ..record.events import EventLog
 from ..record.ledger import Ledger
+from ..recovery import injob
 from ..recovery.facts import Facts
 from ..recovery.guard import stand_guard
 from ..recovery.settings import RecoverySection
@@ -29,14 +32,26 @@ def run(args: argparse.Namespace) -> int:
     if args.nodes is not None and args.nodes < 1:
         raise ConfigError(f"--nodes {args.nodes}: 1 or more (the nodes the job was allocated)")
     env = dict(os.environ)
-    options = Options.resolve({}, env)  # the job's: the guard's environment is the one `slurmrt run` had
+    facts, event_log = resolved(args, env)
+    return log_lines(lambda: stand_guard(args.job, args.restart, args.batch_host, facts=facts,
+                                         ledger=Ledger.of(env, cluster_name(env)), event_log=event_log),
+                     "slurmrt guard")
+
+
+def resolved(args: argparse.Namespace, env: dict[str, str]) -> tuple[Facts, Callable[[int], EventLog]]:
+    """The facts the guard decides with and the job's event log: the options the newest step's training resolved
+    (``--run-dir``: ``slurmrt run``'s record, read whole, as ``slurmrt run`` reads it), else the environment's, which
+    is the one ``slurmrt run`` had."""
+    options = Options.resolve({}, env)
     facts = Facts(job=args.job, policy=RecoverySection.of(options), restart_count=args.restart,
                   kill_switch=options.kill_switch, job_nodes=args.nodes)
-    return log_lines(lambda: stand_guard(
-        args.job, args.restart, args.batch_host, facts=facts, ledger=Ledger.of(env, cluster_name(env)),
-        event_log=lambda attempt: EventLog.for_job(options.event_log, options.checkpoint_dir, job=args.job,
-                                                   restart=args.restart, rank=-1, env=env, attempt=attempt)),
-        "slurmrt guard")
+    path, directory = options.event_log, options.checkpoint_dir
+    learned = injob.newest_facts(args.run_dir) if args.run_dir is not None else None
+    if learned is not None:
+        facts, _ = facts.learned(learned, None)
+        path, directory = (Path(learned["event_log"]) if learned["event_log"] else None), None
+    return facts, lambda attempt: EventLog.for_job(path, directory, job=args.job, restart=args.restart, rank=-1,
+                                                   env=env, attempt=attempt)
 
 
 def add_parser(sub: Any) -> None:
@@ -50,3 +65,5 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--batch-host", required=True, metavar="NODE", help="the node its batch script ran on")
     p.add_argument("--nodes", type=int, metavar="N", help="the nodes the job was allocated (its requeue asks for as "
                                                          "many, however many it lost)")
+    p.add_argument("--run-dir", type=Path, metavar="DIR", help="slurmrt run's directory: the options the training "
+                                                              "resolved (its event log, its limits) are read there")

@@ -103,7 +103,8 @@ def _arm(supervisor: Supervisor, env: dict[str, str]) -> int:
     info = read_job(supervisor.requeue_id)
     host = guard.batch_host(env)
     armed = guard.arm(slurm_job, host, events=supervisor.event_log(0),
-                      output=None if isinstance(info, str) else info.std_out, nodes=len(supervisor.allocation))
+                      output=None if isinstance(info, str) else info.std_out, nodes=len(supervisor.allocation),
+                      run_dir=supervisor.directory)
     if armed is not None:
         print(f"slurmrt run: guard job {armed} requeues the job if this node ({host}) fails", file=sys.stderr,
               flush=True)

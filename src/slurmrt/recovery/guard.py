@@ -54,15 +54,17 @@ def batch_host(env: Mapping[str, str]) -> str:
     return this_node(env)
 
 
-def arm(slurm_job: Job, host: str, *, events: EventLog, output: str | None, nodes: int | None = None) -> str | None:
+def arm(slurm_job: Job, host: str, *, events: EventLog, output: str | None, nodes: int | None = None,
+        run_dir: Path | None = None) -> str | None:
     """Cancel the guards earlier runs of ``slurm_job`` armed, submit this run's, where the job runs (its partition,
     account and QOS); returns its job id (None: not armed, and why was said). ``output``: the job's output file (the
-    guard appends to it), else none."""
+    guard appends to it), else none; ``run_dir``: ``slurmrt run``'s directory, where the guard reads the options the
+    training resolved (its event log, its limits), as ``slurmrt run`` does."""
     job, restart = slurm_job.requeue_id, slurm_job.restart_count
     for earlier in armed(events.path, job):
         _slurm.run("scancel", earlier)  # pending (its job was requeued): this run's replaces it
     command = [sys.executable, "-m", "slurmrt", "guard", job, "--restart", str(restart), "--batch-host", host,
-               *(["--nodes", str(nodes)] if nodes else [])]
+               *(["--nodes", str(nodes)] if nodes else []), *(["--run-dir", str(run_dir)] if run_dir else [])]
     # --export=ALL: the guard needs this environment (the job's SLURMRT_* options, PYTHONPATH), whatever a site's
     # SBATCH_EXPORT says.
     args = ["--parsable", f"--dependency=afternotok:{job}", "--kill-on-invalid-dep=yes", "--nodes=1", "--ntasks=1",

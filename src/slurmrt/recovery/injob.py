@@ -117,6 +117,17 @@ def share_facts(sup: InJob, facts: dict[str, Any]) -> None:
         logger.warning("cannot tell slurmrt run this run's options in %s: %s", sup.directory, err)
 
 
+def newest_facts(directory: Path) -> dict[str, Any] | None:
+    """The options the newest step's training resolved, for a reader that comes after ``slurmrt run`` is gone (the
+    guard, once the batch node failed); None: none there, or none well formed."""
+    try:
+        attempts = sorted((int(m.group(1)) for p in directory.iterdir()
+                           if (m := re.fullmatch(r"facts-(\d{1,9})\.json", p.name))), reverse=True)
+    except OSError:
+        return None
+    return next((data for a in attempts if (data := read_facts(directory, a)) is not None), None)
+
+
 def read_facts(directory: Path, attempt: int) -> dict[str, Any] | None:
     """The options step ``attempt``'s training resolved, or None: none written (killed before ``init()``), or not
     a well-formed record (reported)."""
