@@ -26,6 +26,7 @@ from ._errors import (
     NodeRankError,
     ParallelismError,
     SlurmrtError,
+    TrainingHealthError,
     UnsafePathError,
 )
 
@@ -112,6 +113,7 @@ __all__ = [
     "Staged",
     "StopDecision",
     "Topology",
+    "TrainingHealthError",
     "UnsafePathError",
     "__version__",
     "cuda",

@@ -33,6 +33,12 @@ class ConfigError(SlurmrtError, ValueError):
     """The launch, the environment or the options are inconsistent; raised before any rendezvous."""
 
 
+class TrainingHealthError(SlurmrtError, ArithmeticError):
+    """A rank's loss or gradient norm was not finite, or its loss spiked (``rt.check``): raised on every rank at the
+    same step, before the optimizer step. ``details``: ``step``, ``rank`` (the first rank that found it), ``what``
+    (``"nonfinite"`` or ``"spike"``)."""
+
+
 class HostlistError(ConfigError):
     """A Slurm hostlist expression that ``scontrol show hostnames`` would reject."""
 

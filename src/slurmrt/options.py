@@ -17,6 +17,7 @@ from typing import Any
 from ._rules import convert, rule_of
 from .checkpoint.settings import CheckpointSection
 from .hang.settings import HangSection
+from .health.settings import HealthSection
 from .launch.parallel import ParallelConfig
 from .launch.settings import LaunchSection
 from .launch.slurmvars import export_env
@@ -28,13 +29,15 @@ __all__ = ["DEPRECATED", "OTHER_VARIABLES", "SECTIONS", "Options", "dropped_by_e
            "warn_unknown"]
 
 #: Every section, in the order of the options' documentation.
-SECTIONS = (CheckpointSection, StopSection, HangSection, RecoverySection, RecordSection, LaunchSection)
+SECTIONS = (CheckpointSection, StopSection, HangSection, HealthSection, RecoverySection, RecordSection,
+            LaunchSection)
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True)
-class Options(CheckpointSection, StopSection, HangSection, RecoverySection, RecordSection, LaunchSection):
+class Options(CheckpointSection, StopSection, HangSection, HealthSection, RecoverySection, RecordSection,
+              LaunchSection):
     """Every option: the packages' sections (:data:`SECTIONS`) composed, each option a keyword argument here and of
     ``init()``. A part takes only its own section, picked from this by the composers (``StopSection.of``)."""
 

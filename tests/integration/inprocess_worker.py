@@ -3,9 +3,10 @@ all-reduces, saved every few steps to the shared tier and every step to the loca
 training function (``--every auto``: where ``rt.should_save`` says).
 
 ``--fail G:R:S`` (repeatable): in generation G, rank R raises after step S's update (a software fault: the process
-lives); G may be ``*`` (every generation). ``--kill G:R:S``: that rank's process dies there (SIGKILL). Rank 0 writes
-the final weights to ``--out`` and, per generation, the pid that ran it (one process throughout, or the restart was
-not in the process).
+lives); G may be ``*`` (every generation). ``--kill G:R:S``: that rank's process dies there (SIGKILL).
+``--nan G:R:S``: that rank's loss of step S is NaN, which ``rt.check`` (called every step, before the update) finds.
+Rank 0 writes the final weights to ``--out`` and, per generation, the pid that ran it (one process throughout, or the
+restart was not in the process).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ parser.add_argument("--every", default="5", help="shared saves every N steps and
                     "rt.should_save says when and where")
 parser.add_argument("--fail", action="append", default=[])
 parser.add_argument("--kill", action="append", default=[], help="G:R:S, as --fail, but SIGKILL: the process dies")
+parser.add_argument("--nan", action="append", default=[], help="G:R:S, as --fail: that rank's loss is NaN there")
 parser.add_argument("--out", type=Path, required=True)
 parser.add_argument("--rejoin-timeout", type=float, default=60.0)
 parser.add_argument("--max-restarts", type=int, default=3)
@@ -63,6 +65,10 @@ def train(generation: int) -> torch.nn.Module:
     for step in range(start, args.steps):
         x = torch.randn(16, 8, generator=torch.Generator().manual_seed(step * 100 + rt.rank))
         loss = (model(x) - 1.0).pow(2).mean()
+        if due(args.nan, generation, step):
+            print(f"worker: fault nan on rank {rt.rank} at {time.time():.6f}", flush=True)
+            loss = loss * float("nan")
+        rt.check(step, loss=loss.item())  # before the update: every rank stops here when any rank's loss is bad
         loss.backward()
         for p in model.parameters():
             assert p.grad is not None

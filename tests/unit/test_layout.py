@@ -22,6 +22,7 @@ FLOORS = [
     # the event log; the launch as Slurm describes it; the log lines, whose lock and prefix name the job and node
     ["record", "launch", "log"],
     ["stop"],  # the parts of an agreed stop: signals, the deadline, the kill switch, the agreement, stragglers
+    ["health"],  # the training's own health: a loss or a norm not finite, a spike, agreed at a step
     ["checkpoint", "trackers"],  # the checkpoint store, its tiers and files
     ["recovery"],  # the one plan and its executor: requeue, in-job restart, exclusion, `slurmrt run`
     ["hang"],  # detection and naming (watchdog, census) and the response, which asks recovery

@@ -156,7 +156,7 @@ def test_a_section_is_picked_from_the_options_whole_and_is_where_its_package_say
         assert all(getattr(picked, f.name) == getattr(options, f.name) for f in fields(section)), section.__name__
         assert section.__module__.endswith(".settings"), section.__module__
     packages = {section.__module__.split(".")[1] for section in SECTIONS}
-    assert packages == {"checkpoint", "stop", "hang", "recovery", "record", "launch"}
+    assert packages == {"checkpoint", "stop", "hang", "health", "recovery", "record", "launch"}
 
 
 def test_the_declared_once_guard_catches_an_option_declared_twice() -> None:

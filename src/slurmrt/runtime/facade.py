@@ -73,6 +73,13 @@ class Runtime(TopologyView):
         (a collective) whether phase "eval", a save and the margin still fit before the end, and stop if not."""
         return self.stop.should_stop(step, before=before)
 
+    def check(self, step: int, *, loss: Any = None, grad_norm: Any = None) -> None:
+        """The health of ``step`` (collective, one small all-reduce on the training's process group): a loss or a
+        gradient norm that is not finite on any rank, or a loss far above its recent values, raises
+        :class:`slurmrt.TrainingHealthError` on every rank at this step; call it before the optimizer step. Under
+        ``run_restartable`` the run is rewound to its newest checkpoint, once (docs/guides/training-health.md)."""
+        self.parts.health.check(step, loss=loss, grad_norm=grad_norm)
+
     def time_compute(self) -> contextlib.AbstractContextManager[None]:
         """``with rt.time_compute(): loss = model(batch)``: time this rank's own work, a section without collectives,
         once per step, so that a rank consistently slower than the others is named a straggler, with its node

@@ -1,8 +1,8 @@
 """The parts of one run, built once by :func:`build_run` from the options and the executor, in dependency order: the
-process hooks, the checkpoint session, the save cadence, the hang monitor, the stop controller and the watcher
-thread that polls them. The :class:`~slurmrt.runtime.facade.Runtime` forwards the training loop's calls to them;
-the in-process restart (:mod:`slurmrt.runtime.inprocess`) puts them back to their state before a first step with
-:meth:`RunParts.abort` and :meth:`RunParts.restart`.
+process hooks, the checkpoint session, the save cadence, the hang monitor, the stop controller, the watcher thread
+that polls them, and the training's health check. The :class:`~slurmrt.runtime.facade.Runtime` forwards the
+training loop's calls to them; the in-process restart (:mod:`slurmrt.runtime.inprocess`) puts them back to their
+state before a first step with :meth:`RunParts.abort` and :meth:`RunParts.restart`.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from ..checkpoint.session import CheckpointSession
 from ..checkpoint.settings import CheckpointSection
 from ..hang.monitor import HangMonitor
 from ..hang.settings import HangSection
+from ..health.check import HealthCheck
+from ..health.settings import HealthSection
 from ..launch.topology import Topology
 from ..options import Options
 from ..record.runs import measured_earlier
@@ -48,6 +50,7 @@ class RunParts:
     stop: StopController
     switch: KillSwitch | None
     watcher: Watcher
+    health: HealthCheck
 
     def abort(self) -> None:
         """A rank's training raised under ``run_restartable``: the agreement leaves its round and slurmrt's groups
@@ -101,7 +104,8 @@ def build_run(topology: Topology, options: Options, executor: Executor, *,
         hooks.on_uncaught = hangs.uncaught
         pollers.append(hangs.watchdog(budget, stop.phases).poll)
     watcher = Watcher(pollers, period_s=options.watch_interval_s)
-    return RunParts(executor, report, hooks, checkpoints, cadence, state, hangs, stop, switch, watcher)
+    health = HealthCheck(HealthSection.of(options), events, rank=topology.rank, world_size=topology.world_size)
+    return RunParts(executor, report, hooks, checkpoints, cadence, state, hangs, stop, switch, watcher, health)
 
 
 def _token(topology: Topology) -> str:

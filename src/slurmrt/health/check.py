@@ -1,0 +1,70 @@
+"""``rt.check(step, loss=..., grad_norm=...)``: every rank judges its own values (:mod:`.window`), and the ranks agree
+at this step, with one all-reduce of two integers on the training's own process group, whether any rank found its
+step unhealthy, and which rank first. Then every rank raises the same :class:`~slurmrt.TrainingHealthError`, before
+the optimizer step and before a save could keep the damage.
+
+What follows is the recovery plan's, as for any error: under ``slurmrt.run_restartable`` the ranks are restarted in
+the process from the newest checkpoint (the local tier first), a rewind; if the same error comes back at the same
+step it is reproducible (the data or the model), and the run ends (docs/guides/training-health.md).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from .._comm import torch_distributed
+from .._errors import TrainingHealthError
+from ..record.events import Event, EventLog
+from .settings import HealthSection
+from .window import LossWindow, Verdict
+
+__all__ = ["HealthCheck"]
+
+logger = logging.getLogger(__name__)
+
+#: The verdicts' codes in the agreement: the larger wins (a non-finite value says more than a spike).
+_CODES = {"spike": 1, "nonfinite": 2}
+_WHAT = {code: what for what, code in _CODES.items()}
+
+
+class HealthCheck:
+    def __init__(self, settings: HealthSection, events: EventLog, *, rank: int, world_size: int) -> None:
+        self.window = LossWindow(settings)
+        self._events, self._rank, self._world = events, rank, world_size
+
+    def check(self, step: int, *, loss: Any = None, grad_norm: Any = None) -> None:
+        """Judge this rank's values of ``step`` and agree with every rank (collective); raises
+        :class:`TrainingHealthError` on every rank when any rank's step is unhealthy."""
+        mine = self.window.judge(_number(loss), _number(grad_norm))
+        code, first = self._agree(mine)
+        if code == 0:
+            return
+        what = _WHAT[code]
+        if mine is not None:
+            logger.error("rank %d, step %d: %s", self._rank, step, mine.why)
+        if self._rank == 0:
+            self._events.emit(Event.TRAINING_HEALTH, step=step, what=what, first_rank=first,
+                              why=mine.why if mine is not None and first == self._rank else None)
+        raise TrainingHealthError(f"step {step}: rank {first}'s training is unhealthy ({what}; its log line says the "
+                                  "values): stopped before the optimizer step and any save",
+                                  step=step, rank=first, what=what)
+
+    def _agree(self, mine: Verdict | None) -> tuple[int, int]:
+        """The largest verdict code of any rank (0: every rank healthy) and the lowest rank with a verdict."""
+        code = _CODES[mine.what] if mine is not None else 0
+        flagged = self._world - self._rank if mine is not None else 0  # MAX of (world - rank): the lowest rank
+        dist = torch_distributed()
+        if self._world > 1 and dist is not None and dist.is_initialized():
+            import torch
+
+            device = f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu"
+            t = torch.tensor([code, flagged], dtype=torch.int64, device=device)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            code, flagged = (int(v) for v in t.tolist())
+        return code, self._world - flagged if code else -1
+
+
+def _number(value: Any) -> float | None:
+    """A loss or a norm as a float (a one-element tensor too: ``float`` reads it), or None."""
+    return None if value is None else float(value)

@@ -1,0 +1,25 @@
+"""The options of ``rt.check``: declared here once, each an ``init()`` keyword and a ``SLURMRT_<NAME>`` variable
+(docs/reference/environment.md); :class:`slurmrt.options.Options` composes the sections, and the composer hands this
+one to the health check.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .._rules import Section, setting
+
+__all__ = ["HealthSection"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class HealthSection(Section):
+    """What makes a step's loss a spike: far above the median of the recent healthy ones."""
+
+    #: The recent healthy losses a spike is judged against (at least 20 of them before any is judged).
+    health_window: int = setting(100, "count", least=20)
+    #: A spike is this many robust deviations (1.4826 x the median absolute deviation) above the window's median ...
+    spike_sigmas: float = setting(10.0, "fraction")
+    #: ... and at least this fraction of the median above it (0.5: 50 % higher), so that a flat loss's tiny
+    #: deviation does not make noise a spike.
+    spike_margin: float = setting(0.5, "fraction")
