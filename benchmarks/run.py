@@ -18,7 +18,7 @@ from pathlib import Path
 from ._common import HERE, machine
 
 NAMES = ["stop_check", "stop_latency", "time_limit", "checkpoint", "logging", "startup", "hostlist", "inprocess",
-         "integrations", "hang", "recovery", "straggler", "scale", "cluster_cost"]
+         "integrations", "hang", "recovery", "straggler", "scale", "cluster_cost", "health"]
 #: Run only when named: each takes tens of minutes (`python -m benchmarks.run goodput`); goodput_cluster needs the
 #: test cluster (tests/slurm/cluster.sh start).
 LONG = ["goodput", "goodput_cluster"]

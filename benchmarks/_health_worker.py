@@ -1,0 +1,57 @@
+"""One rank of bench_health: time STEPS steps of a loop that (a) asks nothing, (b) all-reduces its loss, as a loop
+that logs a mean loss does every step, and (c) calls ``rt.check(step, loss=...)``; prints one JSON line."""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+import slurmrt
+
+
+def main() -> None:
+    steps, work_s, seed = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
+    rt = slurmrt.init(deadline=False, watchdog=False)
+    dist.init_process_group("gloo")
+    rng = random.Random(seed * 1000 + rt.rank)
+    losses = [2.0 * (1 + 0.05 * rng.gauss(0, 1)) for _ in range(steps)]
+    buffer = torch.zeros(1)
+
+    def work() -> None:
+        end = time.perf_counter() + work_s
+        while time.perf_counter() < end:
+            pass
+
+    def empty(step: int) -> None:
+        pass
+
+    def all_reduce(step: int) -> None:
+        buffer.fill_(losses[step])
+        dist.all_reduce(buffer)
+
+    def check(step: int) -> None:
+        rt.check(step, loss=losses[step])
+
+    def measure(variant, count: int) -> float:  # type: ignore[no-untyped-def]
+        dist.barrier()
+        t0 = time.perf_counter()
+        for step in range(count):
+            work()
+            variant(step)
+        return (time.perf_counter() - t0) / count
+
+    out = {}
+    for name, variant in (("empty", empty), ("all_reduce", all_reduce), ("check", check)):
+        measure(variant, max(20, steps // 10))  # warm-up
+        out[name] = measure(variant, steps)
+    print(json.dumps(out))
+    rt.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,34 @@
+"""The training-health check's cost per step (``rt.check(step, loss=...)``) on 2 and 4 gloo ranks.
+
+Comparator in the same processes: the all-reduce of the loss that a loop which logs a mean loss already does every
+step. ``rt.check`` judges this rank's value against its window (a median of up to 100 values) and all-reduces two
+integers: its added time per step should be that of one small all-reduce, plus the judgement. Reported: the added
+time per step against the same loop asking nothing, on the slowest rank, for each of 3 seeds (the losses' noise).
+"""
+
+from __future__ import annotations
+
+from ._common import HERE, Section, run_ranks, table
+
+WORKER = HERE / "_health_worker.py"
+
+
+def run(quick: bool = False) -> Section:
+    rows, figures = [], {}
+    for work_ms in (0.0, 1.0):
+        for world in (2, 4):
+            for seed in range(3):
+                steps = (300 if quick else 3000) if work_ms == 0 else (100 if quick else 1000)
+                results = run_ranks(WORKER, world, [str(steps), str(work_ms / 1000), str(seed)])
+                slowest = {k: max(r[k] for r in results) for k in results[0]}
+                base = slowest["empty"]
+                reduce_us, check_us = ((slowest[k] - base) * 1e6 for k in ("all_reduce", "check"))
+                ratio = check_us / reduce_us if reduce_us > 0 else float("nan")
+                figures[f"{world}_ranks_{work_ms}ms_seed{seed}"] = {"all_reduce_us": reduce_us, "check_us": check_us}
+                rows.append([world, f"{work_ms:g} ms", seed, f"{base * 1e6:.1f}", f"{reduce_us:.1f}",
+                             f"{check_us:.1f}", f"{ratio:.2f}"])
+    body = table(["ranks", "step work", "seed", "empty loop µs/step", "loss all-reduce +µs", "rt.check +µs",
+                  "check / all-reduce"], rows)
+    body += ("\n\nBusy steps (the CPU held, as a launch loop holds it); the slowest rank's mean. Target: `rt.check` at "
+             "most the cost of the one small all-reduce a loop already does, plus its judgement (a ratio near 1).")
+    return Section("Training health check: cost per step", body, figures)
