@@ -279,3 +279,40 @@ def test_a_trainer_that_runs_alone_in_each_process_on_cpu_is_told_the_settings_i
     with pytest.raises(RuntimeError, match=r"runs 1 process\(es\), slurmrt counts 2.*use_cpu=True, "
                                            r"ddp_backend='gloo'"):
         callback.on_train_begin(alone, None, None)
+
+
+def test_a_nan_loss_in_lightning_stops_every_rank_before_the_update_and_the_requeued_run_ends_bitwise_equal(
+        reference: tuple[str, dict], tmp_path: Path) -> None:
+    """The callback checks each step's loss before its backward pass: a NaN on rank 1 at step 13 of the first run
+    raises TrainingHealthError on both ranks there (the weights never see it); the batch script requeues the failed
+    run, which resumes from step 10 and ends with the uninterrupted run's weights."""
+    framework, weights = reference
+    if framework != "lightning":
+        pytest.skip("the Trainer's callbacks get no loss before the optimizer step: not wired yet")
+    script = tmp_path / "nan.py"
+    script.write_text(textwrap.dedent(f'''
+        import os, runpy, sys
+        import lightning as L
+        RESTART, RANK = int(os.environ.get("SLURM_RESTART_COUNT", 0)), int(os.environ["SLURM_PROCID"])
+
+        class Nan(L.Callback):
+            def on_before_backward(self, trainer, pl_module, loss):
+                if RESTART == 0 and RANK == 1 and trainer.global_step == 13:
+                    loss.data.fill_(float("nan"))
+
+        example = runpy.run_path({str(EXAMPLES["lightning"])!r})
+        example["main"](sys.argv[1:], callbacks=[Nan()])
+    '''))
+    batch = tmp_path / "job.sbatch"
+    batch.write_text("\n".join([
+        "#!/bin/bash", "#SBATCH -N 1 --ntasks-per-node=2 --requeue",
+        f"srun --kill-on-bad-exit=1 {sys.executable} {script} {' '.join(_args('lightning', tmp_path))}",
+        "rc=$?", 'case $rc in 0|3|4) ;; *) scontrol requeue "$SLURM_JOB_ID" ;; esac', "exit $rc", ""]))
+    out = sim(tmp_path, str(batch), timeout=500)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    failed, last = summary_rows(out.stdout)
+    assert failed["checkpoint"] == "step 10" and last["resumed from"] == "step 10" and last["exit"] == "0"
+    (log,) = (tmp_path / "ckpt").glob("events-*.jsonl")
+    events = [e for e in map(json.loads, log.read_text().splitlines()) if e["event"] == "training_health"]
+    assert [(e["step"], e["first_rank"], e["what"]) for e in events] == [(13, 1, "nonfinite")], out.stdout[-2000:]
+    assert _equal(_weights(tmp_path / "w.pt"), weights)

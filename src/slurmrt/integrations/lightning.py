@@ -17,8 +17,10 @@ What changes against Lightning's own SLURM support:
   ``scontrol requeue`` inside its SIGUSR1 handler, where a save can deadlock (Lightning #21406), on rank 0 alone.
 - :class:`SlurmrtCallback` puts slurmrt's signal recorders back at the start of training (Lightning installs a
   SIGTERM handler of its own, which issues a collective inside the handler); asks ``rt.should_stop`` after each
-  training batch; saves through ``trainer.save_checkpoint`` into slurmrt's commit (the stop, and every
-  ``every_n_steps`` steps); and stops the Trainer at the agreed step on every rank. Validation time is left out of
+  training batch; checks each step's loss before its backward pass (``rt.check``: a loss that is not finite on any
+  rank, or spikes, raises ``TrainingHealthError`` on every rank before the update); saves through
+  ``trainer.save_checkpoint`` into slurmrt's commit (the stop, and every ``every_n_steps`` steps); and stops the
+  Trainer at the agreed step on every rank. Validation time is left out of
   the measured step time. The requeue is ``rt.exit()``'s.
 - Checkpoints are slurmrt's ``step_N/last.ckpt`` (``keep_last`` newest), not ``hpc_ckpt_N`` files that pile up.
 """
@@ -125,6 +127,10 @@ class SlurmrtCallback(Callback):  # type: ignore[misc]
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         self.rt.reclaim_signals()  # Lightning's signal connector replaced the SIGTERM handler at the start of fit
+
+    def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
+        # Every rank, every optimizer step (collective): a bad loss stops every rank here, before the update.
+        self.rt.check(trainer.global_step, loss=loss.detach())
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         step = trainer.global_step
