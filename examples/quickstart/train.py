@@ -72,6 +72,7 @@ def main() -> None:
             spin = time.thread_time()
             while time.thread_time() - spin < args.compute_time:  # CPU work that leaves the model as it is
                 pass
+        rt.check(step, loss=loss.item())  # a NaN or a spike on any rank stops every rank here, before the update
         if rt.world_size > 1:
             for p in model.parameters():
                 assert p.grad is not None

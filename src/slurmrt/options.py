@@ -110,7 +110,7 @@ def _deprecated(given: Mapping[str, Any], env: Mapping[str, str]) -> dict[str, A
 
 #: ``SLURMRT_*`` variables that are not init() options, each read where it acts (docs/reference/environment.md).
 OTHER_VARIABLES = frozenset({"SLURMRT_LOCK_FILE", "SLURMRT_ALLOW_NODE_RANK_REORDER", "SLURMRT_EVENT_COPY",
-                             "SLURMRT_SIM_DIR", "SLURMRT_SIM_UNHEALTHY", "SLURMRT_CLUSTER_DIR",
+                             "SLURMRT_SIM_DIR", "SLURMRT_SIM_UNHEALTHY", "SLURMRT_SIM_NAN", "SLURMRT_CLUSTER_DIR",
                              "SLURMRT_BENCH_DIR", "SLURMRT_RUN_DIR", "SLURMRT_RUN_ATTEMPT", "SLURMRT_NODE_LEDGER"})
 
 

@@ -71,3 +71,24 @@ def test_the_health_settings_are_options_with_rules() -> None:
         Options.resolve({}, {"SLURMRT_HEALTH_WINDOW": "5"})
     with pytest.raises(ConfigError, match="spike_margin"):
         Options.resolve({"spike_margin": math.nan}, {})
+
+
+def test_a_rehearsed_nan_comes_once_or_every_time_as_slurmrt_sim_says() -> None:
+    from slurmrt._errors import TrainingHealthError
+    from slurmrt.health.check import HealthCheck, rehearsal
+    from slurmrt.record.events import EventLog
+
+    assert rehearsal("5") == (5, False) and rehearsal("5:every") == (5, True)
+    assert rehearsal(None) is None and rehearsal("") is None and rehearsal("five") is None and rehearsal("5:x") is None
+    for every, again in ((False, False), (True, True)):
+        check = HealthCheck(HealthSection(), EventLog(None, job=None, restart=0, rank=0), rank=0, world_size=1,
+                            rehearse=(5, every))
+        check.check(4, loss=1.0)
+        with pytest.raises(TrainingHealthError, match="step 5: rank 0's training is unhealthy") as caught:
+            check.check(5, loss=1.0)
+        assert caught.value.details == {"step": 5, "rank": 0, "what": "nonfinite"}
+        if again:
+            with pytest.raises(TrainingHealthError):
+                check.check(5, loss=1.0)  # a bad batch: the rewound run meets it again
+        else:
+            check.check(5, loss=1.0)  # a transient fault: the rewound run passes

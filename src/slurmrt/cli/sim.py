@@ -68,6 +68,9 @@ def _not_rehearsed(spec: Any, records: list[Any]) -> list[str]:
                       "section the job times with rt.time_compute(), over straggler_windows windows of "
                       "straggler_window timed steps (3 x 20 by default): time the job's compute, and run it long "
                       "enough")
+    if spec.nan is not None and not any(r.unhealthy_steps for r in records):
+        missed.append(f"nan {spec.nan[0]}:{spec.nan[1]}: no rank found an unhealthy step. The NaN is put into the "
+                      "loss rt.check(step, loss=...) is given: call it every step, and run past that step")
     return missed
 
 def _job(spec: Any, command: list[str]) -> Any:
@@ -100,7 +103,7 @@ def _faults(args: argparse.Namespace, spec: Any) -> Any:
     spec = replace(spec, preempt_at_s=args.preempt_at, cancel_at_s=args.cancel_at, fail_node=args.fail_node,
                    fail_at_s=args.at, after_checkpoint=args.after_checkpoint, hang_task=args.hang_task,
                    unhealthy_node=args.unhealthy_node, spare_nodes=args.spare_nodes or 0, slow_node=args.slow_node,
-                   slow_factor=args.slow_factor)
+                   slow_factor=args.slow_factor, nan=_nan(args.nan, spec.ntasks), nan_repeats=args.nan_repeats)
     for flag, value, count, what in (("--fail-node", args.fail_node, spec.nodes, "nodes"),
                                      ("--unhealthy-node", args.unhealthy_node, spec.nodes, "nodes"),
                                      ("--slow-node", args.slow_node, spec.nodes, "nodes"),
@@ -108,6 +111,18 @@ def _faults(args: argparse.Namespace, spec: Any) -> Any:
         if value is not None and not 0 <= value < count:
             raise SlurmrtError(f"{flag} {value}: {what} are numbered 0..{count - 1}")
     return spec
+
+
+def _nan(text: str | None, ntasks: int) -> tuple[int, int] | None:
+    """``--nan TASK:STEP``, its task one of the job's ``ntasks``."""
+    if text is None:
+        return None
+    task, _, step = text.partition(":")
+    if not (task.isdigit() and step.isdigit()):
+        raise SlurmrtError(f"--nan {text!r}: TASK:STEP, two whole numbers (1:40: task 1's loss of step 40 is NaN)")
+    if int(task) >= ntasks:
+        raise SlurmrtError(f"--nan {text}: tasks are numbered 0..{ntasks - 1}")
+    return int(task), int(step)
 
 
 def _traced(args: argparse.Namespace, spec: Any) -> Any:
@@ -174,6 +189,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--at", type=float, metavar="SECS", help="... after SECS of the first run")
     p.add_argument("--unhealthy-node", type=int, metavar="N",
                    help="node N (0-based) fails slurmrt's health check (init(health_check=True)) until excluded")
+    p.add_argument("--nan", metavar="TASK:STEP", help="task TASK's loss of step STEP is NaN in rt.check, in the first "
+                                                      "run (a transient fault)")
+    p.add_argument("--nan-repeats", action="store_true",
+                   help="... in every run, each time its process reaches the step (a bad batch: reproducible)")
     p.add_argument("--after-checkpoint", action="store_true",
                    help="count --preempt-at, --cancel-at and --at from the first run's first committed checkpoint "
                         "instead of its start, so the fault certainly hits a running job, on a fast or slow machine")

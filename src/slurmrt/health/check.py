@@ -19,23 +19,45 @@ from ..record.events import Event, EventLog
 from .settings import HealthSection
 from .window import LossWindow, Verdict
 
-__all__ = ["HealthCheck"]
+__all__ = ["REHEARSE_ENV", "HealthCheck", "rehearsal"]
 
 logger = logging.getLogger(__name__)
+
+#: Set by ``slurmrt sim --nan TASK:STEP`` for that task: ``STEP`` (its loss of that step is NaN, once in the
+#: process: a transient fault) or ``STEP:every`` (every time the process reaches that step: a reproducible one).
+REHEARSE_ENV = "SLURMRT_SIM_NAN"
 
 #: The verdicts' codes in the agreement: the larger wins (a non-finite value says more than a spike).
 _CODES = {"spike": 1, "nonfinite": 2}
 _WHAT = {code: what for what, code in _CODES.items()}
 
 
+def rehearsal(value: str | None) -> tuple[int, bool] | None:
+    """The step of a rehearsed NaN and whether it comes back, from :data:`REHEARSE_ENV`'s value; None: none."""
+    if not value:
+        return None
+    step, _, every = value.partition(":")
+    if not step.isdigit() or every not in ("", "every"):
+        logger.warning("%s=%r is not what slurmrt sim sets (STEP or STEP:every): no NaN rehearsed", REHEARSE_ENV,
+                       value)
+        return None
+    return int(step), every == "every"
+
+
 class HealthCheck:
-    def __init__(self, settings: HealthSection, events: EventLog, *, rank: int, world_size: int) -> None:
+    def __init__(self, settings: HealthSection, events: EventLog, *, rank: int, world_size: int,
+                 rehearse: tuple[int, bool] | None = None) -> None:
+        """``rehearse``: (step, every time) of a NaN ``slurmrt sim`` puts in this rank's loss (:func:`rehearsal`)."""
         self.window = LossWindow(settings)
         self._events, self._rank, self._world = events, rank, world_size
+        self._rehearse = rehearse
 
     def check(self, step: int, *, loss: Any = None, grad_norm: Any = None) -> None:
         """Judge this rank's values of ``step`` and agree with every rank (collective); raises
         :class:`TrainingHealthError` on every rank when any rank's step is unhealthy."""
+        if self._rehearse is not None and self._rehearse[0] == step:
+            logger.warning("rank %d, step %d: slurmrt sim makes this loss NaN (a rehearsal)", self._rank, step)
+            loss, self._rehearse = float("nan"), self._rehearse if self._rehearse[1] else None
         mine = self.window.judge(_number(loss), _number(grad_norm))
         code, first = self._agree(mine)
         if code == 0:

@@ -16,7 +16,7 @@ from ..checkpoint.session import CheckpointSession
 from ..checkpoint.settings import CheckpointSection
 from ..hang.monitor import HangMonitor
 from ..hang.settings import HangSection
-from ..health.check import HealthCheck
+from ..health.check import REHEARSE_ENV, HealthCheck, rehearsal
 from ..health.settings import HealthSection
 from ..launch.topology import Topology
 from ..options import Options
@@ -104,7 +104,8 @@ def build_run(topology: Topology, options: Options, executor: Executor, *,
         hooks.on_uncaught = hangs.uncaught
         pollers.append(hangs.watchdog(budget, stop.phases).poll)
     watcher = Watcher(pollers, period_s=options.watch_interval_s)
-    health = HealthCheck(HealthSection.of(options), events, rank=topology.rank, world_size=topology.world_size)
+    health = HealthCheck(HealthSection.of(options), events, rank=topology.rank, world_size=topology.world_size,
+                         rehearse=rehearsal(env.get(REHEARSE_ENV)))
     return RunParts(executor, report, hooks, checkpoints, cadence, state, hangs, stop, switch, watcher, health)
 
 

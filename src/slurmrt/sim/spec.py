@@ -41,6 +41,10 @@ class JobSpec:
     #: The node (index into the first run's node names) whose health check fails; its name, once known.
     unhealthy_node: int | None = None
     unhealthy_name: str | None = None
+    #: (task, step): that task's loss of that step is NaN in ``rt.check``, in the first run only; every run, and every
+    #: time its process reaches the step, with ``nan_repeats`` (a bad batch).
+    nan: tuple[int, int] | None = None
+    nan_repeats: bool = False
     #: Count preempt_at_s, cancel_at_s and fail_at_s from the first run's first committed checkpoint.
     after_checkpoint: bool = False
     max_restarts: int = 5

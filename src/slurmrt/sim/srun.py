@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from .._errors import HostlistError
+from ..health.check import REHEARSE_ENV
 from ..launch import hostlist
 from ..launch.health import SIM_UNHEALTHY_ENV
 from .environ import StepLayout, task_env
@@ -172,6 +173,8 @@ def _start(spec: JobSpec, job: dict[str, Any], step: int, command: list[str], wh
         env = {**os.environ, **task_env(spec, job["restart"], step, rank, job["submit_dir"], where)}
         if spec.unhealthy_name is not None and name == spec.unhealthy_name:
             env[SIM_UNHEALTHY_ENV] = f"slurmrt sim --unhealthy-node: {spec.unhealthy_name} is bad"
+        if spec.nan is not None and spec.nan[0] == rank and (job["restart"] == 0 or spec.nan_repeats):
+            env[REHEARSE_ENV] = f"{spec.nan[1]}:every" if spec.nan_repeats else str(spec.nan[1])
         # SLURM_TASK_PID is the task's own pid: only the task can say it, so a shell sets it and execs the command.
         p = subprocess.Popen(["/bin/sh", "-c", 'SLURM_TASK_PID=$$; export SLURM_TASK_PID; exec "$@"', "srun",
                               *command], env=env, start_new_session=True, stdout=subprocess.PIPE,

@@ -43,6 +43,8 @@ class RunRecord:
     stragglers: list[tuple[int, str | None]] = field(default_factory=list)
     #: The in-process restarts of the run (``slurmrt.run_restartable``), as ``slurmrt status`` counts them.
     in_process: int = 0
+    #: The steps ``rt.check`` found unhealthy in the run (its ``training_health`` events).
+    unhealthy_steps: int = 0
     #: The rehearsed faults (preempt, cancel, fail, hang) that never fired in this run, and why.
     missed: list[str] = field(default_factory=list)
     #: Seconds from the run's start to its first checkpoint, when the faults counted from it (--after-checkpoint).
@@ -139,6 +141,7 @@ def _annotate(records: list[RunRecord], events: list[dict[str, Any]]) -> None:
         for step in steps:
             rec.stragglers += [(int(e.get("straggler", -1)), e.get("node")) for e in step.all(Event.STRAGGLER)]
             rec.in_process += in_process_cost(step).restarts
+            rec.unhealthy_steps += len(step.all(Event.TRAINING_HEALTH))
 
 
 def _status(code: int) -> str:
@@ -155,11 +158,17 @@ def summary(records: list[RunRecord], after: list[str] | None = None) -> str:
     rows += [_row(r) for r in records]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    return "\n".join(["", "slurmrt sim summary", *lines, "", _counts(records), *([""] + after if after else [])])
+
+
+def _counts(records: list[RunRecord]) -> str:
+    """The runs, and the recoveries and faults in them, counted once as ``slurmrt status`` counts them."""
     in_job = sum(len(r.in_job) for r in records)
     in_process = sum(r.in_process for r in records)
-    said = (f"{counted(len(records), in_job)}: {max(0, len(records) - 1)} requeue(s), {in_job} in-job restart(s)"
-            + (f", {in_process} in-process restart(s)" if in_process else ""))
-    return "\n".join(["", "slurmrt sim summary", *lines, "", said, *([""] + after if after else [])])
+    unhealthy = sum(r.unhealthy_steps for r in records)
+    return (f"{counted(len(records), in_job)}: {max(0, len(records) - 1)} requeue(s), {in_job} in-job restart(s)"
+            + (f", {in_process} in-process restart(s)" if in_process else "")
+            + (f"; {unhealthy} unhealthy step(s) found by rt.check" if unhealthy else ""))
 
 
 def ledger(events: Path | None) -> list[str]:
