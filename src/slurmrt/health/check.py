@@ -51,6 +51,8 @@ class HealthCheck:
         self.window = LossWindow(settings)
         self._events, self._rank, self._world = events, rank, world_size
         self._rehearse = rehearse
+        self._dist: Any = None
+        self._tensor: Any = None
 
     def check(self, step: int, *, loss: Any = None, grad_norm: Any = None) -> None:
         """Judge this rank's values of ``step`` and agree with every rank (collective); raises
@@ -76,15 +78,25 @@ class HealthCheck:
         """The largest verdict code of any rank (0: every rank healthy) and the lowest rank with a verdict."""
         code = _CODES[mine.what] if mine is not None else 0
         flagged = self._world - self._rank if mine is not None else 0  # MAX of (world - rank): the lowest rank
-        dist = torch_distributed()
-        if self._world > 1 and dist is not None and dist.is_initialized():
-            import torch
-
-            device = f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu"
-            t = torch.tensor([code, flagged], dtype=torch.int64, device=device)
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
-            code, flagged = (int(v) for v in t.tolist())
+        buffer = self._buffer()
+        if buffer is not None:
+            buffer[0], buffer[1] = code, flagged
+            self._dist.all_reduce(buffer, op=self._dist.ReduceOp.MAX)
+            code, flagged = buffer.tolist()
         return code, self._world - flagged if code else -1
+
+    def _buffer(self) -> Any:
+        """The two integers the ranks reduce, made once on the training group's device (the GPU under NCCL); None
+        for one process, or before ``init_process_group``."""
+        if self._tensor is None and self._world > 1:
+            dist = torch_distributed()
+            if dist is not None and dist.is_initialized():
+                import torch
+
+                nccl = dist.get_backend() == "nccl"
+                device = f"cuda:{torch.cuda.current_device()}" if nccl else "cpu"
+                self._dist, self._tensor = dist, torch.zeros(2, dtype=torch.int64, device=device)
+        return self._tensor
 
 
 def _number(value: Any) -> float | None:
