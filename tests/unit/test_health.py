@@ -92,3 +92,24 @@ def test_a_rehearsed_nan_comes_once_or_every_time_as_slurmrt_sim_says() -> None:
                 check.check(5, loss=1.0)  # a bad batch: the rewound run meets it again
         else:
             check.check(5, loss=1.0)  # a transient fault: the rewound run passes
+
+
+@pytest.mark.parametrize("value", ["1.5", True, b"1", [1.0, 2.0], object()])
+def test_a_value_that_is_not_a_number_is_a_clear_error(value: object) -> None:
+    from slurmrt.health.check import HealthCheck
+    from slurmrt.record.events import EventLog
+
+    check = HealthCheck(HealthSection(), EventLog(None, job=None, restart=0, rank=0), rank=0, world_size=1)
+    with pytest.raises(ConfigError, match="loss and grad_norm are numbers or one-element tensors"):
+        check.check(3, loss=value)
+    with pytest.raises(ConfigError, match="loss and grad_norm"):
+        check.check(3, loss=1.0, grad_norm=value)
+
+
+def test_several_processes_without_a_process_group_are_refused_rather_than_each_deciding_alone() -> None:
+    from slurmrt.health.check import HealthCheck
+    from slurmrt.record.events import EventLog
+
+    check = HealthCheck(HealthSection(), EventLog(None, job=None, restart=0, rank=1), rank=1, world_size=2)
+    with pytest.raises(ConfigError, match="init_process_group"):
+        check.check(0, loss=1.0)

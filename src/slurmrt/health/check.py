@@ -14,7 +14,7 @@ import logging
 from typing import Any
 
 from .._comm import torch_distributed
-from .._errors import TrainingHealthError
+from .._errors import ConfigError, TrainingHealthError
 from ..record.events import Event, EventLog
 from .settings import HealthSection
 from .window import LossWindow, Verdict
@@ -87,18 +87,32 @@ class HealthCheck:
 
     def _buffer(self) -> Any:
         """The two integers the ranks reduce, made once on the training group's device (the GPU under NCCL); None
-        for one process, or before ``init_process_group``."""
+        for one process. Several processes without ``init_process_group`` would each decide alone, and a rank that
+        raised would leave the others waiting in their next collective: refused."""
         if self._tensor is None and self._world > 1:
             dist = torch_distributed()
-            if dist is not None and dist.is_initialized():
-                import torch
+            if dist is None or not dist.is_initialized():
+                raise ConfigError(f"rt.check() agrees across the launch's {self._world} processes through "
+                                  "torch.distributed, which is not initialized: call init_process_group() first",
+                                  world_size=self._world)
+            import torch
 
-                nccl = dist.get_backend() == "nccl"
-                device = f"cuda:{torch.cuda.current_device()}" if nccl else "cpu"
-                self._dist, self._tensor = dist, torch.zeros(2, dtype=torch.int64, device=device)
+            nccl = dist.get_backend() == "nccl"
+            device = f"cuda:{torch.cuda.current_device()}" if nccl else "cpu"
+            self._dist, self._tensor = dist, torch.zeros(2, dtype=torch.int64, device=device)
         return self._tensor
 
 
 def _number(value: Any) -> float | None:
-    """A loss or a norm as a float (a one-element tensor too: ``float`` reads it), or None."""
-    return None if value is None else float(value)
+    """A loss or a norm as a float (a one-element tensor too: ``float`` reads it), or None; anything else is a
+    clear error, not one from deep inside torch."""
+    if value is None:
+        return None
+    if isinstance(value, (bool, str, bytes)):
+        raise ConfigError(f"rt.check(): loss and grad_norm are numbers or one-element tensors, not {value!r}")
+    try:
+        return float(value)
+    except (TypeError, ValueError, RuntimeError) as err:
+        shown = repr(value) if len(repr(value)) <= 60 else f"a {type(value).__name__}"
+        raise ConfigError(f"rt.check(): loss and grad_norm are numbers or one-element tensors, not {shown} "
+                          f"({err})") from None
