@@ -159,6 +159,17 @@ FAULTS = {
 }
 
 
+def _requeuing_batch(tmp: Path, script: Path, framework: str) -> Path:
+    """A batch script as users write it: the example under srun, and a requeue by the script when slurmrt did not
+    answer (a crash, an uncaught error)."""
+    batch = tmp / "job.sbatch"
+    batch.write_text("\n".join([
+        "#!/bin/bash", "#SBATCH -N 1 --ntasks-per-node=2 --requeue",
+        f"srun --kill-on-bad-exit=1 {sys.executable} {script} {' '.join(_args(framework, tmp))}",
+        "rc=$?", 'case $rc in 0|3|4) ;; *) scontrol requeue "$SLURM_JOB_ID" ;; esac', "exit $rc", ""]))
+    return batch
+
+
 def test_a_checkpoint_cut_by_sigkill_is_never_resumed_and_a_stop_during_evaluation_is_honoured(
         reference: tuple[str, dict], tmp_path: Path) -> None:
     framework, weights = reference
@@ -170,12 +181,8 @@ def test_a_checkpoint_cut_by_sigkill_is_never_resumed_and_a_stop_during_evaluati
         example = runpy.run_path({str(EXAMPLES[framework])!r})
         example["main"](sys.argv[1:], callbacks=[Faults()])
     '''))
-    batch = tmp_path / "job.sbatch"
-    batch.write_text("\n".join([
-        "#!/bin/bash", "#SBATCH -N 1 --ntasks-per-node=2 --requeue",
-        f"srun --kill-on-bad-exit=1 {sys.executable} {script} {' '.join(_args(framework, tmp_path))}",
-        "rc=$?", 'case $rc in 0|3|4) ;; *) scontrol requeue "$SLURM_JOB_ID" ;; esac', "exit $rc", ""]))
-    out = sim(tmp_path, str(batch), env={"SLURMRT_PROGRESS_S": "1"}, timeout=500)
+    out = sim(tmp_path, str(_requeuing_batch(tmp_path, script, framework)), env={"SLURMRT_PROGRESS_S": "1"},
+              timeout=500)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     killed, evaluated, last = summary_rows(out.stdout)
     assert "SIGKILL" in killed["tasks"] and killed["checkpoint"] == "step 10"
@@ -303,12 +310,7 @@ def test_a_nan_loss_in_lightning_stops_every_rank_before_the_update_and_the_requ
         example = runpy.run_path({str(EXAMPLES["lightning"])!r})
         example["main"](sys.argv[1:], callbacks=[Nan()])
     '''))
-    batch = tmp_path / "job.sbatch"
-    batch.write_text("\n".join([
-        "#!/bin/bash", "#SBATCH -N 1 --ntasks-per-node=2 --requeue",
-        f"srun --kill-on-bad-exit=1 {sys.executable} {script} {' '.join(_args('lightning', tmp_path))}",
-        "rc=$?", 'case $rc in 0|3|4) ;; *) scontrol requeue "$SLURM_JOB_ID" ;; esac', "exit $rc", ""]))
-    out = sim(tmp_path, str(batch), timeout=500)
+    out = sim(tmp_path, str(_requeuing_batch(tmp_path, script, "lightning")), timeout=500)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     failed, last = summary_rows(out.stdout)
     assert failed["checkpoint"] == "step 10" and last["resumed from"] == "step 10" and last["exit"] == "0"

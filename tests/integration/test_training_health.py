@@ -7,32 +7,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from .launch import ROOT, start, wait_all
+from .test_inprocess import N, _events, _logs, _run  # the same worker, run the same way
 
 pytestmark = pytest.mark.timeout(240)
-
-N = 3
-WORKER = ROOT / "tests" / "integration" / "inprocess_worker.py"
-
-
-def _run(tmp: Path, *args: str) -> list[int]:
-    (tmp / "local").mkdir(parents=True, exist_ok=True)
-    extra = {"SLURMRT_CHECKPOINT_DIR": str(tmp / "ckpt"), "SLURMRT_LOCAL_CHECKPOINT_DIR": str(tmp / "local"),
-             "SLURMRT_SAVE_TIME_S": "1"}
-    return wait_all(start(N, tmp, ["--out", str(tmp / "out"), *args], extra=extra, script=WORKER), 180)
-
-
-def _events(tmp: Path, kind: str) -> list[dict[str, Any]]:
-    lines = (tmp / "ckpt" / "events-4242.jsonl").read_text().splitlines()
-    return [e for e in map(json.loads, lines) if e["event"] == kind]
-
-
-def _logs(tmp: Path) -> str:
-    return "\n".join((tmp / f"rank{r}.log").read_text() for r in range(N))
 
 
 def test_a_nan_on_one_rank_is_rewound_once_and_the_run_ends_bitwise_equal(tmp_path: Path) -> None:
