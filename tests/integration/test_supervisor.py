@@ -432,7 +432,15 @@ def test_the_supervisor_records_in_the_event_log_the_training_resolved_in_code(t
                                   '"checkpoint_dir": null, "requeue": true, "max_restarts": null, '
                                   '"max_futile_runs": 3, "max_excluded_nodes": 4}',
                                   '{"attempt": 0, "event_log": null, "checkpoint_dir": null, "requeue": 1, '
-                                  '"max_restarts": null, "max_futile_runs": 3, "max_excluded_nodes": 4}'])
+                                  '"max_restarts": null, "max_futile_runs": 3, "max_excluded_nodes": 4}',
+                                  # the right types, out of the options' rules: a limit of 0 futile runs would refuse
+                                  # every requeue, a negative cap on excluded nodes means nothing
+                                  '{"attempt": 0, "event_log": null, "checkpoint_dir": null, "requeue": true, '
+                                  '"max_restarts": null, "max_futile_runs": 0, "max_excluded_nodes": 4}',
+                                  '{"attempt": 0, "event_log": null, "checkpoint_dir": null, "requeue": true, '
+                                  '"max_restarts": -1, "max_futile_runs": 3, "max_excluded_nodes": 4}',
+                                  '{"attempt": 0, "event_log": null, "checkpoint_dir": null, "requeue": true, '
+                                  '"max_restarts": null, "max_futile_runs": 3, "max_excluded_nodes": null}'])
 def test_the_supervisor_ignores_options_a_training_did_not_write(tmp_path: Path, text: str) -> None:
     from slurmrt.recovery import injob
 

@@ -20,8 +20,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .._errors import ConfigError
+from .._rules import convert, rule_of
 from .._safefs import open_new, private_dir, read_capped, replace_text
-from .facts import InJob
+from .facts import POLICY, InJob
+from .settings import RecoverySection
 
 __all__ = ["KINDS", "EndedReader", "clear_records", "ended_path", "facts_path", "read_ended", "read_facts",
            "read_request", "request_path", "share_facts", "write_ended", "write_request"]
@@ -146,14 +149,33 @@ def read_facts(directory: Path, attempt: int) -> dict[str, Any] | None:
 
 
 def _well_formed(data: Any, attempt: int) -> bool:
-    """Every name of :data:`_FACTS`, each of its types (a flag is no count), its paths absolute, for ``attempt``."""
+    """Every name of :data:`_FACTS`, each of its types (a flag is no count), its paths absolute, for ``attempt``;
+    the recovery options within their own rules (the options' one validator, ``_rules.convert``)."""
     if not isinstance(data, dict) or data.get("attempt") != attempt or not set(_FACTS) <= set(data):
         return False
     for name, types in _FACTS.items():
         value = data[name]
         if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
             return False
-    return all(data[k] is None or os.path.isabs(data[k]) for k in _PATHS)
+    return _within_rules(data)
+
+
+def _within_rules(data: dict[str, Any]) -> bool:
+    """The record's paths absolute, its recovery options within their rules."""
+    return all(data[k] is None or os.path.isabs(data[k]) for k in _PATHS) and \
+        all(_by_rule(name, data[name]) for name in POLICY)
+
+
+def _by_rule(name: str, value: Any) -> bool:
+    """``value`` is what option ``name`` may be (None only where the option takes "none")."""
+    rule = rule_of(RecoverySection, name)
+    if value is None:
+        return rule.optional
+    try:
+        convert(name, rule, value)
+    except ConfigError:
+        return False
+    return True
 
 
 # -- the tasks srun saw end, for the step's ranks ---------------------------------------------------------------------
