@@ -4,7 +4,9 @@ training function (``--every auto``: where ``rt.should_save`` says).
 
 ``--fail G:R:S`` (repeatable): in generation G, rank R raises after step S's update (a software fault: the process
 lives); G may be ``*`` (every generation). ``--kill G:R:S``: that rank's process dies there (SIGKILL).
-``--nan G:R:S``: that rank's loss of step S is NaN, which ``rt.check`` (called every step, before the update) finds.
+``--nan G:R:S``: that rank's loss of step S is NaN, which ``rt.check`` (called every step, before the update) finds;
+the loop skips the batches ``rt.skip`` names (a rewind past a fault that came back), and those of ``--skip A-B``
+(the comparator: an uninterrupted run that skips them).
 Rank 0 writes the final weights to ``--out`` and, per generation, the pid that ran it (one process throughout, or the
 restart was not in the process).
 """
@@ -28,6 +30,7 @@ parser.add_argument("--every", default="5", help="shared saves every N steps and
 parser.add_argument("--fail", action="append", default=[])
 parser.add_argument("--kill", action="append", default=[], help="G:R:S, as --fail, but SIGKILL: the process dies")
 parser.add_argument("--nan", action="append", default=[], help="G:R:S, as --fail: that rank's loss is NaN there")
+parser.add_argument("--skip", help="A-B: the batches of steps A to B are skipped, as after a rewind")
 parser.add_argument("--out", type=Path, required=True)
 parser.add_argument("--rejoin-timeout", type=float, default=60.0)
 parser.add_argument("--max-restarts", type=int, default=3)
@@ -49,6 +52,13 @@ def due(specs: list[str], generation: int, step: int) -> bool:
     return any(g in ("*", str(generation)) and int(r) == rt.rank and int(s) == step for g, r, s in parsed)
 
 
+def skipped(step: int) -> bool:
+    if args.skip is None:
+        return False
+    first, last = map(int, args.skip.split("-"))
+    return first <= step <= last
+
+
 def train(generation: int) -> torch.nn.Module:
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 8)
@@ -64,6 +74,8 @@ def train(generation: int) -> torch.nn.Module:
                  "resumed": rt.resumed_step})
     for step in range(start, args.steps):
         x = torch.randn(16, 8, generator=torch.Generator().manual_seed(step * 100 + rt.rank))
+        if rt.skip(step) or skipped(step):
+            continue
         loss = (model(x) - 1.0).pow(2).mean()
         if due(args.nan, generation, step):
             print(f"worker: fault nan on rank {rt.rank} at {time.time():.6f}", flush=True)

@@ -21,14 +21,14 @@ N = 3
 WORKER = ROOT / "tests" / "integration" / "inprocess_worker.py"
 
 
-def _run(tmp: Path, *args: str, timeout: float = 180) -> list[int]:
-    return wait_all(_start(tmp, *args), timeout)
+def _run(tmp: Path, *args: str, timeout: float = 180, env: dict[str, str] | None = None) -> list[int]:
+    return wait_all(_start(tmp, *args, env=env), timeout)
 
 
-def _start(tmp: Path, *args: str) -> Any:
+def _start(tmp: Path, *args: str, env: dict[str, str] | None = None) -> Any:
     (tmp / "local").mkdir(parents=True, exist_ok=True)
     extra = {"SLURMRT_CHECKPOINT_DIR": str(tmp / "ckpt"), "SLURMRT_LOCAL_CHECKPOINT_DIR": str(tmp / "local"),
-             "SLURMRT_SAVE_TIME_S": "1"}
+             "SLURMRT_SAVE_TIME_S": "1", **(env or {})}
     return start(N, tmp, ["--out", str(tmp / "out"), *args], extra=extra, script=WORKER)
 
 

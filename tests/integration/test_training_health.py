@@ -1,7 +1,8 @@
 """The training's health (``rt.check``) with real processes and gloo, in the in-process restart's worker: a NaN on
 one rank stops every rank at that step before its update; once (transient) the run is rewound to its newest
 checkpoint in the same processes and ends bitwise where an uninterrupted run does; at the same step again
-(reproducible) it ends, and says so."""
+(reproducible) it is rewound to the newest certified checkpoint with the batches since skipped, and ends bitwise where
+an uninterrupted run that skipped them does; with no certified checkpoint, or no rewind left, it ends and says so."""
 
 from __future__ import annotations
 
@@ -32,10 +33,41 @@ def test_a_nan_on_one_rank_is_rewound_once_and_the_run_ends_bitwise_equal(tmp_pa
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # the NaN never reached the weights
 
 
-def test_a_nan_that_comes_back_at_the_same_step_ends_the_run_on_every_rank(tmp_path: Path) -> None:
+def test_a_nan_that_comes_back_with_no_certified_checkpoint_ends_the_run_on_every_rank(tmp_path: Path) -> None:
     codes = _run(tmp_path, "--nan", "*:1:7")
     assert len(set(codes)) == 1 and codes[0] != 0, _logs(tmp_path)
     assert [(e["step"], e["first_rank"]) for e in _events(tmp_path, "training_health")] == [(7, 1), (7, 1)]
     made, refused = _events(tmp_path, "in_process")
-    assert made["action"] == "restart" and refused["action"] == "refused" and "repeats" in refused["why"]
+    assert made["action"] == "restart" and refused["action"] == "refused" and "nothing to rewind to" in refused["why"]
     assert not (tmp_path / "out" / "weights.pt").exists()
+
+
+def test_a_nan_that_comes_back_rewinds_to_the_certified_checkpoint_and_skips_the_batches_since(tmp_path: Path) -> None:
+    import torch
+
+    certify = {"SLURMRT_HEALTH_CERTIFY_AFTER": "3"}
+    clean, faulted = tmp_path / "clean", tmp_path / "faulted"
+    assert _run(clean, "--skip", "1-7", env=certify) == [0] * N, _logs(clean)
+    assert _run(faulted, "--nan", "*:1:7", env=certify) == [0] * N, _logs(faulted)
+    health = _events(faulted, "training_health")
+    assert [(e["step"], e["action"], e["certified"]) for e in health] == [(7, "rerun", None), (7, "rewind", 0)]
+    generations = json.loads((faulted / "out" / "generations.json").read_text())
+    assert [g["resumed"] for g in generations] == [None, 6, 0]  # re-run from the newest, then the certified one
+    # Step 5 was saved but not certified (healthy only through step 6): set aside, never loaded again.
+    assert [p.name.split("-")[1] for p in (faulted / "ckpt").glob(".tainted-step_*")] == ["step_000000005"]
+    record = json.loads((faulted / "ckpt" / "health.json").read_text())
+    assert record["skips"] == [[1, 7]] and record["rewinds"] == {"0": 1} and record["faults"] == {"7": 2}
+    assert record["certified"] == 25 and (faulted / "ckpt" / "step_000000025").is_dir()
+    a, b = torch.load(clean / "out" / "weights.pt"), torch.load(faulted / "out" / "weights.pt")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # as if those batches were never there
+
+
+def test_a_fault_that_comes_back_with_no_rewind_left_ends_naming_the_checkpoint_to_start_from(tmp_path: Path) -> None:
+    env = {"SLURMRT_HEALTH_CERTIFY_AFTER": "3", "SLURMRT_HEALTH_MAX_REWINDS": "0"}
+    codes = _run(tmp_path, "--nan", "*:1:7", env=env)
+    assert len(set(codes)) == 1 and codes[0] != 0, _logs(tmp_path)
+    made, refused = _events(tmp_path, "in_process")
+    assert made["action"] == "restart" and refused["action"] == "refused"
+    assert "start again from checkpoint step_000000000" in refused["why"], refused
+    assert not (tmp_path / "ckpt" / "step_000000005").exists()  # the run that starts again resumes from step 0
+    assert (tmp_path / "ckpt" / "step_000000000").is_dir()

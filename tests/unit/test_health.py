@@ -86,7 +86,7 @@ def test_a_rehearsed_nan_comes_once_or_every_time_as_slurmrt_sim_says() -> None:
         check.check(4, loss=1.0)
         with pytest.raises(TrainingHealthError, match="step 5: rank 0's training is unhealthy") as caught:
             check.check(5, loss=1.0)
-        assert caught.value.details == {"step": 5, "rank": 0, "what": "nonfinite"}
+        assert caught.value.details == {"step": 5, "rank": 0, "what": "nonfinite", "action": "rerun", "refused": None}
         if again:
             with pytest.raises(TrainingHealthError):
                 check.check(5, loss=1.0)  # a bad batch: the rewound run meets it again

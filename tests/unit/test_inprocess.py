@@ -129,3 +129,13 @@ def test_a_rank_waiting_to_rejoin_gives_up_at_sigterm_or_when_srun_saw_a_task_en
     assert "SIGTERM" in _waiting(True, [])._why_not(1, later)
     assert "task(s) 1 end" in _waiting(False, [1])._why_not(1, later)
     assert "did not come back within 20 s" in _waiting(False, [])._why_not(1, time.monotonic() - 1)
+
+
+def test_an_unhealthy_step_follows_its_own_ladder_not_the_rule_that_an_error_at_the_same_step_repeats() -> None:
+    health = Fault(1, "TrainingHealthError: step 7", "TrainingHealthError", 6, 1.0e9, unhealthy=True)
+    assert _plan(health, restarted=[health]).action is Action.IN_PROCESS_RESTART  # the rewind after the re-run
+    ended = Fault(1, "TrainingHealthError: step 7", "TrainingHealthError", 6, 1.0e9, unhealthy=True,
+                  refused="step 7 was unhealthy 2 times ... start again from checkpoint step_000000000")
+    decision = _plan(ended, restarted=[health])
+    assert decision.action is not Action.IN_PROCESS_RESTART and decision.in_process_refused == ended.refused
+    assert Fault.from_json(ended.to_json()) == ended

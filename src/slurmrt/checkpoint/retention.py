@@ -1,9 +1,11 @@
 """Retention: which committed checkpoints a directory keeps, and the removal of what is not a checkpoint.
 
-The ``keep_last`` newest sound checkpoints are kept, and every milestone (a step that is a multiple of
-``keep_every``). A checkpoint found damaged never counts as kept, so damage cannot push the newest sound checkpoint
-out of the window. Deletion renames a checkpoint out of sight before it unlinks a file: a SIGKILL in the middle of
-an ``rmtree`` once left a committed-looking directory whose manifest outlived some of its files.
+The ``keep_last`` newest sound checkpoints are kept, every milestone (a step that is a multiple of ``keep_every``),
+and the newest certified one (:mod:`slurmrt.health.rewind`), whatever its age: a run that saves damage it has not
+found yet must not push out the last checkpoint known to be healthy. A checkpoint found damaged never counts as
+kept, so damage cannot push the newest sound checkpoint out of the window. Deletion renames a checkpoint out of
+sight before it unlinks a file: a SIGKILL in the middle of an ``rmtree`` once left a committed-looking directory
+whose manifest outlived some of its files.
 
 The renames are made at once, right after the commit; the files are unlinked by a background thread, off the save's
 critical path (a blocking save, and every rank waiting for it, would otherwise wait for the deletion). What a
@@ -42,6 +44,8 @@ class Retention:
         self.guard = guard
         #: Steps found damaged (by a load): they never count as kept.
         self.damaged: set[int] = set()
+        #: The newest certified step (the training's health check): never deleted. None: none.
+        self.certified: int | None = None
         self._deleter: threading.Thread | None = None
 
     def prune(self, suffix: str, *, own: str) -> None:
@@ -89,6 +93,8 @@ class Retention:
         kept = 0
         doomed = []
         for step in complete:
+            if step == self.certified:
+                continue
             if kept < self.keep_last:
                 kept += step not in self.damaged
                 continue
@@ -96,6 +102,23 @@ class Retention:
                 continue
             doomed.append(step)
         return doomed
+
+    def set_aside(self, newer_than: int, suffix: str) -> list[int]:
+        """Rename the committed checkpoints after step ``newer_than`` out of sight, as ``.tainted-step_*``: a rewind
+        went back before them, and no run may resume from them. Kept for a person to look at, never loaded, never
+        deleted by pruning. Rank 0, only while this job holds the directory (the guard)."""
+        if self.guard is not None:
+            self.guard()
+        moved = []
+        for step in complete_steps(self.root):
+            if step > newer_than:
+                os.rename(self.root / f"step_{step:09d}", self.root / f".tainted-step_{step:09d}-{suffix}")
+                moved.append(step)
+        if moved:
+            fsync_dir(self.root)
+            logger.warning("checkpoint(s) after step %d set aside as %s/.tainted-step_*: the training was rewound "
+                           "before them (%s)", newer_than, self.root, ", ".join(map(str, sorted(moved))))
+        return moved
 
     def _leftovers(self) -> list[Path]:
         """The partial saves and interrupted deletions of earlier attempts, already out of sight, to delete with

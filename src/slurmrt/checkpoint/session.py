@@ -24,6 +24,7 @@ from . import progress, visible
 from .background import PendingSave, SaveResult, Staged
 from .local import LocalTier
 from .manifest import read_manifest
+from .retention import Retention
 from .settings import CheckpointSection
 from .store import CheckpointStore, Loaded, SaveFn
 
@@ -64,6 +65,7 @@ class CheckpointSession:
         self.local_state: Any = None
         self.loaded = False  #: True once load_latest() was called
         self._last_bytes: int | None = None  #: the last save's size: the next one's expected total
+        self._certified: int | None = None  #: the newest certified step (the health check's): never pruned
 
     def _get_store(self) -> CheckpointStore:
         if self._store is None:
@@ -78,6 +80,7 @@ class CheckpointSession:
                                           keep_every=o.keep_every, token=self._token, threads=o.save_threads,
                                           nice=o.save_nice, process=o.save_process,
                                           guard=self._guard, trusted_gid=group_id(o.trusted_group))
+        self._store.retention.certified = self._certified
         self.settle()  # the store waits for a background save anyway; take its result first
         return self._store
 
@@ -197,11 +200,41 @@ class CheckpointSession:
         self._budget.save_done(result.seconds, started=result.started, periodic=periodic)
         self._report.saved(result, blocking=blocking)
 
-    def load_latest(self, *, into: dict[str, Any] | None, verify: bool, rank: int) -> Loaded | None:
+    def keep_certified(self, step: int) -> None:
+        """Checkpoint ``step`` is the newest certified one: retention never deletes it."""
+        self._certified = step
+        if self._store is not None:
+            self._store.retention.certified = step
+
+    def set_aside(self, newer_than: int) -> None:
+        """Rank 0 alone (a rewind, from inside the failed step: nothing collective): the shared tier's checkpoints
+        after ``newer_than`` out of sight, so that no later run resumes from them; a failure is said, and the
+        rewind's load sets them aside again."""
+        if self.directory is None:
+            return
+        retention = self._store.retention if self._store is not None else \
+            Retention(self.directory, keep_last=1, keep_every=None, guard=self._guard)
+        try:
+            retention.set_aside(newer_than, self._token)
+        except (OSError, CheckpointError) as err:
+            logger.warning("the checkpoints after step %d could not be set aside (%s): the rewind's load does it, "
+                           "and loads none of them", newer_than, err)
+
+    def from_lead(self, read: Callable[[], Any]) -> Any:
+        """``read()`` on rank 0, heard by every rank (collective, on slurmrt's work group)."""
+        comm = self._get_store().comm
+        return comm.broadcast(read() if comm.rank == 0 else None)
+
+    def load_latest(self, *, into: dict[str, Any] | None, verify: bool, rank: int,
+                    below: int | None = None) -> Loaded | None:
+        """The newest checkpoint, the local tier's when it can serve; ``below``: none after that step (a rewind's
+        target: the ones after it are set aside first, on the shared tier and on every node's local one)."""
         # Shape: the local tier first where it can serve, then the shared; one report either way
         started = _clock.mono()
         store = self._get_store()
         tier = self._get_local()
+        if below is not None:
+            self._rewound(store, tier, below)
         got, received = self._from_local(store, tier) if tier is not None and into is None else (None, 0)
         where = "local" if got is not None else "shared"
         if got is None:
@@ -214,6 +247,14 @@ class CheckpointSession:
                             from_peers=None if tier is None else sum(total or [0]),
                             seconds=_clock.mono() - started)
         return got
+
+    def _rewound(self, store: CheckpointStore, tier: LocalTier | None, below: int) -> None:
+        """Before a rewind's load: nothing after step ``below`` on either tier (rank 0 sets the shared tier's aside;
+        each node forgets its own)."""
+        if store.comm.rank == 0:
+            store.retention.set_aside(below, self._token)
+        if tier is not None:
+            tier.forget_after(below)
 
     def _resumed(self, got: Loaded | None, rank: int) -> None:
         """What the run resumed from (None: a fresh start), as the Runtime's properties show it."""

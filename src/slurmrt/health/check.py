@@ -3,19 +3,25 @@ at this step, with one all-reduce of two integers on the training's own process 
 step unhealthy, and which rank first. Then every rank raises the same :class:`~slurmrt.TrainingHealthError`, before
 the optimizer step and before a save could keep the damage.
 
-What follows is the recovery plan's, as for any error: under ``slurmrt.run_restartable`` the ranks are restarted in
-the process from the newest checkpoint (the local tier first), a rewind; if the same error comes back at the same
-step it is reproducible (the data or the model), and the run ends (docs/guides/training-health.md).
+Each rank climbs the same ladder (:mod:`.rewind`): the step is re-run, or rewound to the newest certified checkpoint
+with its batches skipped, or the run ends; the error carries the rung, and the recovery plan weighs it as for any
+error (under ``slurmrt.run_restartable``, a restart in the process). Rank 0 keeps the record (:mod:`.record`) and
+has the checkpoints after a rewind's target set aside (``on_rewind``), so that no later run resumes from them
+(docs/guides/training-health.md).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from .._comm import torch_distributed
 from .._errors import ConfigError, TrainingHealthError
 from ..record.events import Event, EventLog
+from .record import HealthRecord, read_record, write_record
+from .rewind import Rung, certify, climb
 from .settings import HealthSection
 from .window import LossWindow, Verdict
 
@@ -46,13 +52,24 @@ def rehearsal(value: str | None) -> tuple[int, bool] | None:
 
 class HealthCheck:
     def __init__(self, settings: HealthSection, events: EventLog, *, rank: int, world_size: int,
-                 rehearse: tuple[int, bool] | None = None) -> None:
-        """``rehearse``: (step, every time) of a NaN ``slurmrt sim`` puts in this rank's loss (:func:`rehearsal`)."""
-        self.window = LossWindow(settings)
+                 directory: Path | None = None, rehearse: tuple[int, bool] | None = None,
+                 on_certified: Callable[[int], None] | None = None,
+                 on_rewind: Callable[[int], None] | None = None) -> None:
+        """``directory``: the checkpoints', where the record lives; ``rehearse``: (step, every time) of a NaN
+        ``slurmrt sim`` puts in this rank's loss (:func:`rehearsal`); ``on_certified(step)``: a checkpoint was
+        certified (retention keeps it); ``on_rewind(step)``: rank 0 sets aside the checkpoints after ``step``."""
+        self.settings, self.window = settings, LossWindow(settings)
         self._events, self._rank, self._world = events, rank, world_size
-        self._rehearse = rehearse
+        self._directory, self._rehearse = directory, rehearse
+        self._on_certified, self._on_rewind = on_certified, on_rewind
         self._dist: Any = None
         self._tensor: Any = None
+        #: The same on every rank: rank 0's file, heard at the first load, then changed alike by every rank.
+        self.record = HealthRecord()
+        self.heard = False  #: the record was heard from rank 0
+        self._pending: set[int] = set()  #: checkpoints saved, not yet certified
+        #: The rung of the last unhealthy step, until the load that follows it takes its rewind (:meth:`rewind_to`).
+        self.rung: Rung | None = None
 
     def check(self, step: int, *, loss: Any = None, grad_norm: Any = None) -> None:
         """Judge this rank's values of ``step`` and agree with every rank (collective); raises
@@ -63,16 +80,62 @@ class HealthCheck:
         mine = self.window.judge(_number(loss), _number(grad_norm))
         code, first = self._agree(mine)
         if code == 0:
+            self._healthy(step)
             return
-        what = _WHAT[code]
+        self._unhealthy(step, _WHAT[code], first, mine)
+
+    def _unhealthy(self, step: int, what: str, first: int, mine: Verdict | None) -> None:
+        """Every rank: say this rank's values, climb the ladder, and raise; rank 0 records it."""
         if mine is not None:
             logger.error("rank %d, step %d: %s", self._rank, step, mine.why)
+        self.rung = rung = climb(self.record, step, max_rewinds=self.settings.health_max_rewinds)
         if self._rank == 0:
             self._events.emit(Event.TRAINING_HEALTH, step=step, what=what, first_rank=first,
-                              why=mine.why if mine is not None and first == self._rank else None)
+                              why=mine.why if mine is not None and first == self._rank else None,
+                              action=rung.action, certified=rung.certified, rung=rung.why)
+            write_record(self._directory, self.record)
+            if rung.certified is not None and self._on_rewind is not None:
+                self._on_rewind(rung.certified)  # before any restart: no later run resumes from what follows it
         raise TrainingHealthError(f"step {step}: rank {first}'s training is unhealthy ({what}; its log line says the "
-                                  "values): stopped before the optimizer step and any save",
-                                  step=step, rank=first, what=what)
+                                  f"values): stopped before the optimizer step and any save; {rung.why}",
+                                  step=step, rank=first, what=what, action=rung.action,
+                                  refused=rung.why if rung.action == "end" else None)
+
+    # -- the record, the certificates, the rewinds -------------------------------------------------------------------
+    def saved(self, step: int) -> None:
+        """Checkpoint ``step`` was saved to the shared tier: certified once healthy long enough after it."""
+        if self.record.certified is None or step > self.record.certified:
+            self._pending.add(step)
+
+    def skip(self, step: int) -> bool:
+        """True when the loop skips ``step``'s batch: a rewind went back before it, past a reproducible fault."""
+        return bool(self.record.skips) and self.record.skipped(step)
+
+    def rewind_to(self) -> int | None:
+        """The certified step the next load may not go past (the last fault's rewind or end), once; None: any."""
+        rung, self.rung = self.rung, None
+        return rung.certified if rung is not None and rung.action != "rerun" else None
+
+    def loaded(self, step: int | None, from_lead: Callable[[Callable[[], str]], str]) -> None:
+        """After a load, collective: the record heard from rank 0 at the first (``from_lead(read)``: rank 0's
+        ``read()`` on every rank); then ``step``, resumed from (None: a fresh start), is certified in its turn."""
+        if not self.heard:
+            self.record = HealthRecord.from_json(from_lead(lambda: read_record(self._directory).to_json()))
+            self.heard = True
+            if self.record.certified is not None and self._on_certified is not None:
+                self._on_certified(self.record.certified)
+        self._pending = {step} if step is not None and (self.record.certified is None or
+                                                        step > self.record.certified) else set()
+
+    def _healthy(self, step: int) -> None:
+        newly = certify(self.record, self._pending, step, after=self.settings.health_certify_after)
+        if newly is None:
+            return
+        if self._on_certified is not None:
+            self._on_certified(newly)
+        if self._rank == 0:
+            self._events.emit(Event.CERTIFIED, step=newly, at=step)
+            write_record(self._directory, self.record)
 
     def _agree(self, mine: Verdict | None) -> tuple[int, int]:
         """The largest verdict code of any rank (0: every rank healthy) and the lowest rank with a verdict."""

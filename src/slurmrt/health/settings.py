@@ -14,7 +14,8 @@ __all__ = ["HealthSection"]
 
 @dataclass(frozen=True, kw_only=True)
 class HealthSection(Section):
-    """What makes a step's loss a spike: far above the median of the recent healthy ones."""
+    """What makes a step's loss a spike (far above the median of the recent healthy ones), when a checkpoint is
+    certified, and how often a fault may rewind to it."""
 
     #: The recent healthy losses a spike is judged against (at least 20 of them before any is judged).
     health_window: int = setting(100, "count", least=20)
@@ -23,3 +24,9 @@ class HealthSection(Section):
     #: ... and at least this fraction of the median above it (0.5: 50 % higher), so that a flat loss's tiny
     #: deviation does not make noise a spike.
     spike_margin: float = setting(0.5, "fraction")
+    #: A checkpoint is certified once the training stayed healthy (every ``rt.check``) this many steps after it:
+    #: retention never deletes the newest certified one, and a fault that comes back rewinds to it.
+    health_certify_after: int = setting(50, "count", least=1)
+    #: Rewinds to the same certified checkpoint before the run ends, naming the checkpoint to start from (0: a fault
+    #: that comes back ends the run at once).
+    health_max_rewinds: int = setting(3, "count", least=0)

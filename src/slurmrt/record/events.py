@@ -67,7 +67,9 @@ class Event(str, enum.Enum):
     RECOVERY = "recovery"
     GUARD = "guard"  # guard (its job id), batch_host, message (`slurmrt run` armed the guard job; `guard` ran it)
     STRAGGLER = "straggler"  # step, straggler (rank), node, ratio, cost, window, slow_s, others_s, step_s, action
-    TRAINING_HEALTH = "training_health"  # step, what ("nonfinite", "spike"), first_rank, why (rt.check, rank 0)
+    # step, what ("nonfinite", "spike"), first_rank, why, action (rerun, rewind, end), certified, rung (rt.check)
+    TRAINING_HEALTH = "training_health"
+    CERTIFIED = "certified"  # step (the checkpoint), at (the healthy step that certified it)
 
 
 class EventLog:

@@ -60,6 +60,11 @@ class Raised:
     step: int | None
     #: a :class:`~slurmrt.ConfigError`: an option or the launch is wrong, and every generation would meet it again
     misconfigured: bool = False
+    #: a :class:`~slurmrt.TrainingHealthError`: the health check's ladder says re-run, rewind or end (``refused``),
+    #: not the rule that the same error at the same step repeats (a re-run of that step is the ladder's first rung)
+    unhealthy: bool = False
+    #: why the health check's ladder ends the run (a reproducible fault with no rewind left)
+    refused: str | None = None
 
     @property
     def signature(self) -> tuple[str, int | None]:

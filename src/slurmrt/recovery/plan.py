@@ -243,7 +243,9 @@ def in_process_refused(raised: Raised, facts: Facts, stop: StopDecision | None) 
         return "a stop was already agreed: the run ends as it would have"
     if raised.misconfigured:
         return f"a misconfiguration ({raised.kind}): every generation would meet it; its one line says what to fix"
-    if any(r.signature == raised.signature for r in limits.restarted):
+    if raised.refused is not None:
+        return raised.refused
+    if not raised.unhealthy and any(r.signature == raised.signature for r in limits.restarted):
         at = f"step {raised.step}" if raised.step is not None else "before the first step"
         return f"the same error ({raised.kind}) at {at} ended an earlier generation: a software error that repeats"
     if len(limits.restarted) >= limits.max_in_process_restarts:

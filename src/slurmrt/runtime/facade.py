@@ -77,7 +77,8 @@ class Runtime(TopologyView):
         """The health of ``step`` (collective, one small all-reduce on the training's process group): a loss or a
         gradient norm that is not finite on any rank, or a loss far above its recent values, raises
         :class:`slurmrt.TrainingHealthError` on every rank at this step; call it before the optimizer step. Under
-        ``run_restartable`` the run is rewound to its newest checkpoint, once (docs/guides/training-health.md)."""
+        ``run_restartable`` the step is re-run from the newest checkpoint; a fault that comes back rewinds to the
+        newest certified checkpoint and skips the batches since (:meth:`skip`; docs/guides/training-health.md)."""
         self.parts.health.check(step, loss=loss, grad_norm=grad_norm)
 
     def time_compute(self) -> contextlib.AbstractContextManager[None]:
@@ -122,6 +123,8 @@ class Runtime(TopologyView):
             saved = self.checkpoints.save(state, step=step, blocking=blocking, local=local,
                                           decision=self.stop.decision, tier=tier)
         self.parts.cadence.saved(tier, _clock.mono() - started, ok=saved)
+        if saved and tier == "shared":
+            self.parts.health.saved(step)  # certified once the training stays healthy after it
         self.stop.restart_step_clock()  # a save between two steps is not step time
         return saved
 
@@ -129,9 +132,17 @@ class Runtime(TopologyView):
         """(step, state) of the newest sound checkpoint, the same one on every rank; None on a fresh start. Sharded
         state is loaded in place into ``into`` (this run's state dict, resharded). ``verify`` checks every file's
         checksum (the ranks share the reading); a checkpoint that fails is skipped with a warning naming the file."""
-        with self.stop.doing("load"):
-            got = self.checkpoints.load_latest(into=into, verify=verify, rank=self.rank)
+        health = self.parts.health
+        with self.stop.doing("load"):  # after a reproducible fault, none after the certified step it rewinds to
+            got = self.checkpoints.load_latest(into=into, verify=verify, rank=self.rank, below=health.rewind_to())
+            health.loaded(got.step if got is not None else None, self.checkpoints.from_lead)
         return (got.step, got.state) if got is not None else None
+
+    def skip(self, step: int) -> bool:
+        """True when the loop must not train on ``step``'s batch (take it from the data, then go to the next step):
+        the run was rewound before it, past a fault that came back (docs/guides/training-health.md). The same on
+        every rank; a lookup, nothing sent."""
+        return self.parts.health.skip(step)
 
     resumed_step = property(lambda self: self.checkpoints.resumed_step, doc="the step load_latest() resumed from")
     local_state = property(lambda self: self.checkpoints.local_state, doc="this rank's `local` state, once loaded")

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from .. import _figures as figures
 from .._comm import torch_distributed
-from .._errors import ConfigError
+from .._errors import ConfigError, TrainingHealthError
 from .._text import shorten
 from ..launch.topology import LaunchMode
 from ..recovery import injob
@@ -74,21 +74,33 @@ class Fault:
     time: float  #: when it was caught (epoch s)
     #: a :class:`ConfigError`: an option or the launch is wrong, and every generation would meet it again
     misconfigured: bool = False
+    #: a :class:`TrainingHealthError`, and why its ladder ends the run (None: re-run or rewind)
+    unhealthy: bool = False
+    refused: str | None = None
 
     def to_json(self) -> str:
-        return json.dumps({"rank": self.rank, "error": self.error, "kind": self.kind, "step": self.step,
-                           "time": self.time, "misconfigured": self.misconfigured})
+        return json.dumps(dataclasses.asdict(self))
 
     @classmethod
     def from_json(cls, text: str) -> Fault:
         d = json.loads(text)
+        refused = d.get("refused")
         return cls(int(d["rank"]), str(d["error"]), str(d["kind"]),
-                   None if d["step"] is None else int(d["step"]), float(d["time"]), d.get("misconfigured") is True)
+                   None if d["step"] is None else int(d["step"]), float(d["time"]), d.get("misconfigured") is True,
+                   d.get("unhealthy") is True, refused if isinstance(refused, str) else None)
+
+    @classmethod
+    def of(cls, err: Exception, *, rank: int, step: int | None) -> Fault:
+        """``err`` as rank ``rank`` caught it, after ``step``."""
+        unhealthy = isinstance(err, TrainingHealthError)
+        refused = err.details.get("refused") if isinstance(err, TrainingHealthError) else None
+        return cls(rank, f"{type(err).__name__}: {shorten(str(err))}", type(err).__name__, step, time.time(),
+                   isinstance(err, ConfigError), unhealthy, refused if isinstance(refused, str) else None)
 
     @property
     def raised(self) -> Raised:
         """What the recovery plan weighs of it."""
-        return Raised(self.kind, self.step, self.misconfigured)
+        return Raised(self.kind, self.step, self.misconfigured, self.unhealthy, self.refused)
 
 
 def run_restartable(rt: Runtime, train: Callable[[int], T], *, backend: str = "gloo",
@@ -214,8 +226,7 @@ class InProcess:
         # Where this generation got to: its last step, or before its first the step it resumed after (never a step
         # an earlier generation reached: a new fault there would read as the same error at the same step).
         step = self.rt.stop.generation_step
-        mine = Fault(self.rt.rank, f"{type(err).__name__}: {shorten(str(err))}", type(err).__name__,
-                     step if step is not None else self.rt.resumed_step, time.time(), isinstance(err, ConfigError))
+        mine = Fault.of(err, rank=self.rt.rank, step=step if step is not None else self.rt.resumed_step)
         try:
             first = self._store.compare_set(f"{self._prefix}/fault/{generation}", "", mine.to_json())
             return Fault.from_json(first.decode() if isinstance(first, bytes) else first)

@@ -105,7 +105,8 @@ def build_run(topology: Topology, options: Options, executor: Executor, *,
         pollers.append(hangs.watchdog(budget, stop.phases).poll)
     watcher = Watcher(pollers, period_s=options.watch_interval_s)
     health = HealthCheck(HealthSection.of(options), events, rank=topology.rank, world_size=topology.world_size,
-                         rehearse=rehearsal(env.get(REHEARSE_ENV)))
+                         directory=options.checkpoint_dir, rehearse=rehearsal(env.get(REHEARSE_ENV)),
+                         on_certified=checkpoints.keep_certified, on_rewind=checkpoints.set_aside)
     return RunParts(executor, report, hooks, checkpoints, cadence, state, hangs, stop, switch, watcher, health)
 
 
