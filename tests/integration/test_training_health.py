@@ -42,8 +42,11 @@ def test_a_nan_that_comes_back_with_no_certified_checkpoint_ends_the_run_on_ever
     assert not (tmp_path / "out" / "weights.pt").exists()
 
 
-def test_a_nan_that_comes_back_rewinds_to_the_certified_checkpoint_and_skips_the_batches_since(tmp_path: Path) -> None:
+def test_a_nan_that_comes_back_rewinds_to_the_certified_checkpoint_and_skips_the_batches_since(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import torch
+
+    from slurmrt.cli import main
 
     certify = {"SLURMRT_HEALTH_CERTIFY_AFTER": "3"}
     clean, faulted = tmp_path / "clean", tmp_path / "faulted"
@@ -60,6 +63,14 @@ def test_a_nan_that_comes_back_rewinds_to_the_certified_checkpoint_and_skips_the
     assert record["certified"] == 25 and (faulted / "ckpt" / "step_000000025").is_dir()
     a, b = torch.load(clean / "out" / "weights.pt"), torch.load(faulted / "out" / "weights.pt")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # as if those batches were never there
+    assert main(["status", str(faulted / "ckpt"), "--json"]) == 0
+    (job,) = json.loads(capsys.readouterr().out)["jobs"]
+    assert job["certified"][0] == 0 and job["certified"][-1] == 25
+    saved = [c for run in job["runs"] for c in run["checkpoints"]]
+    assert {c["step"]: c["certified"] for c in saved}[25] is True and {c["step"] for c in saved if c["certified"]} \
+        == set(job["certified"])
+    assert main(["status", str(faulted / "ckpt"), "--no-chart"]) == 0
+    assert "certified checkpoint(s): step 0, " in capsys.readouterr().out
 
 
 def test_a_fault_that_comes_back_with_no_rewind_left_ends_naming_the_checkpoint_to_start_from(tmp_path: Path) -> None:

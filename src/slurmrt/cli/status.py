@@ -21,7 +21,7 @@ from ..checkpoint.cadence import advice, saving
 from ..options import Options
 from ..record.chart import draw, duration, render, totals
 from ..record.code import changes
-from ..record.events import read_events
+from ..record.events import Event, read_events
 from ..record.goodput import Goodput, account, draw_bar
 from ..record.timeline import JobLife, RunLife, build, counted
 from ..record.train import trains
@@ -58,10 +58,12 @@ def status_data(dirs: Iterable[Path]) -> list[dict[str, Any]]:
     for f in files:
         events = list(read_events(f))
         life = build(events, job=f.stem.removeprefix("events-"))
+        certified = _certified(events)
         runs = []
         for i, run_ in enumerate(life.runs):
             fields = {k: v for k, v in asdict(run_).items() if k != "points"}
-            fields["checkpoints"] = [{"time": t, "step": s, "seconds": d} for t, s, d in run_.checkpoints]
+            fields["checkpoints"] = [{"time": t, "step": s, "seconds": d, "certified": s in certified}
+                                     for t, s, d in run_.checkpoints]
             runs.append({"label": run_.label, **fields, "gap_before_s": life.gaps[i - 1] if i else None})
         jobs.append({"job": life.job, "experiment": life.experiment, "event_log": str(f), "runs": runs,
                      "job_runs": life.job_runs, "restarts": max((r.restart for r in life.runs), default=0),
@@ -69,6 +71,7 @@ def status_data(dirs: Iterable[Path]) -> list[dict[str, Any]]:
                      "totals": {"wall_s": life.wall_s, "last_step": life.last_step, "lost_steps": life.lost_steps,
                                 "lost_s": life.lost_s, "save_s": life.save_s, "checkpoints": life.checkpoints,
                                 "waiting_s": sum(life.gaps)},
+                     "certified": sorted(certified),
                      "goodput": account(events, life).as_dict(),
                      "saving": saving(events, node_h=_node_h())})
     return jobs
@@ -99,12 +102,21 @@ def status(dirs: Iterable[Path], *, chart: bool = True, plot: Path | None = None
             continue
         ledger = account(events, life)
         out += _job(life, f, chart=chart)
+        certified = sorted(_certified(events))
+        if certified:
+            out.append(f"  certified checkpoint(s): step {', '.join(map(str, certified))} (the training stayed healthy "
+                       "after each; retention never deletes the newest)")
         out += [f"  {line}" for line in ledger.lines()]
         out += [f"  {line}" for line in advice(events, node_h=_node_h())]
         if plot is not None:
             target = plot if len(files) == 1 else plot.with_name(f"{plot.stem}-{life.job}{plot.suffix}")
             out.append(f"  drawn: {_draw(life, target, ledger)}")
     return out + trains(lives)  # the jobs of one experiment (an array train), read together
+
+
+def _certified(events: list[dict[str, Any]]) -> set[int]:
+    """The checkpoints the training's health check certified (``certified`` events)."""
+    return {e["step"] for e in events if e.get("event") == Event.CERTIFIED.value and isinstance(e.get("step"), int)}
 
 
 def _job(life: JobLife, f: Path, *, chart: bool) -> list[str]:
