@@ -62,6 +62,8 @@ def main() -> None:
 
     step = start - 1
     for step in range(start, args.steps):
+        if rt.skip(step):  # rewound past a fault that came back (rt.check): this step's batch is not trained on
+            continue
         with rt.time_compute():  # this rank's own work, no collective: a slow node is named a straggler
             g = torch.Generator().manual_seed(step * 1000 + rt.rank)
             x = torch.randn(32, 16, generator=g)
@@ -72,7 +74,9 @@ def main() -> None:
             spin = time.thread_time()
             while time.thread_time() - spin < args.compute_time:  # CPU work that leaves the model as it is
                 pass
-        rt.check(step, loss=loss.item())  # a NaN or a spike on any rank stops every rank here, before the update
+        # A NaN or a spike on any rank, or a replica that differs from the others (compared every health_hash_every
+        # steps), stops every rank here, before the update.
+        rt.check(step, loss=loss.item(), replicas=model)
         if rt.world_size > 1:
             for p in model.parameters():
                 assert p.grad is not None

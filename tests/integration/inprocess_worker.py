@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import slurmrt
+from slurmrt.health.replicas import flip_bit
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=30)
@@ -30,6 +31,9 @@ parser.add_argument("--every", default="5", help="shared saves every N steps and
 parser.add_argument("--fail", action="append", default=[])
 parser.add_argument("--kill", action="append", default=[], help="G:R:S, as --fail, but SIGKILL: the process dies")
 parser.add_argument("--nan", action="append", default=[], help="G:R:S, as --fail: that rank's loss is NaN there")
+parser.add_argument("--flip", action="append", default=[], help="G:R:S, as --fail: a bit of that rank's weights flips "
+                    "before step S (silent: no NaN)")
+parser.add_argument("--replicas", action="store_true", help="rt.check compares the replicas' hashes")
 parser.add_argument("--skip", help="A-B: the batches of steps A to B are skipped, as after a rewind")
 parser.add_argument("--out", type=Path, required=True)
 parser.add_argument("--rejoin-timeout", type=float, default=60.0)
@@ -80,7 +84,11 @@ def train(generation: int) -> torch.nn.Module:
         if due(args.nan, generation, step):
             print(f"worker: fault nan on rank {rt.rank} at {time.time():.6f}", flush=True)
             loss = loss * float("nan")
-        rt.check(step, loss=loss.item())  # before the update: every rank stops here when any rank's loss is bad
+        if due(args.flip, generation, step):
+            print(f"worker: fault flip on rank {rt.rank} at {time.time():.6f}", flush=True)
+            assert flip_bit(list(model.parameters()))
+        # Before the update: every rank stops here when any rank's loss (or with --replicas, copy) is bad.
+        rt.check(step, loss=loss.item(), replicas=model if args.replicas else None)
         loss.backward()
         for p in model.parameters():
             assert p.grad is not None

@@ -82,3 +82,22 @@ def test_a_fault_that_comes_back_with_no_rewind_left_ends_naming_the_checkpoint_
     assert "start again from checkpoint step_000000000" in refused["why"], refused
     assert not (tmp_path / "ckpt" / "step_000000005").exists()  # the run that starts again resumes from step 0
     assert (tmp_path / "ckpt" / "step_000000000").is_dir()
+
+
+def test_a_flipped_bit_is_found_by_the_replica_hash_within_k_steps_and_re_run_from_where_the_replicas_agreed(
+        tmp_path: Path) -> None:
+    import torch
+
+    every = {"SLURMRT_HEALTH_HASH_EVERY": "4"}
+    clean, faulted = tmp_path / "clean", tmp_path / "faulted"
+    assert _run(clean, "--replicas", env=every) == [0] * N, _logs(clean)
+    assert _run(faulted, "--replicas", "--flip", "0:1:9", env=every) == [0] * N, _logs(faulted)
+    (health,) = _events(faulted, "training_health")
+    assert (health["step"], health["what"], health["first_rank"], health["action"]) == (12, "replicas", 1, "rerun")
+    assert "rank 1, step 12: its replicas' hash differs" in (faulted / "rank1.log").read_text()
+    generations = json.loads((faulted / "out" / "generations.json").read_text())
+    # The replicas last agreed at step 8: step 10's checkpoint may hold the flipped bit, set aside; step 5 loaded.
+    assert [g["resumed"] for g in generations] == [None, 5]
+    assert [p.name.split("-")[1] for p in (faulted / "ckpt").glob(".tainted-step_*")] == ["step_000000010"]
+    a, b = torch.load(clean / "out" / "weights.pt"), torch.load(faulted / "out" / "weights.pt")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # the flip never reached the result

@@ -109,3 +109,35 @@ def test_retention_keeps_the_certified_checkpoint_through_a_hundred_saves_after_
     assert store.retention.set_aside(5, "tok") == list(range(105, 103, -1))
     got = store.load_latest()
     assert got is not None and got.step == 5 and len(list(tmp_path.glob(".tainted-step_*-tok"))) == 2
+
+
+def test_the_replica_hash_sees_one_flipped_bit_in_any_width_and_names_the_odd_rank() -> None:
+    import torch
+
+    from slurmrt._errors import ConfigError
+    from slurmrt.health.replicas import digest, flip_bit, odd_ranks, tensors_of
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2).to(torch.bfloat16))
+    twin = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2).to(torch.bfloat16))
+    twin.load_state_dict(model.state_dict())
+    assert int(digest(tensors_of(model))) == int(digest(tensors_of(twin)))
+    before = [t.clone() for t in tensors_of(twin)]
+    assert flip_bit(tensors_of(twin))
+    after = tensors_of(twin)
+    assert torch.isfinite(after[0]).all() and not torch.equal(before[0], after[0])  # silent: finite, close
+    assert int(digest(tensors_of(model))) != int(digest(after))
+    half = torch.zeros(8, dtype=torch.bfloat16)
+    other = half.clone()
+    assert flip_bit([other]) and int(digest([half])) != int(digest([other]))
+    assert odd_ranks([7, 7, 9, 7]) == [2] and odd_ranks([5, 5]) == []
+    with pytest.raises(ConfigError, match="replicas"):
+        tensors_of(3)
+    with pytest.raises(ConfigError, match="replicas"):
+        tensors_of(["not a tensor"])
+
+
+def test_with_replica_hashes_a_checkpoint_is_certified_only_where_the_replicas_agreed() -> None:
+    record, pending = HealthRecord(), {10, 20}
+    assert certify(record, pending, 40, after=5, agreed=15) == 10 and pending == {20}
+    assert certify(record, pending, 41, after=5, agreed=24) == 20
+    assert certify(HealthRecord(), {10}, 40, after=5, agreed=-1) is None  # never compared yet: none

@@ -62,6 +62,7 @@ def _spec(args: argparse.Namespace, command: list[str]) -> Any:
 def _not_rehearsed(spec: Any, records: list[Any]) -> list[str]:
     """What the user asked to rehearse that did not happen, with why: a fault that never fired, a slowed node that
     nobody named. Such a run must not look survived."""
+    # Shape: one test per rehearsed fault, each with its own why, in the order the flags are documented
     missed = [m for r in records for m in r.missed]
     if spec.slow_node is not None and not any(r.stragglers for r in records):
         missed.append(f"slow-node {spec.slow_node}: it was slowed, but no straggler was named. slurmrt judges the "
@@ -71,6 +72,10 @@ def _not_rehearsed(spec: Any, records: list[Any]) -> list[str]:
     if spec.nan is not None and not any(r.unhealthy_steps for r in records):
         missed.append(f"nan {spec.nan[0]}:{spec.nan[1]}: no rank found an unhealthy step. The NaN is put into the "
                       "loss rt.check(step, loss=...) is given: call it every step, and run past that step")
+    if spec.flip is not None and not any(r.unhealthy_steps for r in records):
+        missed.append(f"flip {spec.flip[0]}:{spec.flip[1]}: no rank found its replicas differ. The bit flips in what "
+                      "rt.check(step, replicas=model) is given, and the hashes are compared every health_hash_every "
+                      "steps: pass the replicas, and run past the next comparison")
     return missed
 
 def _job(spec: Any, command: list[str]) -> Any:
@@ -103,7 +108,8 @@ def _faults(args: argparse.Namespace, spec: Any) -> Any:
     spec = replace(spec, preempt_at_s=args.preempt_at, cancel_at_s=args.cancel_at, fail_node=args.fail_node,
                    fail_at_s=args.at, after_checkpoint=args.after_checkpoint, hang_task=args.hang_task,
                    unhealthy_node=args.unhealthy_node, spare_nodes=args.spare_nodes or 0, slow_node=args.slow_node,
-                   slow_factor=args.slow_factor, nan=_nan(args.nan, spec.ntasks), nan_repeats=args.nan_repeats)
+                   slow_factor=args.slow_factor, nan=_task_step("--nan", args.nan, spec.ntasks),
+                   nan_repeats=args.nan_repeats, flip=_task_step("--flip", args.flip, spec.ntasks))
     for flag, value, count, what in (("--fail-node", args.fail_node, spec.nodes, "nodes"),
                                      ("--unhealthy-node", args.unhealthy_node, spec.nodes, "nodes"),
                                      ("--slow-node", args.slow_node, spec.nodes, "nodes"),
@@ -113,15 +119,15 @@ def _faults(args: argparse.Namespace, spec: Any) -> Any:
     return spec
 
 
-def _nan(text: str | None, ntasks: int) -> tuple[int, int] | None:
-    """``--nan TASK:STEP``, its task one of the job's ``ntasks``."""
+def _task_step(flag: str, text: str | None, ntasks: int) -> tuple[int, int] | None:
+    """``--nan`` or ``--flip`` ``TASK:STEP``, its task one of the job's ``ntasks``."""
     if text is None:
         return None
     task, _, step = text.partition(":")
     if not (task.isdigit() and step.isdigit()):
-        raise SlurmrtError(f"--nan {text!r}: TASK:STEP, two whole numbers (1:40: task 1's loss of step 40 is NaN)")
+        raise SlurmrtError(f"{flag} {text!r}: TASK:STEP, two whole numbers (1:40: task 1, at step 40)")
     if int(task) >= ntasks:
-        raise SlurmrtError(f"--nan {text}: tasks are numbered 0..{ntasks - 1}")
+        raise SlurmrtError(f"{flag} {text}: tasks are numbered 0..{ntasks - 1}")
     return int(task), int(step)
 
 
@@ -193,6 +199,8 @@ def add_parser(sub: Any) -> None:
                                                       "run (a transient fault)")
     p.add_argument("--nan-repeats", action="store_true",
                    help="... in every run, each time its process reaches the step (a bad batch: reproducible)")
+    p.add_argument("--flip", metavar="TASK:STEP", help="a bit of task TASK's replicas (rt.check(..., replicas=model)) "
+                                                       "flips at step STEP, in the first run: silent corruption")
     p.add_argument("--after-checkpoint", action="store_true",
                    help="count --preempt-at, --cancel-at and --at from the first run's first committed checkpoint "
                         "instead of its start, so the fault certainly hits a running job, on a fast or slow machine")

@@ -21,46 +21,50 @@ from .._comm import torch_distributed
 from .._errors import ConfigError, TrainingHealthError
 from ..record.events import Event, EventLog
 from .record import HealthRecord, read_record, write_record
+from .replicas import digest, flip_bit, odd_ranks, tensors_of
 from .rewind import Rung, certify, climb
 from .settings import HealthSection
 from .window import LossWindow, Verdict
 
-__all__ = ["REHEARSE_ENV", "HealthCheck", "rehearsal"]
+__all__ = ["FLIP_ENV", "REHEARSE_ENV", "HealthCheck", "rehearsal"]
 
 logger = logging.getLogger(__name__)
 
 #: Set by ``slurmrt sim --nan TASK:STEP`` for that task: ``STEP`` (its loss of that step is NaN, once in the
 #: process: a transient fault) or ``STEP:every`` (every time the process reaches that step: a reproducible one).
 REHEARSE_ENV = "SLURMRT_SIM_NAN"
+#: Set by ``slurmrt sim --flip TASK:STEP``: a bit of that task's replicas flips at that step, once (``STEP``).
+FLIP_ENV = "SLURMRT_SIM_FLIP"
 
 #: The verdicts' codes in the agreement: the larger wins (a non-finite value says more than a spike).
 _CODES = {"spike": 1, "nonfinite": 2}
 _WHAT = {code: what for what, code in _CODES.items()}
 
 
-def rehearsal(value: str | None) -> tuple[int, bool] | None:
-    """The step of a rehearsed NaN and whether it comes back, from :data:`REHEARSE_ENV`'s value; None: none."""
+def rehearsal(value: str | None, name: str = REHEARSE_ENV) -> tuple[int, bool] | None:
+    """The step of a rehearsed fault and whether it comes back, from :data:`REHEARSE_ENV`'s value (or
+    :data:`FLIP_ENV`'s, ``name``); None: none."""
     if not value:
         return None
     step, _, every = value.partition(":")
     if not step.isdigit() or every not in ("", "every"):
-        logger.warning("%s=%r is not what slurmrt sim sets (STEP or STEP:every): no NaN rehearsed", REHEARSE_ENV,
-                       value)
+        logger.warning("%s=%r is not what slurmrt sim sets (STEP or STEP:every): nothing rehearsed", name, value)
         return None
     return int(step), every == "every"
 
 
 class HealthCheck:
     def __init__(self, settings: HealthSection, events: EventLog, *, rank: int, world_size: int,
-                 directory: Path | None = None, rehearse: tuple[int, bool] | None = None,
+                 directory: Path | None = None, rehearse: tuple[int, bool] | None = None, flip: int | None = None,
                  on_certified: Callable[[int], None] | None = None,
                  on_rewind: Callable[[int], None] | None = None) -> None:
         """``directory``: the checkpoints', where the record lives; ``rehearse``: (step, every time) of a NaN
-        ``slurmrt sim`` puts in this rank's loss (:func:`rehearsal`); ``on_certified(step)``: a checkpoint was
+        ``slurmrt sim`` puts in this rank's loss (:func:`rehearsal`), ``flip`` the step it flips a bit of this rank's
+        replicas at; ``on_certified(step)``: a checkpoint was
         certified (retention keeps it); ``on_rewind(step)``: rank 0 sets aside the checkpoints after ``step``."""
         self.settings, self.window = settings, LossWindow(settings)
         self._events, self._rank, self._world = events, rank, world_size
-        self._directory, self._rehearse = directory, rehearse
+        self._directory, self._rehearse, self._flip = directory, rehearse, flip
         self._on_certified, self._on_rewind = on_certified, on_rewind
         self._dist: Any = None
         self._tensor: Any = None
@@ -70,32 +74,62 @@ class HealthCheck:
         self._pending: set[int] = set()  #: checkpoints saved, not yet certified
         #: The rung of the last unhealthy step, until the load that follows it takes its rewind (:meth:`rewind_to`).
         self.rung: Rung | None = None
+        self._hashing = False  #: replicas were given: a checkpoint is certified only where they agreed
+        self._agreed: int | None = None  #: the last step the replicas' hashes agreed at, in this generation
 
-    def check(self, step: int, *, loss: Any = None, grad_norm: Any = None) -> None:
+    def check(self, step: int, *, loss: Any = None, grad_norm: Any = None, replicas: Any = None) -> None:
         """Judge this rank's values of ``step`` and agree with every rank (collective); raises
-        :class:`TrainingHealthError` on every rank when any rank's step is unhealthy."""
+        :class:`TrainingHealthError` on every rank when any rank's step is unhealthy. ``replicas``: what every
+        data-parallel rank holds the same copy of, compared every ``health_hash_every`` steps (collective too)."""
         if self._rehearse is not None and self._rehearse[0] == step:
             logger.warning("rank %d, step %d: slurmrt sim makes this loss NaN (a rehearsal)", self._rank, step)
             loss, self._rehearse = float("nan"), self._rehearse if self._rehearse[1] else None
         mine = self.window.judge(_number(loss), _number(grad_norm))
         code, first = self._agree(mine)
-        if code == 0:
-            self._healthy(step)
-            return
-        self._unhealthy(step, _WHAT[code], first, mine)
+        if code != 0:
+            self._unhealthy(step, _WHAT[code], first, mine)
+        if replicas is not None and self._world > 1:
+            self._compare(step, replicas)
+        self._healthy(step)
 
-    def _unhealthy(self, step: int, what: str, first: int, mine: Verdict | None) -> None:
+    def _compare(self, step: int, replicas: Any) -> None:
+        """Every ``health_hash_every`` steps (and at a generation's first check): the replicas' hashes, compared
+        across the ranks; raises on every rank when a copy differs."""
+        tensors = tensors_of(replicas)
+        if self._flip == step and flip_bit(tensors):
+            logger.warning("rank %d, step %d: slurmrt sim flips a bit of this rank's replicas (a rehearsal)",
+                           self._rank, step)
+            self._flip = None
+        self._hashing = True
+        if self._agreed is not None and step % self.settings.health_hash_every:
+            return
+        self._buffer()
+        mine = digest(tensors).reshape(1)
+        every = [mine.new_zeros(1) for _ in range(self._world)]
+        self._dist.all_gather(every, mine)
+        odd = odd_ranks(_values(every))
+        if not odd:
+            self._agreed = step
+            return
+        why = f"its replicas' hash differs from the other ranks' (rank(s) {', '.join(map(str, odd))} hold another copy)"
+        if len(odd) * 2 >= self._world:  # two copies, or no majority: which one is wrong cannot be told
+            why += f"; no majority of the {self._world} ranks agrees, so the rank named is only the first that differs"
+        self._unhealthy(step, "replicas", odd[0], Verdict("replicas", why) if self._rank in odd else None,
+                        agreed=self._agreed)
+
+    def _unhealthy(self, step: int, what: str, first: int, mine: Verdict | None, *,
+                   agreed: int | None = None) -> None:
         """Every rank: say this rank's values, climb the ladder, and raise; rank 0 records it."""
         if mine is not None:
             logger.error("rank %d, step %d: %s", self._rank, step, mine.why)
-        self.rung = rung = climb(self.record, step, max_rewinds=self.settings.health_max_rewinds)
+        self.rung = rung = climb(self.record, step, max_rewinds=self.settings.health_max_rewinds, agreed=agreed)
         if self._rank == 0:
             self._events.emit(Event.TRAINING_HEALTH, step=step, what=what, first_rank=first,
                               why=mine.why if mine is not None and first == self._rank else None,
                               action=rung.action, certified=rung.certified, rung=rung.why)
             write_record(self._directory, self.record)
-            if rung.certified is not None and self._on_rewind is not None:
-                self._on_rewind(rung.certified)  # before any restart: no later run resumes from what follows it
+            if rung.below is not None and self._on_rewind is not None:
+                self._on_rewind(rung.below)  # before any restart: no later run resumes from what follows it
         raise TrainingHealthError(f"step {step}: rank {first}'s training is unhealthy ({what}; its log line says the "
                                   f"values): stopped before the optimizer step and any save; {rung.why}",
                                   step=step, rank=first, what=what, action=rung.action,
@@ -114,7 +148,7 @@ class HealthCheck:
     def rewind_to(self) -> int | None:
         """The certified step the next load may not go past (the last fault's rewind or end), once; None: any."""
         rung, self.rung = self.rung, None
-        return rung.certified if rung is not None and rung.action != "rerun" else None
+        return rung.below if rung is not None else None
 
     def loaded(self, step: int | None, from_lead: Callable[[Callable[[], str]], str]) -> None:
         """After a load, collective: the record heard from rank 0 at the first (``from_lead(read)``: rank 0's
@@ -124,11 +158,13 @@ class HealthCheck:
             self.heard = True
             if self.record.certified is not None and self._on_certified is not None:
                 self._on_certified(self.record.certified)
+        self._agreed = None  # the replicas as loaded: compared at the first check
         self._pending = {step} if step is not None and (self.record.certified is None or
                                                         step > self.record.certified) else set()
 
     def _healthy(self, step: int) -> None:
-        newly = certify(self.record, self._pending, step, after=self.settings.health_certify_after)
+        agreed = (-1 if self._agreed is None else self._agreed) if self._hashing else None
+        newly = certify(self.record, self._pending, step, after=self.settings.health_certify_after, agreed=agreed)
         if newly is None:
             return
         if self._on_certified is not None:
@@ -164,6 +200,13 @@ class HealthCheck:
             device = f"cuda:{torch.cuda.current_device()}" if nccl else "cpu"
             self._dist, self._tensor = dist, torch.zeros(2, dtype=torch.int64, device=device)
         return self._tensor
+
+
+def _values(gathered: list[Any]) -> list[int]:
+    """The ranks' hashes, read back in one transfer."""
+    import torch
+
+    return [int(v) for v in torch.cat(gathered).tolist()]
 
 
 def _number(value: Any) -> float | None:

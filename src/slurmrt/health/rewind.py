@@ -31,15 +31,20 @@ class Rung:
     why: str
     #: rewind, end: the certified step the training goes back to (None: none is certified)
     certified: int | None = None
+    #: The step the next load may not go past (None: any before the faulty step): the certified one, or for a
+    #: re-run after the replicas disagreed, the last step they agreed at (a checkpoint after it may hold the damage).
+    below: int | None = None
 
 
-def climb(record: HealthRecord, step: int, *, max_rewinds: int) -> Rung:
-    """The rung for an unhealthy ``step``; counts it in ``record``, and a rewind's skip and count too."""
+def climb(record: HealthRecord, step: int, *, max_rewinds: int, agreed: int | None = None) -> Rung:
+    """The rung for an unhealthy ``step``; counts it in ``record``, and a rewind's skip and count too. ``agreed``: the
+    replicas disagreed at ``step``, and this is the last step they agreed at (None: not a disagreement)."""
     times = record.faults.get(step, 0) + 1
     record.faults[step] = times
     if times == 1:
-        return Rung("rerun", f"step {step} is re-run from the newest checkpoint before it: a fault that does not come "
-                             "back was transient")
+        since = "before it" if agreed is None else f"at or before step {agreed}, where the replicas last agreed"
+        return Rung("rerun", f"step {step} is re-run from the newest checkpoint {since}: a fault that does not come "
+                             "back was transient", below=agreed)
     target = record.certified
     if target is None or target >= step:
         return Rung("end", f"step {step} was unhealthy {times} times (reproducible: the data or the model) and no "
@@ -49,17 +54,18 @@ def climb(record: HealthRecord, step: int, *, max_rewinds: int) -> Rung:
     if done >= max_rewinds:
         return Rung("end", f"step {step} was unhealthy {times} times (reproducible: the data or the model) after "
                            f"{done} rewind(s) to certified step {target} (health_max_rewinds={max_rewinds}): start "
-                           f"again from checkpoint step_{target:09d} with other data or settings", target)
+                           f"again from checkpoint step_{target:09d} with other data or settings", target, target)
     record.rewinds[target] = done + 1
     record.skips.append((target + 1, step))
     return Rung("rewind", f"step {step} was unhealthy again (reproducible: the data or the model): rewound to "
-                          f"certified step {target}, the batches of steps {target + 1}-{step} skipped", target)
+                          f"certified step {target}, the batches of steps {target + 1}-{step} skipped", target, target)
 
 
-def certify(record: HealthRecord, pending: set[int], step: int, *, after: int) -> int | None:
+def certify(record: HealthRecord, pending: set[int], step: int, *, after: int, agreed: int | None = None) -> int | None:
     """The newly certified checkpoint once ``step`` was healthy: the newest of ``pending`` (saved, not yet certified)
-    at least ``after`` steps behind it; those leave ``pending``. None: none newly."""
-    done = [saved for saved in pending if step - saved >= after]
+    at least ``after`` steps behind it, and with replica hashes at or before ``agreed``, the last step the replicas
+    agreed at (a copy that differs stays different); those leave ``pending``. None: none newly."""
+    done = [saved for saved in pending if step - saved >= after and (agreed is None or saved <= agreed)]
     if not done:
         return None
     pending.difference_update(done)

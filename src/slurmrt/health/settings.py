@@ -30,3 +30,6 @@ class HealthSection(Section):
     #: Rewinds to the same certified checkpoint before the run ends, naming the checkpoint to start from (0: a fault
     #: that comes back ends the run at once).
     health_max_rewinds: int = setting(3, "count", least=0)
+    #: With ``rt.check(..., replicas=model)``: the steps between two comparisons of the data-parallel replicas'
+    #: hashes (one all-gather of one integer per rank, and a pass over the parameters' bytes).
+    health_hash_every: int = setting(100, "count", least=1)

@@ -45,6 +45,9 @@ class JobSpec:
     #: time its process reaches the step, with ``nan_repeats`` (a bad batch).
     nan: tuple[int, int] | None = None
     nan_repeats: bool = False
+    #: (task, step): a bit of that task's replicas (``rt.check(..., replicas=)``) flips at that step, in the first
+    #: run only (silent corruption: no NaN; the replica hash finds it).
+    flip: tuple[int, int] | None = None
     #: Count preempt_at_s, cancel_at_s and fail_at_s from the first run's first committed checkpoint.
     after_checkpoint: bool = False
     max_restarts: int = 5

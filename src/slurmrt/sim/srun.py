@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from .._errors import HostlistError
-from ..health.check import REHEARSE_ENV
+from ..health.check import FLIP_ENV, REHEARSE_ENV
 from ..launch import hostlist
 from ..launch.health import SIM_UNHEALTHY_ENV
 from .environ import StepLayout, task_env
@@ -162,6 +162,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     return max(codes.values())
 
 
+def _rehearsed(spec: JobSpec, node: str, rank: int, *, first_run: bool) -> dict[str, str]:
+    """The variables that make task ``rank`` on ``node`` meet the rehearsed faults it is chosen for."""
+    # Shape: one test per rehearsed fault: which task or node it strikes, and in which runs
+    env = {}
+    if spec.unhealthy_name is not None and node == spec.unhealthy_name:
+        env[SIM_UNHEALTHY_ENV] = f"slurmrt sim --unhealthy-node: {spec.unhealthy_name} is bad"
+    if spec.nan is not None and spec.nan[0] == rank and (first_run or spec.nan_repeats):
+        env[REHEARSE_ENV] = f"{spec.nan[1]}:every" if spec.nan_repeats else str(spec.nan[1])
+    if spec.flip is not None and spec.flip[0] == rank and first_run:
+        env[FLIP_ENV] = str(spec.flip[1])
+    return env
+
+
 def _start(spec: JobSpec, job: dict[str, Any], step: int, command: list[str], where: StepLayout
            ) -> tuple[list[_Task], list[threading.Thread]]:
     """Every task of the step, each with the threads that pass its output on; a task's node is recorded as its
@@ -171,10 +184,7 @@ def _start(spec: JobSpec, job: dict[str, Any], step: int, command: list[str], wh
     for rank in range(where.ntasks):
         name = where.nodes[rank // where.per_node]
         env = {**os.environ, **task_env(spec, job["restart"], step, rank, job["submit_dir"], where)}
-        if spec.unhealthy_name is not None and name == spec.unhealthy_name:
-            env[SIM_UNHEALTHY_ENV] = f"slurmrt sim --unhealthy-node: {spec.unhealthy_name} is bad"
-        if spec.nan is not None and spec.nan[0] == rank and (job["restart"] == 0 or spec.nan_repeats):
-            env[REHEARSE_ENV] = f"{spec.nan[1]}:every" if spec.nan_repeats else str(spec.nan[1])
+        env.update(_rehearsed(spec, name, rank, first_run=job["restart"] == 0))
         # SLURM_TASK_PID is the task's own pid: only the task can say it, so a shell sets it and execs the command.
         p = subprocess.Popen(["/bin/sh", "-c", 'SLURM_TASK_PID=$$; export SLURM_TASK_PID; exec "$@"', "srun",
                               *command], env=env, start_new_session=True, stdout=subprocess.PIPE,
