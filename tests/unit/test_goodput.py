@@ -36,7 +36,8 @@ def test_each_second_falls_in_one_category_and_they_add_up_to_the_wall_time() ->
     ledger = account(EVENTS)
     assert ledger.seconds == pytest.approx({
         "productive": 88.0 + 280.0, "process_start": 0.0, "startup": 10.0 + 25.0, "load": 5.0,
-        "checkpoint_stall": 2.0 + 8.0, "lost_work": 60.0, "recovery": 70.0, "stopping": 12.0, "waiting": 60.0})
+        "checkpoint_stall": 2.0 + 8.0, "lost_work": 60.0, "health_rerun": 0.0, "health_rewind": 0.0,
+        "recovery": 70.0, "stopping": 12.0, "waiting": 60.0})
     assert list(ledger.seconds) == list(CATEGORIES)
     assert ledger.wall_s == pytest.approx(620.0, rel=0.01)  # the first run's start to the last run's end
     assert ledger.ettr == pytest.approx(368.0 / 620.0)
@@ -235,7 +236,8 @@ def test_an_in_process_restart_counts_its_fault_to_the_reload_as_recovery_and_th
     ledger = account(events)
     assert ledger.seconds == pytest.approx({
         "productive": 100 - 10 - 1 - 10 - 3, "process_start": 0.0, "startup": 10.0, "load": 0.0,
-        "checkpoint_stall": 1.0, "lost_work": 10.0, "recovery": 3.0, "stopping": 0.0, "waiting": 0.0})
+        "checkpoint_stall": 1.0, "lost_work": 10.0, "health_rerun": 0.0, "health_rewind": 0.0,
+        "recovery": 3.0, "stopping": 0.0, "waiting": 0.0})
     # a refused restart ends nothing by itself: the run's end says how it ended
     refused = [{**e, "action": "refused", "why": "max_restarts"} if e["event"] == "in_process" else e for e in events]
     assert account(refused).seconds["recovery"] == 0.0
@@ -348,3 +350,27 @@ def test_each_kind_of_recovery_is_counted_once_the_same_way_by_the_four_records(
     records = [RunRecord(restart=r) for r in range(requeues + 1)]
     _annotate(records, events)
     assert said in summary(records)
+
+
+def test_a_re_run_and_a_rewind_after_unhealthy_steps_are_their_own_categories_and_count_the_skipped_steps() -> None:
+    from slurmrt.record.timeline import build
+
+    def restart(at: int, fault_s: int) -> dict[str, object]:
+        when = (T0 + timedelta(seconds=fault_s)).timestamp()
+        return ev(at, 0, "in_process", generation=0, action="restart", first_rank=1,
+                  error="TrainingHealthError: step 39", step=38, fault_time=when, seconds=1.0)
+
+    events = [  # a NaN at step 39 (50 s), re-run from step 30 (back at 53 s); again at 70 s, rewound to step 10
+        ev(0, 0, "init", nnodes=2, job_nodes=2), ev(10, 0, "fresh_start", seconds=0.0),
+        ev(40, 0, "save", step=30, seconds=1.0, blocking=True),
+        ev(50, 0, "training_health", step=39, what="nonfinite", first_rank=1, action="rerun", certified=None),
+        restart(51, 50), ev(53, 0, "resume", step=30, seconds=1.5),
+        ev(70, 0, "training_health", step=39, what="nonfinite", first_rank=1, action="rewind", certified=10),
+        restart(71, 70), ev(74, 0, "resume", step=10, seconds=1.5), ev(120, 0, "progress", step=90),
+        ev(120, 0, "exit", outcome="FINISHED", step=90)]
+    seconds = account(events).seconds
+    # each: back to its load, and the work since the newest save before its fault (the save at 40 s), as for any
+    # restart in the process: the re-run 3 + 10 s, the rewind 4 + 30 s
+    assert (seconds["health_rerun"], seconds["health_rewind"]) == pytest.approx((3.0 + 10.0, 4.0 + 30.0))
+    assert seconds["recovery"] == 0.0 and seconds["lost_work"] == 0.0
+    assert build(events, job="1").runs[0].in_process_cost.skipped_steps == 29

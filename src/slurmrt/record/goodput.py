@@ -12,6 +12,9 @@ Every second from the first run's start to the last run's end falls in one categ
 - ``checkpoint_stall``: saves that blocked training (blocking saves; a background save's write does not block);
 - ``lost_work``: steps trained after the last checkpoint that survived the run, redone by the next one (a blocking
   save among them is stall, not lost work as well);
+- ``health_rerun``, ``health_rewind``: an unhealthy step (``rt.check``) answered in the process, by its rung: from the
+  fault to the next load, and the steps trained again from the checkpoint loaded to the fault (a rewind's are the
+  skipped steps' first training, lost with them);
 - ``recovery``: a run cut short (a hang, a lost node or rank, a failed health check): from its last step to its end,
   the hang allowance, the census and the exit;
 - ``stopping``: a run that stopped or finished: from its last step to its end, saves apart (draining, teardown);
@@ -44,13 +47,15 @@ __all__ = ["CATEGORIES", "Goodput", "RunGoodput", "account", "draw_bar", "openme
 logger = logging.getLogger(__name__)
 
 #: The categories, in the order they are shown; their names are the JSON keys.
-CATEGORIES = ("productive", "process_start", "startup", "load", "checkpoint_stall", "lost_work", "recovery", "stopping",
-              "waiting")
+CATEGORIES = ("productive", "process_start", "startup", "load", "checkpoint_stall", "lost_work", "health_rerun",
+              "health_rewind", "recovery", "stopping", "waiting")
 
 #: How each category is said in text.
 WORDS = {"productive": "productive", "process_start": "process start", "startup": "start-up", "load": "load",
          "checkpoint_stall": "checkpoint stall",
-         "lost_work": "lost work", "recovery": "fault detection and recovery", "stopping": "stopping and draining",
+         "lost_work": "lost work", "health_rerun": "re-run of an unhealthy step",
+         "health_rewind": "rewind past a reproducible fault", "recovery": "fault detection and recovery",
+         "stopping": "stopping and draining",
          "waiting": "waiting between runs"}
 
 
@@ -144,11 +149,11 @@ def _run(run: Run, life: RunLife) -> RunGoodput:
     if not life.loaded and not life.points:  # it ended in its start-up: nothing trained, all of it up to the fault
         ready = last
     tail = _tail(life, last, blocking)
-    back_s, redone_s = life.in_process_cost.back_s, life.in_process_cost.redone_s
+    cost = life.in_process_cost
     seconds = {"process_start": life.process_s, "startup": max(0.0, ready - life.start - life.process_s - load),
                "load": load, "checkpoint_stall": sum(s for _, s in blocking),
-               "lost_work": life.lost_s + redone_s, "recovery": (tail if cut else 0.0) + back_s,
-               "stopping": 0.0 if cut else tail}
+               "lost_work": life.lost_s + cost.redone_s, "health_rerun": cost.rerun_s, "health_rewind": cost.rewind_s,
+               "recovery": (tail if cut else 0.0) + cost.back_s, "stopping": 0.0 if cut else tail}
     _within(seconds, wall)
     seconds["productive"] = max(0.0, wall - sum(seconds.values()))
     return _with_nodes(run, life.label, seconds)
@@ -156,7 +161,8 @@ def _run(run: Run, life: RunLife) -> RunGoodput:
 
 #: The order in which badput that would exceed its run is cut: first what a record states (a save's or a load's
 #: seconds, which other records cannot check), last what the timeline derives (the lost work the totals also say).
-_CUT_FIRST = ("checkpoint_stall", "load", "recovery", "stopping", "startup", "process_start", "lost_work")
+_CUT_FIRST = ("checkpoint_stall", "load", "recovery", "stopping", "startup", "process_start", "health_rerun",
+              "health_rewind", "lost_work")
 
 
 def _within(seconds: dict[str, float], wall: float) -> None:

@@ -4,13 +4,15 @@ summary.
 
 For each restart: from rank 0's catch of the fault to the generation's next load is recovery, and the steps from
 the checkpoint the next generation resumed after to the fault were trained twice (lost work, in steps and in
-seconds). Every time is rank 0's: the fault's time in the event is its own catch (runtime/inprocess.py), so two
-hosts' clocks never meet in one duration.
+seconds). A restart after an unhealthy step (``rt.check``'s ladder: its ``training_health`` events, in order, match
+the ``TrainingHealthError`` restarts) counts both as its rung's own: the re-run's or the rewind's, and a rewind's
+skipped steps are counted beside. Every time is rank 0's: the fault's time in the event is its own catch
+(runtime/inprocess.py), so two hosts' clocks never meet in one duration.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass, replace
 from typing import Any
 
 from .. import _figures as figures
@@ -27,11 +29,22 @@ class InProcessCost:
     redone_steps: int = 0  #: steps trained again, from the checkpoint resumed after to the fault
     redone_s: float = 0.0  #: the time those steps took the first time: lost work
     from_local: int = 0  #: the restarts whose generation resumed from the local tier (a failure it served)
+    #: The same (recovery and redone work together) of the restarts after an unhealthy step, by rung ("rerun",
+    #: "rewind"): not in back_s and redone_s.
+    rerun_s: float = 0.0
+    rewind_s: float = 0.0
+    skipped_steps: int = 0  #: the steps whose batches rewinds skipped
 
     def __add__(self, other: InProcessCost) -> InProcessCost:
-        return InProcessCost(self.restarts + other.restarts, self.back_s + other.back_s,
-                             self.redone_steps + other.redone_steps, self.redone_s + other.redone_s,
-                             self.from_local + other.from_local)
+        return InProcessCost(*(a + b for a, b in zip(astuple(self), astuple(other), strict=True)))
+
+    def rung(self, action: str) -> InProcessCost:
+        """This restart's cost, as the re-run's or the rewind's (``action``; anything else: as it is)."""
+        if action not in ("rerun", "rewind"):
+            return self
+        whole = self.back_s + self.redone_s
+        return replace(self, back_s=0.0, redone_s=0.0, rerun_s=whole if action == "rerun" else 0.0,
+                       rewind_s=whole if action == "rewind" else 0.0)
 
 
 def in_process_cost(run: Run) -> InProcessCost:
@@ -42,11 +55,22 @@ def in_process_cost(run: Run) -> InProcessCost:
     loads = sorted(((timestamp(e), e) for e in (*run.all(Event.RESUME), *run.all(Event.FRESH_START))),
                    key=lambda pair: pair[0])
     saves = [timestamp(e) for e in run.all(Event.SAVE)]
+    rungs = iter(run.all(Event.TRAINING_HEALTH))
     total = InProcessCost()
     for e in run.all(Event.IN_PROCESS):
+        health = next(rungs, {}) if str(e.get("error", "")).startswith("TrainingHealthError") else {}
         if e.get("action") == "restart":
-            total += _one(e, loads, saves, ready)
+            total += _one(e, loads, saves, ready).rung(str(health.get("action")))
+            total += InProcessCost(skipped_steps=_skipped(health))
     return total
+
+
+def _skipped(health: dict[str, Any]) -> int:
+    """The steps a rewind skipped: from after its certified step to the faulty one."""
+    step, to = health.get("step"), health.get("certified")
+    if health.get("action") != "rewind" or not isinstance(step, int) or not isinstance(to, int):
+        return 0
+    return max(0, step - to)
 
 
 def _one(e: dict[str, Any], loads: list[tuple[float, dict[str, Any]]], saves: list[float],
