@@ -113,7 +113,12 @@ def main(argv: list[str] | None = None) -> None:
         # The batch of a step depends only on (step, data-parallel rank): the data position is the step.
         g = torch.Generator().manual_seed(step * 1000 + dp_rank)
         tokens = torch.randint(0, 256, (args.batch, args.seq), generator=g).to(device)
+        if rt.skip(step):  # rewound past a fault that came back (rt.check): not this batch
+            continue
         loss = model(tokens, positions, mask, labels=tokens).mean()
+        # A NaN or a spike on any rank stops every rank here, before the update. Not replicas=model: under tensor
+        # parallelism each rank holds its own shard, and shards differ by design.
+        rt.check(step, loss=loss.item())
         optimizer.zero_grad()
         loss.backward()
         if dp_size > 1:

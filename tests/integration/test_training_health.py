@@ -69,6 +69,8 @@ def test_a_nan_that_comes_back_rewinds_to_the_certified_checkpoint_and_skips_the
     saved = [c for run in job["runs"] for c in run["checkpoints"]]
     assert {c["step"]: c["certified"] for c in saved}[25] is True and {c["step"] for c in saved if c["certified"]} \
         == set(job["certified"])
+    assert job["goodput"]["seconds"]["health_rerun"] > 0 and job["goodput"]["seconds"]["health_rewind"] > 0
+    assert job["runs"][0]["in_process_cost"]["skipped_steps"] == 7
     assert main(["status", str(faulted / "ckpt"), "--no-chart"]) == 0
     assert "certified checkpoint(s): step 0, " in capsys.readouterr().out
 
