@@ -16,6 +16,16 @@ def test_declared_nnodes_different_from_the_allocation_fails_naming_both() -> No
         check(topo, ParallelConfig(nnodes=4), node_gpus=None)
 
 
+def test_a_fix_is_never_the_setting_that_caused_the_mismatch() -> None:
+    # NNODES=$SLURM_NNODES in the batch script of a job whose step trains on fewer nodes (slurmrt run's spares)
+    topo = from_environ({**srun_env(0), "SLURM_JOB_NUM_NODES": "3", "SLURM_JOB_NODELIST": "n[1-3]"})
+    with pytest.raises(NodeCountError) as caught:
+        check(topo, ParallelConfig(nnodes=3), node_gpus=None)
+    assert "NNODES=$((SLURM_NNODES - 1))" in str(caught.value) and "NNODES=$SLURM_NNODES" not in str(caught.value)
+    with pytest.raises(NodeCountError, match=r"NNODES=\$SLURM_NNODES"):  # the allocation's count is the fix here
+        check(from_environ(srun_env(0)), ParallelConfig(nnodes=4), node_gpus=None)
+
+
 def test_nnodes_is_read_from_the_environment_when_not_passed() -> None:
     assert ParallelConfig().with_environment({"NNODES": "3"}).nnodes == 3
     assert ParallelConfig(nnodes=2).with_environment({"NNODES": "3"}).nnodes == 2

@@ -50,11 +50,23 @@ def _check_nnodes(topo: Topology, declared: ParallelConfig) -> None:
     where = f" ({hostlist.compress(topo.nodelist)})" if topo.nodelist else ""
     raise NodeCountError(
         f"NNODES={declared.nnodes} but {what} {actual} nodes{where}, SLURM_JOB_NUM_NODES={topo.job_nnodes}. "
-        f"The rendezvous would wait for {declared.nnodes} nodes and hang until its timeout. Fix: make "
-        f"`#SBATCH --nodes` and NNODES agree, e.g. NNODES=$SLURM_NNODES in the batch script",
+        f"The rendezvous would wait for {declared.nnodes} nodes and hang until its timeout. "
+        f"Fix: {_nnodes_fix(topo, declared.nnodes, actual)}",
         declared=declared.nnodes,
         actual=actual,
     )
+
+
+def _nnodes_fix(topo: Topology, declared: int, actual: int) -> str:
+    """How NNODES comes to agree: never the setting that made it wrong. NNODES equal to the allocation while the step
+    runs on fewer nodes (``slurmrt run``'s spare nodes, ``srun --nodes``) came from ``$SLURM_NNODES`` in the batch
+    script: the fix is the step's count, not that."""
+    if topo.job_nnodes is not None and declared == topo.job_nnodes and actual < declared:
+        spare = declared - actual
+        return (f"NNODES is the node count of the step that trains, which leaves {spare} of the allocation's "
+                f"{declared} out (slurmrt run --spare-nodes {spare}, or srun --nodes {actual}): "
+                f"NNODES=$((SLURM_NNODES - {spare})) in the batch script, or NNODES={actual}")
+    return "make `#SBATCH --nodes` and NNODES agree, e.g. NNODES=$SLURM_NNODES in the batch script"
 
 
 def _check_gpus(topo: Topology, declared: ParallelConfig, node_gpus: int | None) -> None:
