@@ -95,13 +95,8 @@ class HealthCheck:
     def _compare(self, step: int, replicas: Any) -> None:
         """Every ``health_hash_every`` steps (and at a generation's first check): the replicas' hashes, compared
         across the ranks; raises on every rank when a copy differs."""
-        tensors = tensors_of(replicas)
-        if self._flip == step and flip_bit(tensors):
-            logger.warning("rank %d, step %d: slurmrt sim flips a bit of this rank's replicas (a rehearsal)",
-                           self._rank, step)
-            self._flip = None
-        self._hashing = True
-        if self._agreed is not None and step % self.settings.health_hash_every:
+        tensors = self._due(step, replicas)
+        if tensors is None:
             return
         self._buffer()
         mine = digest(tensors).reshape(1)
@@ -116,6 +111,20 @@ class HealthCheck:
             why += f"; no majority of the {self._world} ranks agrees, so the rank named is only the first that differs"
         self._unhealthy(step, "replicas", odd[0], Verdict("replicas", why) if self._rank in odd else None,
                         agreed=self._agreed)
+
+    def _due(self, step: int, replicas: Any) -> list[Any] | None:
+        """The replicas' tensors when they are compared at ``step``, else None; nothing is read on the other steps,
+        not even the model's tensors (but for a rehearsed flip)."""
+        self._hashing = True
+        due = self._agreed is None or step % self.settings.health_hash_every == 0
+        if not due and self._flip != step:
+            return None
+        tensors = tensors_of(replicas)
+        if self._flip == step and flip_bit(tensors):
+            logger.warning("rank %d, step %d: slurmrt sim flips a bit of this rank's replicas (a rehearsal)",
+                           self._rank, step)
+            self._flip = None
+        return tensors if due else None
 
     def _unhealthy(self, step: int, what: str, first: int, mine: Verdict | None, *,
                    agreed: int | None = None) -> None:
