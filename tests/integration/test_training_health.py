@@ -103,3 +103,18 @@ def test_a_flipped_bit_is_found_by_the_replica_hash_within_k_steps_and_re_run_fr
     assert [p.name.split("-")[1] for p in (faulted / "ckpt").glob(".tainted-step_*")] == ["step_000000010"]
     a, b = torch.load(clean / "out" / "weights.pt"), torch.load(faulted / "out" / "weights.pt")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # the flip never reached the result
+
+
+def test_a_spike_a_batch_causes_is_rewound_and_skipped_as_slurmrt_sim_rehearses_it(tmp_path: Path) -> None:
+    import torch
+
+    certify = {"SLURMRT_HEALTH_CERTIFY_AFTER": "3"}
+    clean, faulted = tmp_path / "clean", tmp_path / "faulted"
+    assert _run(clean, "--skip", "21-25", env=certify) == [0] * N, _logs(clean)
+    # What `slurmrt sim --spike TASK:STEP` sets: that loss spikes every time the process reaches the step.
+    assert _run(faulted, env={**certify, "SLURMRT_SIM_SPIKE": "25"}) == [0] * N, _logs(faulted)
+    health = _events(faulted, "training_health")
+    assert [(e["step"], e["what"], e["action"], e["certified"]) for e in health] == [
+        (25, "spike", "rerun", None), (25, "spike", "rewind", 20)]
+    a, b = torch.load(clean / "out" / "weights.pt"), torch.load(faulted / "out" / "weights.pt")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

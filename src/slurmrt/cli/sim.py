@@ -69,14 +69,21 @@ def _not_rehearsed(spec: Any, records: list[Any]) -> list[str]:
                       "section the job times with rt.time_compute(), over straggler_windows windows of "
                       "straggler_window timed steps (3 x 20 by default): time the job's compute, and run it long "
                       "enough")
-    if spec.nan is not None and not any(r.unhealthy_steps for r in records):
-        missed.append(f"nan {spec.nan[0]}:{spec.nan[1]}: no rank found an unhealthy step. The NaN is put into the "
-                      "loss rt.check(step, loss=...) is given: call it every step, and run past that step")
-    if spec.flip is not None and not any(r.unhealthy_steps for r in records):
-        missed.append(f"flip {spec.flip[0]}:{spec.flip[1]}: no rank found its replicas differ. The bit flips in what "
-                      "rt.check(step, replicas=model) is given, and the hashes are compared every health_hash_every "
-                      "steps: pass the replicas, and run past the next comparison")
+    if not any(r.unhealthy_steps for r in records):
+        missed += [f"{name} {getattr(spec, name)[0]}:{getattr(spec, name)[1]}: {why}"
+                   for name, why in _UNSEEN.items() if getattr(spec, name) is not None]
     return missed
+
+#: Why a rehearsed training-health fault was not found, by its flag.
+_UNSEEN = {
+    "nan": "no rank found an unhealthy step. The NaN is put into the loss rt.check(step, loss=...) is given: call it "
+           "every step, and run past that step",
+    "flip": "no rank found its replicas differ. The bit flips in what rt.check(step, replicas=model) is given, and the "
+            "hashes are compared every health_hash_every steps: pass the replicas, and run past the next comparison",
+    "spike": "no rank found an unhealthy step. A spike is judged against at least 20 healthy losses before it: give "
+             "rt.check(step, loss=...) every step, from 20 steps before that one",
+}
+
 
 def _job(spec: Any, command: list[str]) -> Any:
     """``spec`` running ``command``: a batch script (its #SBATCH lines read), or a command line."""
@@ -109,7 +116,8 @@ def _faults(args: argparse.Namespace, spec: Any) -> Any:
                    fail_at_s=args.at, after_checkpoint=args.after_checkpoint, hang_task=args.hang_task,
                    unhealthy_node=args.unhealthy_node, spare_nodes=args.spare_nodes or 0, slow_node=args.slow_node,
                    slow_factor=args.slow_factor, nan=_task_step("--nan", args.nan, spec.ntasks),
-                   nan_repeats=args.nan_repeats, flip=_task_step("--flip", args.flip, spec.ntasks))
+                   nan_repeats=args.nan_repeats, flip=_task_step("--flip", args.flip, spec.ntasks),
+                   spike=_task_step("--spike", args.spike, spec.ntasks))
     for flag, value, count, what in (("--fail-node", args.fail_node, spec.nodes, "nodes"),
                                      ("--unhealthy-node", args.unhealthy_node, spec.nodes, "nodes"),
                                      ("--slow-node", args.slow_node, spec.nodes, "nodes"),
@@ -120,7 +128,7 @@ def _faults(args: argparse.Namespace, spec: Any) -> Any:
 
 
 def _task_step(flag: str, text: str | None, ntasks: int) -> tuple[int, int] | None:
-    """``--nan`` or ``--flip`` ``TASK:STEP``, its task one of the job's ``ntasks``."""
+    """``--nan``, ``--flip`` or ``--spike`` ``TASK:STEP``, its task one of the job's ``ntasks``."""
     if text is None:
         return None
     task, _, step = text.partition(":")
@@ -201,6 +209,8 @@ def add_parser(sub: Any) -> None:
                    help="... in every run, each time its process reaches the step (a bad batch: reproducible)")
     p.add_argument("--flip", metavar="TASK:STEP", help="a bit of task TASK's replicas (rt.check(..., replicas=model)) "
                                                        "flips at step STEP, in the first run: silent corruption")
+    p.add_argument("--spike", metavar="TASK:STEP", help="task TASK's loss of step STEP spikes in rt.check, in every "
+                                                        "run (a batch that causes it: reproducible)")
     p.add_argument("--after-checkpoint", action="store_true",
                    help="count --preempt-at, --cancel-at and --at from the first run's first committed checkpoint "
                         "instead of its start, so the fault certainly hits a running job, on a fast or slow machine")

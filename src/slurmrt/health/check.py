@@ -26,7 +26,7 @@ from .rewind import Rung, certify, climb
 from .settings import HealthSection
 from .window import LossWindow, Verdict
 
-__all__ = ["FLIP_ENV", "REHEARSE_ENV", "HealthCheck", "rehearsal"]
+__all__ = ["FLIP_ENV", "REHEARSE_ENV", "SPIKE_ENV", "HealthCheck", "rehearsal"]
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +35,8 @@ logger = logging.getLogger(__name__)
 REHEARSE_ENV = "SLURMRT_SIM_NAN"
 #: Set by ``slurmrt sim --flip TASK:STEP``: a bit of that task's replicas flips at that step, once (``STEP``).
 FLIP_ENV = "SLURMRT_SIM_FLIP"
+#: Set by ``slurmrt sim --spike TASK:STEP``: that task's loss of that step spikes, every time (a batch that causes it).
+SPIKE_ENV = "SLURMRT_SIM_SPIKE"
 
 #: The verdicts' codes in the agreement: the larger wins (a non-finite value says more than a spike).
 _CODES = {"spike": 1, "nonfinite": 2}
@@ -56,15 +58,16 @@ def rehearsal(value: str | None, name: str = REHEARSE_ENV) -> tuple[int, bool] |
 class HealthCheck:
     def __init__(self, settings: HealthSection, events: EventLog, *, rank: int, world_size: int,
                  directory: Path | None = None, rehearse: tuple[int, bool] | None = None, flip: int | None = None,
+                 spike: int | None = None,
                  on_certified: Callable[[int], None] | None = None,
                  on_rewind: Callable[[int], None] | None = None) -> None:
         """``directory``: the checkpoints', where the record lives; ``rehearse``: (step, every time) of a NaN
         ``slurmrt sim`` puts in this rank's loss (:func:`rehearsal`), ``flip`` the step it flips a bit of this rank's
-        replicas at; ``on_certified(step)``: a checkpoint was
+        replicas at, ``spike`` the step whose loss it makes spike; ``on_certified(step)``: a checkpoint was
         certified (retention keeps it); ``on_rewind(step)``: rank 0 sets aside the checkpoints after ``step``."""
         self.settings, self.window = settings, LossWindow(settings)
         self._events, self._rank, self._world = events, rank, world_size
-        self._directory, self._rehearse, self._flip = directory, rehearse, flip
+        self._directory, self._rehearse, self._flip, self._spike = directory, rehearse, flip, spike
         self._on_certified, self._on_rewind = on_certified, on_rewind
         self._dist: Any = None
         self._tensor: Any = None
@@ -84,7 +87,11 @@ class HealthCheck:
         if self._rehearse is not None and self._rehearse[0] == step:
             logger.warning("rank %d, step %d: slurmrt sim makes this loss NaN (a rehearsal)", self._rank, step)
             loss, self._rehearse = float("nan"), self._rehearse if self._rehearse[1] else None
-        mine = self.window.judge(_number(loss), _number(grad_norm))
+        loss = _number(loss)
+        if self._spike == step and loss is not None:
+            logger.warning("rank %d, step %d: slurmrt sim makes this loss spike (a rehearsal)", self._rank, step)
+            loss = abs(loss) * 100 + 1000.0
+        mine = self.window.judge(loss, _number(grad_norm))
         code, first = self._agree(mine)
         if code != 0:
             self._unhealthy(step, _WHAT[code], first, mine)

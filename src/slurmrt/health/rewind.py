@@ -43,8 +43,9 @@ def climb(record: HealthRecord, step: int, *, max_rewinds: int, agreed: int | No
     record.faults[step] = times
     if times == 1:
         since = "before it" if agreed is None else f"at or before step {agreed}, where the replicas last agreed"
-        return Rung("rerun", f"step {step} is re-run from the newest checkpoint {since}: a fault that does not come "
-                             "back was transient", below=agreed)
+        return Rung("rerun", f"step {step} is re-run from the newest checkpoint {since} (at once under "
+                             "run_restartable, else when the run starts again): a fault that does not come back was "
+                             "transient", below=agreed)
     target = record.certified
     if target is None or target >= step:
         return Rung("end", f"step {step} was unhealthy {times} times (reproducible: the data or the model) and no "

@@ -16,7 +16,7 @@ from ..checkpoint.session import CheckpointSession
 from ..checkpoint.settings import CheckpointSection
 from ..hang.monitor import HangMonitor
 from ..hang.settings import HangSection
-from ..health.check import FLIP_ENV, REHEARSE_ENV, HealthCheck, rehearsal
+from ..health.check import FLIP_ENV, REHEARSE_ENV, SPIKE_ENV, HealthCheck, rehearsal
 from ..health.settings import HealthSection
 from ..launch.topology import Topology
 from ..options import Options
@@ -106,12 +106,14 @@ def build_run(topology: Topology, options: Options, executor: Executor, *,
     watcher = Watcher(pollers, period_s=options.watch_interval_s)
     health = HealthCheck(HealthSection.of(options), events, rank=topology.rank, world_size=topology.world_size,
                          directory=options.checkpoint_dir, rehearse=rehearsal(env.get(REHEARSE_ENV)),
-                         flip=_flip(rehearsal(env.get(FLIP_ENV), FLIP_ENV)),
+                         flip=_first(rehearsal(env.get(FLIP_ENV), FLIP_ENV)),
+                         spike=_first(rehearsal(env.get(SPIKE_ENV), SPIKE_ENV)),
                          on_certified=checkpoints.keep_certified, on_rewind=checkpoints.set_aside)
     return RunParts(executor, report, hooks, checkpoints, cadence, state, hangs, stop, switch, watcher, health)
 
 
-def _flip(rehearsed: tuple[int, bool] | None) -> int | None:
+def _first(rehearsed: tuple[int, bool] | None) -> int | None:
+    """The step of a rehearsed flip or spike (``slurmrt sim``), or None."""
     return rehearsed[0] if rehearsed is not None else None
 
 

@@ -48,6 +48,9 @@ class JobSpec:
     #: (task, step): a bit of that task's replicas (``rt.check(..., replicas=)``) flips at that step, in the first
     #: run only (silent corruption: no NaN; the replica hash finds it).
     flip: tuple[int, int] | None = None
+    #: (task, step): that task's loss of that step spikes in ``rt.check``, in every run and each time its process
+    #: reaches the step (a batch that causes it: reproducible).
+    spike: tuple[int, int] | None = None
     #: Count preempt_at_s, cancel_at_s and fail_at_s from the first run's first committed checkpoint.
     after_checkpoint: bool = False
     max_restarts: int = 5

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from .._errors import HostlistError
-from ..health.check import FLIP_ENV, REHEARSE_ENV
+from ..health.check import FLIP_ENV, REHEARSE_ENV, SPIKE_ENV
 from ..launch import hostlist
 from ..launch.health import SIM_UNHEALTHY_ENV
 from .environ import StepLayout, task_env
@@ -164,14 +164,23 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _rehearsed(spec: JobSpec, node: str, rank: int, *, first_run: bool) -> dict[str, str]:
     """The variables that make task ``rank`` on ``node`` meet the rehearsed faults it is chosen for."""
-    # Shape: one test per rehearsed fault: which task or node it strikes, and in which runs
     env = {}
     if spec.unhealthy_name is not None and node == spec.unhealthy_name:
         env[SIM_UNHEALTHY_ENV] = f"slurmrt sim --unhealthy-node: {spec.unhealthy_name} is bad"
+    return {**env, **_unhealthy(spec, rank, first_run=first_run)}
+
+
+def _unhealthy(spec: JobSpec, rank: int, *, first_run: bool) -> dict[str, str]:
+    """The training-health faults task ``rank`` meets: a NaN (first run, or every run with ``nan_repeats``), a
+    flipped bit (first run), a spike (every run: a batch that causes it)."""
+    # Shape: one test per rehearsed fault: which task it strikes, and in which runs
+    env = {}
     if spec.nan is not None and spec.nan[0] == rank and (first_run or spec.nan_repeats):
         env[REHEARSE_ENV] = f"{spec.nan[1]}:every" if spec.nan_repeats else str(spec.nan[1])
     if spec.flip is not None and spec.flip[0] == rank and first_run:
         env[FLIP_ENV] = str(spec.flip[1])
+    if spec.spike is not None and spec.spike[0] == rank:
+        env[SPIKE_ENV] = str(spec.spike[1])
     return env
 
 
