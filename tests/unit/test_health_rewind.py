@@ -141,3 +141,23 @@ def test_with_replica_hashes_a_checkpoint_is_certified_only_where_the_replicas_a
     assert certify(record, pending, 40, after=5, agreed=15) == 10 and pending == {20}
     assert certify(record, pending, 41, after=5, agreed=24) == 20
     assert certify(HealthRecord(), {10}, 40, after=5, agreed=-1) is None  # never compared yet: none
+
+
+def test_a_rewind_whose_set_aside_fails_stops_every_rank_with_one_error_and_loads_nothing(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from slurmrt._comm import SoloComm
+    from slurmrt._errors import CheckpointError
+    from slurmrt.checkpoint.session import CheckpointSession
+    from slurmrt.checkpoint.store import CheckpointStore
+
+    store = CheckpointStore(tmp_path, SoloComm(), keep_last=3)
+    for step in (0, 5):
+        store.save({"s": step}, step)
+    store.close()
+    planted = tmp_path / ".tainted-step_000000005-tok"  # another's directory where the rename goes
+    planted.mkdir()
+    (planted / "theirs").write_text("x")
+    with pytest.raises(CheckpointError, match="could not be set aside before the rewind's load"):
+        CheckpointSession._rewound(SimpleNamespace(_token="tok"), store, None, 0)  # type: ignore[arg-type]
+    assert (tmp_path / "step_000000005").is_dir() and (planted / "theirs").read_text() == "x"  # nothing lost

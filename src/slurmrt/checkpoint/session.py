@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from .. import _clock
 from .._comm import Comm
+from .._comm import problems as gather_problems
 from .._errors import CheckpointError, ConfigError
 from .._safefs import group_id
 from ..stop.deadline import Budget
@@ -250,9 +251,19 @@ class CheckpointSession:
 
     def _rewound(self, store: CheckpointStore, tier: LocalTier | None, below: int) -> None:
         """Before a rewind's load: nothing after step ``below`` on either tier (rank 0 sets the shared tier's aside;
-        each node forgets its own)."""
+        each node forgets its own). A set-aside that fails (a name planted where it renames to, the lease lost) stops
+        every rank with the same error, never rank 0 alone in a collective: the load must not find a step after it."""
+        problem = None
         if store.comm.rank == 0:
-            store.retention.set_aside(below, self._token)
+            try:
+                store.retention.set_aside(below, self._token)
+            except Exception as err:  # noqa: BLE001 - said on every rank below
+                problem = f"{type(err).__name__}: {err}"
+        found = gather_problems(store.comm, problem)
+        if found:
+            raise CheckpointError(f"the checkpoints after step {below} could not be set aside before the rewind's "
+                                  f"load ({found[0]}): none is loaded. Move them out of {store.root}, and start "
+                                  "again", step=below)
         if tier is not None:
             tier.forget_after(below)
 
