@@ -44,11 +44,11 @@ def main() -> None:
 
     step = start - 1
     for step in range(start, args.steps):
+        if rt.skip(step):  # rewound past a fault that came back (rt.check): not this batch, and no timed work
+            continue
         with rt.time_compute():  # the forward pass: this rank's own work (DDP's backward holds the all-reduce)
             g = torch.Generator().manual_seed(step * 1000 + accelerator.process_index)
             x = torch.randn(32, 16, generator=g).to(accelerator.device)  # drawn on the CPU: the same on a GPU
-            if rt.skip(step):  # rewound past a fault that came back (rt.check): not this batch
-                continue
             loss = ((model(x) - x.sum(dim=1, keepdim=True)) ** 2).mean()
         rt.check(step, loss=loss.item())  # a NaN or a spike on any rank stops every rank here, before the update
         optimizer.zero_grad()
