@@ -146,8 +146,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"srun: error: {err}", file=sys.stderr)
         return 1
     step = state.next_step()
-    procs, forwarders = _start(spec, job, step, step_args.command, where)
-    state.add_tasks(step, [(p.pid, node, rank) for p, node, rank in procs])
+    with state.starting():
+        procs, forwarders = _start(spec, job, step, step_args.command, where)
+        state.add_tasks(step, [(p.pid, node, rank) for p, node, rank in procs])
 
     def forward(signum: int, frame: object) -> None:
         _signal(procs, signum)

@@ -3,11 +3,13 @@ simulated job, named by ``$SLURMRT_SIM_DIR``."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fcntl
 import json
 import os
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +58,15 @@ class SimState:
             f.write("step\n")
             return count
 
+    @contextlib.contextmanager
+    def starting(self) -> Iterator[None]:
+        """Held by srun while it starts a step's tasks and records them. A reader of the tasks waits for it, so a
+        signal meant for every task cannot miss one that already runs (a task can say it is ready, and so bring on a
+        fault, before a loaded srun has written its pid down)."""
+        with open(self.dir / "starting", "a") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            yield
+
     def add_tasks(self, step: int, rows: list[tuple[int, int, int]]) -> None:
         """(pid, node, rank) of the tasks ``step`` started."""
         with open(self.dir / "tasks", "a") as f:
@@ -68,9 +79,11 @@ class SimState:
 
     def _task_rows(self) -> list[tuple[int, int, int, int]]:
         path = self.dir / "tasks"
-        if not path.exists():
-            return []
-        rows = [line.split() for line in path.read_text().splitlines() if line.strip()]
+        with open(self.dir / "starting", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_SH)  # no step is half-started
+            if not path.exists():
+                return []
+            rows = [line.split() for line in path.read_text().splitlines() if line.strip()]
         return [(int(pid), int(node), int(rank), int(step)) for pid, node, rank, step in rows]
 
     def record_killed(self, pids: set[int]) -> None:
