@@ -312,9 +312,12 @@ def test_a_nan_loss_in_lightning_stops_every_rank_before_the_update_and_the_requ
     '''))
     out = sim(tmp_path, str(_requeuing_batch(tmp_path, script, "lightning")), timeout=500)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    failed, last = summary_rows(out.stdout)
-    assert failed["checkpoint"] == "step 10" and last["resumed from"] == "step 10" and last["exit"] == "0"
+    failed, passed, last = summary_rows(out.stdout)
+    assert failed["checkpoint"] == "step 10" and passed["resumed from"] == "step 10" and last["exit"] == "0"
+    # The requeued run passes step 13: the fault was transient, and rank 1's node is left out at once (a requeue).
+    assert "suspect" in passed["stop reasons"] and passed["exit"] == "6", passed
     (log,) = (tmp_path / "ckpt").glob("events-*.jsonl")
     events = [e for e in map(json.loads, log.read_text().splitlines()) if e["event"] == "training_health"]
     assert [(e["step"], e["first_rank"], e["what"]) for e in events] == [(13, 1, "nonfinite")], out.stdout[-2000:]
+    assert [e["step"] for e in map(json.loads, log.read_text().splitlines()) if e["event"] == "transient_fault"] == [13]
     assert _equal(_weights(tmp_path / "w.pt"), weights)

@@ -1,8 +1,9 @@
 """The training's health (``rt.check``) with real processes and gloo, in the in-process restart's worker: a NaN on
-one rank stops every rank at that step before its update; once (transient) the run is rewound to its newest
-checkpoint in the same processes and ends bitwise where an uninterrupted run does; at the same step again
-(reproducible) it is rewound to the newest certified checkpoint with the batches since skipped, and ends bitwise where
-an uninterrupted run that skipped them does; with no certified checkpoint, or no rewind left, it ends and says so."""
+one rank stops every rank at that step before its update; once (transient) the step is re-run in the same processes,
+passes, and the rank's node is left out (a requeue without it), and the requeued run ends bitwise where an
+uninterrupted run does; at the same step again (reproducible) it is rewound to the newest certified checkpoint with
+the batches since skipped, and ends bitwise where an uninterrupted run that skipped them does; with no certified
+checkpoint, or no rewind left, it ends and says so."""
 
 from __future__ import annotations
 
@@ -16,19 +17,34 @@ from .test_inprocess import N, _events, _logs, _run  # the same worker, run the 
 pytestmark = pytest.mark.timeout(240)
 
 
-def test_a_nan_on_one_rank_is_rewound_once_and_the_run_ends_bitwise_equal(tmp_path: Path) -> None:
+def test_a_nan_on_one_rank_is_re_run_then_its_node_is_left_out_and_the_run_ends_bitwise_equal(tmp_path: Path) -> None:
     import torch
 
     clean, faulted = tmp_path / "clean", tmp_path / "faulted"
     assert _run(clean) == [0] * N, _logs(clean)
-    assert _run(faulted, "--nan", "0:1:7") == [0] * N, _logs(faulted)
+    # Run 0: the NaN at step 7 is re-run in the process; the step passes, so the fault was transient, and its rank's
+    # node is left out: every rank stops at the next agreed step, saves, and the job is requeued without it.
+    unhealthy = 6  # Outcome.UNHEALTHY, as for a node that failed its health check
+    ledger = {"SLURMRT_NODE_LEDGER": str(faulted / "bad-nodes.json")}
+    assert _run(faulted, "--nan", "0:1:7", env=ledger) == [unhealthy] * N, _logs(faulted)
     (health,) = _events(faulted, "training_health")
-    assert (health["step"], health["what"], health["first_rank"]) == (7, "nonfinite", 1)
+    assert (health["step"], health["what"], health["first_rank"], health["suspects"]) == \
+        (7, "nonfinite", 1, ["localhost"])
     (restart,) = _events(faulted, "in_process")
     assert restart["action"] == "restart" and "TrainingHealthError" in restart["error"]
+    (transient,) = _events(faulted, "transient_fault")
+    assert (transient["step"], transient["nodes"]) == (7, ["localhost"])
+    (stop,) = [e for e in _events(faulted, "exit") if e["rank"] == 0]
+    assert (stop["action"], stop["exclude"], stop["reasons"]) == ("requeue", ["localhost"], ["suspect"]), stop
+    calls = (faulted / "slurm-calls.log").read_text()
+    assert "requeue 4242" in calls and "ExcNodeList=localhost" in calls, calls
     generations = json.loads((faulted / "out" / "generations.json").read_text())
-    assert [g["resumed"] for g in generations] == [None, 6]  # rewound to the local tier's newest, before step 7
+    assert [g["resumed"] for g in generations] == [None, 6]  # re-run from the local tier's newest, before step 7
     assert "rank 1, step 7: loss is nan" in (faulted / "rank1.log").read_text()
+    ledger_entry = json.loads((faulted / "bad-nodes.json").read_text())["nodes"]["localhost"]
+    assert "a transient fault" in ledger_entry["reason"] and ledger_entry["job"] == "4242"
+    # Run 1, the requeued job (on other nodes; here the same processes' host): it resumes and ends.
+    assert _run(faulted, env={"SLURM_RESTART_COUNT": "1"}) == [0] * N, _logs(faulted)
     a, b = torch.load(clean / "out" / "weights.pt"), torch.load(faulted / "out" / "weights.pt")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # the NaN never reached the weights
 
@@ -93,14 +109,19 @@ def test_a_flipped_bit_is_found_by_the_replica_hash_within_k_steps_and_re_run_fr
     every = {"SLURMRT_HEALTH_HASH_EVERY": "4"}
     clean, faulted = tmp_path / "clean", tmp_path / "faulted"
     assert _run(clean, "--replicas", env=every) == [0] * N, _logs(clean)
-    assert _run(faulted, "--replicas", "--flip", "0:1:9", env=every) == [0] * N, _logs(faulted)
+    # Rank 1's copy alone differs, and the re-run passes: the fault was transient and rank 1's node is left out (the
+    # job requeued without it); the requeued run resumes where the re-run stopped.
+    assert _run(faulted, "--replicas", "--flip", "0:1:9", env=every) == [6] * N, _logs(faulted)
     (health,) = _events(faulted, "training_health")
-    assert (health["step"], health["what"], health["first_rank"], health["action"]) == (12, "replicas", 1, "rerun")
+    assert (health["step"], health["what"], health["first_rank"], health["action"], health["suspects"]) == \
+        (12, "replicas", 1, "rerun", ["localhost"])
+    assert [e["step"] for e in _events(faulted, "transient_fault")] == [12]
     assert "rank 1, step 12: its replicas' hash differs" in (faulted / "rank1.log").read_text()
     generations = json.loads((faulted / "out" / "generations.json").read_text())
     # The replicas last agreed at step 8: step 10's checkpoint may hold the flipped bit, set aside; step 5 loaded.
     assert [g["resumed"] for g in generations] == [None, 5]
     assert [p.name.split("-")[1] for p in (faulted / "ckpt").glob(".tainted-step_*")] == ["step_000000010"]
+    assert _run(faulted, "--replicas", env={**every, "SLURM_RESTART_COUNT": "1"}) == [0] * N, _logs(faulted)
     a, b = torch.load(clean / "out" / "weights.pt"), torch.load(faulted / "out" / "weights.pt")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # the flip never reached the result
 

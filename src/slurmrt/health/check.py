@@ -1,19 +1,24 @@
 """``rt.check(step, loss=..., grad_norm=...)``: every rank judges its own values (:mod:`.window`), and the ranks agree
-at this step, with one all-reduce of two integers on the training's own process group, whether any rank found its
-step unhealthy, and which rank first. Then every rank raises the same :class:`~slurmrt.TrainingHealthError`, before
-the optimizer step and before a save could keep the damage.
+at this step, with one all-reduce of three integers on the training's own process group, whether any rank found its
+step unhealthy, and which ranks (the lowest and the highest). Then every rank raises the same
+:class:`~slurmrt.TrainingHealthError`, before the optimizer step and before a save could keep the damage.
 
 Each rank climbs the same ladder (:mod:`.rewind`): the step is re-run, or rewound to the newest certified checkpoint
 with its batches skipped, or the run ends; the error carries the rung, and the recovery plan weighs it as for any
 error (under ``slurmrt.run_restartable``, a restart in the process). Rank 0 keeps the record (:mod:`.record`) and
 has the checkpoints after a rewind's target set aside (``on_rewind``), so that no later run resumes from them
 (docs/guides/training-health.md).
+
+A fault that one rank's values alone showed (a NaN on one rank, one copy of the replicas that differs) names that
+rank's node. When the re-run passes the step, the fault was transient: the hardware, not the data. The node is then
+handed to ``on_transient``, which leaves it out through the recovery plan (a new step or a requeue without it, and
+the bad-node ledger), as for a node that failed its health check.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -60,15 +65,20 @@ class HealthCheck:
                  directory: Path | None = None, rehearse: tuple[int, bool] | None = None, flip: int | None = None,
                  spike: int | None = None,
                  on_certified: Callable[[int], None] | None = None,
-                 on_rewind: Callable[[int], None] | None = None) -> None:
+                 on_rewind: Callable[[int], None] | None = None,
+                 node_of: Callable[[int], str | None] | None = None,
+                 on_transient: Callable[[int, list[str]], None] | None = None) -> None:
         """``directory``: the checkpoints', where the record lives; ``rehearse``: (step, every time) of a NaN
         ``slurmrt sim`` puts in this rank's loss (:func:`rehearsal`), ``flip`` the step it flips a bit of this rank's
         replicas at, ``spike`` the step whose loss it makes spike; ``on_certified(step)``: a checkpoint was
-        certified (retention keeps it); ``on_rewind(step)``: rank 0 sets aside the checkpoints after ``step``."""
+        certified (retention keeps it); ``on_rewind(step)``: rank 0 sets aside the checkpoints after ``step``;
+        ``node_of(rank)``: the node a rank runs on (None: unknown); ``on_transient(step, nodes)``: ``step`` passed on
+        its re-run, so its fault was transient, and these nodes computed it wrong (every rank calls it)."""
         self.settings, self.window = settings, LossWindow(settings)
         self._events, self._rank, self._world = events, rank, world_size
         self._directory, self._rehearse, self._flip, self._spike = directory, rehearse, flip, spike
         self._on_certified, self._on_rewind = on_certified, on_rewind
+        self._node_of, self._on_transient = node_of, on_transient
         self._dist: Any = None
         self._tensor: Any = None
         #: The same on every rank: rank 0's file, heard at the first load, then changed alike by every rank.
@@ -92,9 +102,9 @@ class HealthCheck:
             logger.warning("rank %d, step %d: slurmrt sim makes this loss spike (a rehearsal)", self._rank, step)
             loss = abs(loss) * 100 + 1000.0
         mine = self.window.judge(loss, _number(grad_norm))
-        code, first = self._agree(mine)
-        if code != 0:
-            self._unhealthy(step, _WHAT[code], first, mine)
+        code, first, last = self._agree(mine)
+        if code != 0:  # one rank's values alone were bad: its node is the suspect (the same values everywhere: none)
+            self._unhealthy(step, _WHAT[code], first, mine, suspects=[first] if first == last else [])
         if replicas is not None and self._world > 1:
             self._compare(step, replicas)
         self._healthy(step)
@@ -117,7 +127,7 @@ class HealthCheck:
         if len(odd) * 2 >= self._world:  # two copies, or no majority: which one is wrong cannot be told
             why += f"; no majority of the {self._world} ranks agrees, so the rank named is only the first that differs"
         self._unhealthy(step, "replicas", odd[0], Verdict("replicas", why) if self._rank in odd else None,
-                        agreed=self._agreed)
+                        agreed=self._agreed, suspects=odd if len(odd) * 2 < self._world else [])
 
     def _due(self, step: int, replicas: Any) -> list[Any] | None:
         """The replicas' tensors when they are compared at ``step``, else None; nothing is read on the other steps,
@@ -134,15 +144,21 @@ class HealthCheck:
         return tensors if due else None
 
     def _unhealthy(self, step: int, what: str, first: int, mine: Verdict | None, *,
-                   agreed: int | None = None) -> None:
-        """Every rank: say this rank's values, climb the ladder, and raise; rank 0 records it."""
+                   agreed: int | None = None, suspects: Sequence[int] = ()) -> None:
+        """Every rank: say this rank's values, climb the ladder, and raise; rank 0 records it. ``suspects``: the
+        ranks whose values alone were bad, whose nodes are left out if the re-run passes."""
         if mine is not None:
             logger.error("rank %d, step %d: %s", self._rank, step, mine.why)
         self.rung = rung = climb(self.record, step, max_rewinds=self.settings.health_max_rewinds, agreed=agreed)
+        nodes = self._nodes(suspects) if rung.action == "rerun" else []
+        if rung.action == "rerun":
+            self.record.suspects[step] = nodes
+        else:  # it came back: the data or the model, not the nodes
+            self.record.suspects.pop(step, None)
         if self._rank == 0:
             self._events.emit(Event.TRAINING_HEALTH, step=step, what=what, first_rank=first,
                               why=mine.why if mine is not None and first == self._rank else None,
-                              action=rung.action, certified=rung.certified, rung=rung.why)
+                              action=rung.action, certified=rung.certified, rung=rung.why, suspects=nodes)
             write_record(self._directory, self.record)
             if rung.below is not None and self._on_rewind is not None:
                 self._on_rewind(rung.below)  # before any restart: no later run resumes from what follows it
@@ -150,6 +166,25 @@ class HealthCheck:
                                   f"values): stopped before the optimizer step and any save; {rung.why}",
                                   step=step, rank=first, what=what, action=rung.action,
                                   refused=rung.why if rung.action == "end" else None)
+
+    def _nodes(self, ranks: Sequence[int]) -> list[str]:
+        """The nodes of ``ranks``, those that are known."""
+        found = (self._node_of(r) for r in ranks) if self._node_of is not None else ()
+        return sorted({n for n in found if n})
+
+    def _transient(self, step: int) -> None:
+        """``step`` passed on its re-run: its fault was transient. Its suspects' nodes go to ``on_transient``."""
+        nodes = self.record.suspects.pop(step, None)
+        if nodes is None:
+            return
+        where = f"the hardware of {', '.join(nodes)} is suspect" if nodes else \
+            "every rank's values were bad alike, so no node is named"
+        if self._rank == 0:  # every rank knows it; one says it
+            logger.warning("step %d passed on its re-run: its fault was transient; %s", step, where)
+            self._events.emit(Event.TRANSIENT_FAULT, step=step, nodes=nodes)
+            write_record(self._directory, self.record)
+        if nodes and self._on_transient is not None:
+            self._on_transient(step, nodes)
 
     # -- the record, the certificates, the rewinds -------------------------------------------------------------------
     def saved(self, step: int) -> None:
@@ -179,6 +214,8 @@ class HealthCheck:
                                                         step > self.record.certified) else set()
 
     def _healthy(self, step: int) -> None:
+        if self.record.suspects:
+            self._transient(step)
         agreed = (-1 if self._agreed is None else self._agreed) if self._hashing else None
         newly = certify(self.record, self._pending, step, after=self.settings.health_certify_after, agreed=agreed)
         if newly is None:
@@ -189,19 +226,21 @@ class HealthCheck:
             self._events.emit(Event.CERTIFIED, step=newly, at=step)
             write_record(self._directory, self.record)
 
-    def _agree(self, mine: Verdict | None) -> tuple[int, int]:
-        """The largest verdict code of any rank (0: every rank healthy) and the lowest rank with a verdict."""
+    def _agree(self, mine: Verdict | None) -> tuple[int, int, int]:
+        """The largest verdict code of any rank (0: every rank healthy), and the lowest and the highest rank with a
+        verdict (the same: one rank's values alone were bad)."""
         code = _CODES[mine.what] if mine is not None else 0
-        flagged = self._world - self._rank if mine is not None else 0  # MAX of (world - rank): the lowest rank
+        lowest = self._world - self._rank if mine is not None else 0  # MAX of (world - rank): the lowest rank
+        highest = self._rank + 1 if mine is not None else 0
         buffer = self._buffer()
         if buffer is not None:
-            buffer[0], buffer[1] = code, flagged
+            buffer[0], buffer[1], buffer[2] = code, lowest, highest
             self._dist.all_reduce(buffer, op=self._dist.ReduceOp.MAX)
-            code, flagged = buffer.tolist()
-        return code, self._world - flagged if code else -1
+            code, lowest, highest = buffer.tolist()
+        return (code, self._world - lowest, highest - 1) if code else (0, -1, -1)
 
     def _buffer(self) -> Any:
-        """The two integers the ranks reduce, made once on the training group's device (the GPU under NCCL); None
+        """The three integers the ranks reduce, made once on the training group's device (the GPU under NCCL); None
         for one process. Several processes without ``init_process_group`` would each decide alone, and a rank that
         raised would leave the others waiting in their next collective: refused."""
         if self._tensor is None and self._world > 1:
@@ -214,7 +253,7 @@ class HealthCheck:
 
             nccl = dist.get_backend() == "nccl"
             device = f"cuda:{torch.cuda.current_device()}" if nccl else "cpu"
-            self._dist, self._tensor = dist, torch.zeros(2, dtype=torch.int64, device=device)
+            self._dist, self._tensor = dist, torch.zeros(3, dtype=torch.int64, device=device)
         return self._tensor
 
 

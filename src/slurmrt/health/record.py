@@ -37,6 +37,9 @@ class HealthRecord:
     rewinds: dict[int, int] = field(default_factory=dict)
     #: (first, last) step ranges whose batches the loop skips, inclusive.
     skips: list[tuple[int, int]] = field(default_factory=list)
+    #: step -> the nodes named at its first fault (one rank's values alone were bad), until its re-run says whether
+    #: the fault was transient (then the nodes are left out) or comes back (the data or the model: they are not).
+    suspects: dict[int, list[str]] = field(default_factory=dict)
 
     def skipped(self, step: int) -> bool:
         return any(first <= step <= last for first, last in self.skips)
@@ -44,7 +47,8 @@ class HealthRecord:
     def to_json(self) -> str:
         return json.dumps({"certified": self.certified, "faults": {str(k): v for k, v in self.faults.items()},
                            "rewinds": {str(k): v for k, v in self.rewinds.items()},
-                           "skips": [list(r) for r in self.skips]}, indent=1) + "\n"
+                           "skips": [list(r) for r in self.skips],
+                           "suspects": {str(k): v for k, v in self.suspects.items()}}, indent=1) + "\n"
 
     @classmethod
     def from_json(cls, text: str) -> HealthRecord:
@@ -55,7 +59,8 @@ class HealthRecord:
             certified = _step(certified)
         return cls(certified, {_step(k): _step(v) for k, v in d["faults"].items()},
                    {_step(k): _step(v) for k, v in d["rewinds"].items()},
-                   [_range(r) for r in d["skips"]])
+                   [_range(r) for r in d["skips"]],
+                   {_step(k): _nodes(v) for k, v in d.get("suspects", {}).items()})  # a record of before suspects
 
 
 def _step(value: Any) -> int:
@@ -64,6 +69,12 @@ def _step(value: Any) -> int:
         value = int(value)
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise ValueError(f"{value!r} is not a step")
+    return value
+
+
+def _nodes(value: Any) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(n, str) and n and n.isprintable() for n in value):
+        raise ValueError(f"{value!r} is not a list of node names")
     return value
 
 

@@ -67,9 +67,11 @@ class Event(str, enum.Enum):
     RECOVERY = "recovery"
     GUARD = "guard"  # guard (its job id), batch_host, message (`slurmrt run` armed the guard job; `guard` ran it)
     STRAGGLER = "straggler"  # step, straggler (rank), node, ratio, cost, window, slow_s, others_s, step_s, action
-    # step, what ("nonfinite", "spike"), first_rank, why, action (rerun, rewind, end), certified, rung (rt.check)
+    # step, what ("nonfinite", "spike", "replicas"), first_rank, why, action (rerun, rewind, end), certified, rung,
+    # suspects (the nodes named when one rank's values alone were bad) (rt.check)
     TRAINING_HEALTH = "training_health"
     CERTIFIED = "certified"  # step (the checkpoint), at (the healthy step that certified it)
+    TRANSIENT_FAULT = "transient_fault"  # step, nodes (its re-run passed: these nodes are left out, or none named)
 
 
 class EventLog:

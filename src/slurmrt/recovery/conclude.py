@@ -28,7 +28,15 @@ def trigger_of(stop: StopDecision | None) -> Trigger:
     """The trigger of a run that ended on ``stop`` (None: it ran all its steps)."""
     if stop is None:
         return Trigger.FINISHED
+    if Reason.SUSPECT in stop.reasons and not stop.reasons & _ENDS:  # node evidence: as a failed health check
+        return Trigger.UNHEALTHY
     return Trigger.STRAGGLER if stop.reasons == {Reason.STRAGGLER} else Trigger.STOPPED
+
+
+_SUSPECT = "a step computed wrong once, right on its re-run (rt.check: a transient fault, the hardware suspect)"
+
+#: The reasons that decide a stop's end whatever else was agreed with them (a scancel, Ctrl-C, the kill switch).
+_ENDS = {Reason.TERM, Reason.INTERRUPT, Reason.KILL_SWITCH}
 
 
 def conclude(stop: StopDecision | None, *, executor: Executor, comm: Comm, failed_save: bool,
@@ -40,8 +48,10 @@ def conclude(stop: StopDecision | None, *, executor: Executor, comm: Comm, faile
     comm.all_ok(True)  # every rank is here: rank 0 may requeue
     chosen = None
     if comm.rank == 0:
-        done = executor.recover(trigger_of(stop), nodes=exclude, stop=stop, failed_save=failed_save, step=step,
-                                progressed=progressed)
+        trigger = trigger_of(stop)
+        detail = _SUSPECT if trigger is Trigger.UNHEALTHY else ""
+        done = executor.recover(trigger, nodes=exclude, stop=stop, failed_save=failed_save, step=step,
+                                progressed=progressed, detail=detail)
         chosen = [done.outcome.name, done.action.value]
     outcome, action = comm.broadcast(chosen)
     return Outcome[outcome], Action(action)

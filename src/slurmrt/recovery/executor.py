@@ -59,6 +59,11 @@ class Executor:
         requeue. The plan's answer; nothing is done."""
         return plan(Trigger.STRAGGLER, self.facts, nodes=[node]).restarts
 
+    def remember(self, nodes: list[str], why: str) -> None:
+        """Put ``nodes`` into the user's bad-node ledger without a restart (none could leave them out now)."""
+        if self.ledger is not None:
+            self.ledger.record(nodes, reason=why, job=self.facts.job)
+
     def futile(self) -> int:
         """Runs or steps in a row, this one included, that committed no newer checkpoint (the event log)."""
         return futile_runs(runs_of(self.events.path))

@@ -170,13 +170,17 @@ def _ended(decision: Decision, failed_save: bool) -> Decision:
     return Decision(Action.FAIL, Outcome.FAILED, f"{decision.why}, but the last checkpoint failed")
 
 
+#: The reasons that only ask a restart to leave a node out: a SIGTERM agreed with them is still a scancel's.
+_LEAVE_OUT = {Reason.STRAGGLER, Reason.SUSPECT}
+
+
 def _stopped(stop: StopDecision, facts: Facts, bad: tuple[str, ...], failed_save: bool) -> Decision:
     if Reason.KILL_SWITCH in stop.reasons:
         why = f"kill switch {facts.kill_switch}: stopped, not requeued"
         return _ended(Decision(Action.FINISH, Outcome.KILL_SWITCH, why), failed_save)
     if Reason.INTERRUPT in stop.reasons:
         return Decision(Action.STOP, Outcome.STOPPED, "SIGINT: stopped, not requeued")
-    if stop.reasons == {Reason.TERM} and not at_time_limit(stop):
+    if stop.reasons - _LEAVE_OUT == {Reason.TERM} and not at_time_limit(stop):
         return Decision(Action.STOP, Outcome.STOPPED, "SIGTERM before the time limit (scancel, or preemption, which "
                                                       "Slurm requeues itself): not requeued by slurmrt")
     refused = requeue_refused(facts)

@@ -8,6 +8,7 @@ state before a first step with :meth:`RunParts.abort` and :meth:`RunParts.restar
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..checkpoint import lease as leases
@@ -108,8 +109,15 @@ def build_run(topology: Topology, options: Options, executor: Executor, *,
                          directory=options.checkpoint_dir, rehearse=rehearsal(env.get(REHEARSE_ENV)),
                          flip=_first(rehearsal(env.get(FLIP_ENV), FLIP_ENV)),
                          spike=_first(rehearsal(env.get(SPIKE_ENV), SPIKE_ENV)),
-                         on_certified=checkpoints.keep_certified, on_rewind=checkpoints.set_aside)
+                         on_certified=checkpoints.keep_certified, on_rewind=checkpoints.set_aside,
+                         node_of=_node_of(topology, hangs),
+                         on_transient=stop.leave_out)
     return RunParts(executor, report, hooks, checkpoints, cadence, state, hangs, stop, switch, watcher, health)
+
+
+def _node_of(topology: Topology, hangs: HangMonitor) -> Callable[[int], str | None]:
+    """The node of a rank: the census's (which one process has none of: its own)."""
+    return (lambda rank: topology.hostname) if topology.world_size == 1 else hangs.node_of
 
 
 def _first(rehearsed: tuple[int, bool] | None) -> int | None:

@@ -80,6 +80,8 @@ class Recovery(Protocol):
 
     def can_leave_out(self, node: str) -> bool: ...
 
+    def remember(self, nodes: list[str], why: str) -> None: ...
+
 
 class StopController:
     def __init__(self, topology: Topology, settings: StopSection, report: Reports, *, state: RunState,
@@ -115,6 +117,7 @@ class StopController:
         self.straggler: Straggler | None = None
         self.straggler_node: str | None = None
         self._replace_straggler = False
+        self._suspect = False  #: a node computed a step wrong (rt.check): the next round stops to leave it out
 
     # -- the per-step path -----------------------------------------------------------------------------------------
     def should_stop(self, step: int, *, before: str | None = None) -> bool:
@@ -165,6 +168,7 @@ class StopController:
                             signals=dict(self._signals.first_seen), kill_switch_seen=self._switch_seen(),
                             own_end=self._end.value, agreed_end=agreed_end, budget=self.budget,
                             deadline=self.settings.deadline, straggler=self._replace_straggler,
+                            suspect=self._suspect,
                             timing=self.timer.timing(self.topology.rank, self._unit, self._judge.suspect))
 
     def _observe(self, timing: Timing) -> None:
@@ -186,6 +190,26 @@ class StopController:
                 logger.warning("straggler=replace, but no restart can leave %s out (no spare node under `slurmrt "
                                "run`, and no requeue: requeue=False or not a Slurm job): training goes on with it",
                                node)
+
+    def leave_out(self, step: int, nodes: list[str]) -> None:
+        """``nodes`` computed ``step`` wrong once (its re-run passed: rt.check found a transient fault): every rank
+        calls this at the same step, and the next round stops the run to restart without them (the plan's, as for a
+        node that failed its health check). With no restart that could leave them out, training goes on with them
+        and the ledger keeps them out of the next jobs."""
+        why = f"computed step {step} wrong once (rt.check: its re-run passed)"
+        if all(self._recovery.can_leave_out(n) for n in nodes):
+            self.state.exclude = tuple(dict.fromkeys((*self.state.exclude, *nodes)))
+            self._suspect = True  # every rank at this step: the reason is raised together
+            if self.topology.rank == 0:
+                logger.warning("%s %s: stopping at the next agreed step to restart without %s", ", ".join(nodes),
+                               why, "it" if len(nodes) == 1 else "them")
+            return
+        if self.topology.rank == 0:
+            them = "it" if len(nodes) == 1 else "them"
+            logger.warning("%s %s, but no restart can leave %s out (no spare node under `slurmrt run`, and no "
+                           "requeue: requeue=False or not a Slurm job): training goes on; the bad-node ledger has %s",
+                           ", ".join(nodes), why, them, them)
+            self._recovery.remember(nodes, why)
 
     @property
     def exclude_nodes(self) -> list[str]:

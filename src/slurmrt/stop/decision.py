@@ -21,6 +21,7 @@ class Reason(enum.Enum):
     """Why a run stops. Ordered from the mildest to the most final."""
 
     STRAGGLER = "straggler"  # straggler="replace": a slow node is left out at a restart (slurmrt.stop.straggler)
+    SUSPECT = "suspect"  # a node computed a step wrong once (rt.check): left out at a restart, and into the ledger
     SIGNAL = "signal"  # the --signal warning (USR1/USR2 by default): time is nearly up, or preemption is coming
     DEADLINE = "deadline"  # no signal, but the next steps plus a save would run past the job's end time
     TERM = "sigterm"  # time limit, preemption or scancel
@@ -108,7 +109,8 @@ def reason_for(sig: signal.Signals) -> Reason:
 
 def contribution(*, now: float, step: int, steps_ahead: int, signals: Mapping[signal.Signals, float],
                  kill_switch_seen: bool, own_end: float | None, agreed_end: float | None, budget: Budget,
-                 deadline: bool, straggler: bool = False, timing: Timing = Timing()) -> Contribution:
+                 deadline: bool, straggler: bool = False, suspect: bool = False,
+                 timing: Timing = Timing()) -> Contribution:
     """This rank's part of a round: ``signals`` maps each signal seen to its first arrival (wall time); ``own_end``
     is the end time this rank knows itself, ``agreed_end`` the one the ranks agreed on so far."""
     reasons = {reason_for(sig) for sig in signals}
@@ -116,6 +118,8 @@ def contribution(*, now: float, step: int, steps_ahead: int, signals: Mapping[si
         reasons.add(Reason.KILL_SWITCH)
     if straggler:
         reasons.add(Reason.STRAGGLER)
+    if suspect:
+        reasons.add(Reason.SUSPECT)
     if deadline and budget.deadline_near(now=now, end=own_end or agreed_end, steps_ahead=steps_ahead):
         reasons.add(Reason.DEADLINE)
     term = signals.get(signal.SIGTERM)
