@@ -288,29 +288,46 @@ def test_a_trainer_that_runs_alone_in_each_process_on_cpu_is_told_the_settings_i
         callback.on_train_begin(alone, None, None)
 
 
-def test_a_nan_loss_in_lightning_stops_every_rank_before_the_update_and_the_requeued_run_ends_bitwise_equal(
-        reference: tuple[str, dict], tmp_path: Path) -> None:
-    """The callback checks each step's loss before its backward pass: a NaN on rank 1 at step 13 of the first run
-    raises TrainingHealthError on both ranks there (the weights never see it); the batch script requeues the failed
-    run, which resumes from step 10 and ends with the uninterrupted run's weights."""
-    framework, weights = reference
-    if framework != "lightning":
-        pytest.skip("the Trainer's callbacks get no loss before the optimizer step: not wired yet")
-    script = tmp_path / "nan.py"
-    script.write_text(textwrap.dedent(f'''
-        import os, runpy, sys
+#: A callback that makes rank 1's step 13 unhealthy in the first run, where each framework lets slurmrt check it: the
+#: loss before its backward pass (Lightning), the gradients before the optimizer step (the Trainer, which hands its
+#: callbacks no loss; added before slurmrt's, it runs first).
+NAN = {
+    "transformers": '''
+        import math
+        from transformers import TrainerCallback
+
+        class Nan(TrainerCallback):
+            def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+                if RESTART == 0 and RANK == 1 and state.global_step == 13:
+                    next(p for p in model.parameters() if p.grad is not None).grad.fill_(math.nan)
+    ''',
+    "lightning": '''
         import lightning as L
-        RESTART, RANK = int(os.environ.get("SLURM_RESTART_COUNT", 0)), int(os.environ["SLURM_PROCID"])
 
         class Nan(L.Callback):
             def on_before_backward(self, trainer, pl_module, loss):
                 if RESTART == 0 and RANK == 1 and trainer.global_step == 13:
                     loss.data.fill_(float("nan"))
+    ''',
+}
 
-        example = runpy.run_path({str(EXAMPLES["lightning"])!r})
+
+def test_a_nan_on_one_rank_stops_every_rank_before_the_update_and_its_node_is_left_out_bitwise(
+        reference: tuple[str, dict], tmp_path: Path) -> None:
+    """A NaN on rank 1 at step 13 of the first run raises TrainingHealthError on both ranks there (the weights never
+    see it); the batch script requeues the failed run, which resumes from step 10 and passes step 13: the fault was
+    transient, and rank 1's node is left out at once (a requeue); the last run ends with the uninterrupted run's
+    weights."""
+    framework, weights = reference
+    script = tmp_path / "nan.py"
+    script.write_text(textwrap.dedent('''
+        import os, runpy, sys
+        RESTART, RANK = int(os.environ.get("SLURM_RESTART_COUNT", 0)), int(os.environ["SLURM_PROCID"])
+    ''') + textwrap.dedent(NAN[framework]) + textwrap.dedent(f'''
+        example = runpy.run_path({str(EXAMPLES[framework])!r})
         example["main"](sys.argv[1:], callbacks=[Nan()])
     '''))
-    out = sim(tmp_path, str(_requeuing_batch(tmp_path, script, "lightning")), timeout=500)
+    out = sim(tmp_path, str(_requeuing_batch(tmp_path, script, framework)), timeout=500)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     failed, passed, last = summary_rows(out.stdout)
     assert failed["checkpoint"] == "step 10" and passed["resumed from"] == "step 10" and last["exit"] == "0"

@@ -20,6 +20,10 @@ What the callback does:
   evaluation is acted on at the first optimizer step after it. An evaluation due at the stop's own step still runs,
   before the save, unless the stop leaves no time for it (SIGTERM, the deadline, Ctrl-C): then the resumed run's
   random stream differs from an uninterrupted run's from that step on.
+- Before each optimizer step it checks the step's health (``rt.check``) from this rank's gradient norm: the Trainer
+  hands its callbacks no loss, so a NaN or an inf anywhere in the loss or the gradients is found there, before the
+  update, on every rank; a loss spike is not (docs/guides/training-health.md). One pass over the gradients, as the
+  Trainer's own clipping makes (``max_grad_norm``).
 - The Trainer's own SIGTERM checkpoint, ``TrainingArguments(enable_jit_checkpoint=True)``, is refused next to the
   callback (see :data:`JIT_CHECKPOINT_REFUSED`): slurmrt already saves on SIGTERM, at a step every rank agreed on.
 """
@@ -108,6 +112,11 @@ class SlurmrtCallback(TrainerCallback):  # type: ignore[misc]
                              "from output_dir into slurmrt's checkpoint directory, where the Trainer does not look "
                              "for its best model. Keep the best model with a callback of your own, or turn it off")
 
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        # The gradients are reduced (and clipped) and the optimizer has not stepped: raises on every rank when any
+        # rank's norm is not finite. global_step counts the steps done, as the checkpoints do.
+        self.rt.check(state.global_step, grad_norm=_grad_norm(kwargs.get("model")))
+
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.rt.should_stop(state.global_step):
             control.should_save = True
@@ -154,6 +163,17 @@ class SlurmrtCallback(TrainerCallback):  # type: ignore[misc]
         phase, self._phase = self._phase, None
         if phase is not None:
             phase.__exit__(None, None, None)
+
+
+def _grad_norm(model: Any) -> float | None:
+    """The norm of this rank's gradients (None: none), whole when they are sharded (a DTensor's)."""
+    import torch
+
+    grads = [p.grad for p in model.parameters() if p.grad is not None] if model is not None else []
+    if not grads:
+        return None
+    norm = torch.nn.utils.get_total_norm(grads)
+    return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
 
 
 def _has_cuda() -> bool:
