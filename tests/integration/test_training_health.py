@@ -40,7 +40,8 @@ def test_a_nan_on_one_rank_is_re_run_then_its_node_is_left_out_and_the_run_ends_
     assert "requeue 4242" in calls and "ExcNodeList=localhost" in calls, calls
     generations = json.loads((faulted / "out" / "generations.json").read_text())
     assert [g["resumed"] for g in generations] == [None, 6]  # re-run from the local tier's newest, before step 7
-    assert "rank 1, step 7: loss is nan" in (faulted / "rank1.log").read_text()
+    said = (faulted / "rank1.log").read_text()
+    assert "WARNING slurmrt: rank 1, step 7: loss is nan" in said and " ERROR " not in said, said  # answered: no error
     ledger_entry = json.loads((faulted / "bad-nodes.json").read_text())["nodes"]["localhost"]
     assert "a transient fault" in ledger_entry["reason"] and ledger_entry["job"] == "4242"
     # Run 1, the requeued job (on other nodes; here the same processes' host): it resumes and ends.

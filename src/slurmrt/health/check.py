@@ -147,8 +147,8 @@ class HealthCheck:
                    agreed: int | None = None, suspects: Sequence[int] = ()) -> None:
         """Every rank: say this rank's values, climb the ladder, and raise; rank 0 records it. ``suspects``: the
         ranks whose values alone were bad, whose nodes are left out if the re-run passes."""
-        if mine is not None:
-            logger.error("rank %d, step %d: %s", self._rank, step, mine.why)
+        if mine is not None:  # a warning: the ladder answers it; a run it ends says so at the end (the plan's refusal)
+            logger.warning("rank %d, step %d: %s", self._rank, step, mine.why)
         self.rung = rung = climb(self.record, step, max_rewinds=self.settings.health_max_rewinds, agreed=agreed)
         nodes = self._nodes(suspects) if rung.action == "rerun" else []
         if rung.action == "rerun":
