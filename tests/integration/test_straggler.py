@@ -132,5 +132,5 @@ def test_a_straggler_stop_under_slurmrt_run_asks_for_a_new_step_instead(tmp_path
     assert injob.read_request(run_dir, 0) == {"attempt": 0, "exclude": ["n2"], "code": 3, "node": "n1",
                                               "why": "stopped at step 40 (straggler): a new step without n2, or the "
                                                      "requeue, as `slurmrt run` weighs its spares",
-                                              "trigger": "straggler"}
+                                              "trigger": "straggler", "planned": True}
     assert [(e["event"], e.get("reasons")) for e in events] == [("in_job_restart", None), ("exit", ["straggler"])]

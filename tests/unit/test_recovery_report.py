@@ -26,6 +26,15 @@ def test_a_straggler_left_out_on_purpose_is_said_as_a_stop_not_a_failure() -> No
     assert not any("failed" in line or "exit code" in line for line in lines), lines
 
 
+def test_a_node_left_out_after_a_transient_training_fault_is_said_as_a_stop_but_a_failed_health_check_fails() -> None:
+    why = "a step computed wrong once, right on its re-run (rt.check: a transient fault, the hardware suspect)"
+    stopped = {"exclude": ["n2"], "why": why, "since": 100.0, "trigger": "unhealthy", "planned": True}
+    lines = block(Failure.asked(stopped, 0, 6, ["n2"]), 1, 3, ("n1", "n3"), (), now=101.0)
+    assert lines[1] == f"  stopped:  step 0, to leave out a node that computed a step wrong: {why}"
+    failed = {"exclude": ["n2"], "why": "health check: no GPU", "since": 100.0, "trigger": "unhealthy"}
+    assert block(Failure.asked(failed, 0, 6, ["n2"]), 1, 3, ("n1", "n3"), ())[1].startswith("  failed:   step 0")
+
+
 def test_a_malformed_request_still_gives_a_block() -> None:
     failure = Failure.asked({"exclude": ["n2"], "since": "soon", "stacks": ["x"], "suspects": None}, 2, 5, ["n2"])
     assert failure.why == "n2 failed" and failure.stacks is None and isinstance(failure.since, float)

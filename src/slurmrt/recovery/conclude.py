@@ -51,7 +51,7 @@ def conclude(stop: StopDecision | None, *, executor: Executor, comm: Comm, faile
         trigger = trigger_of(stop)
         detail = _SUSPECT if trigger is Trigger.UNHEALTHY else ""
         done = executor.recover(trigger, nodes=exclude, stop=stop, failed_save=failed_save, step=step,
-                                progressed=progressed, detail=detail)
+                                progressed=progressed, detail=detail, about={"planned": True} if stop else None)
         chosen = [done.outcome.name, done.action.value]
     outcome, action = comm.broadcast(chosen)
     return Outcome[outcome], Action(action)

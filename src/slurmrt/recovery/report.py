@@ -31,8 +31,9 @@ class Failure:
     stacks: str | None = None
     #: ``slurmrt run``'s class of the fault (:class:`~slurmrt.recovery.plan.FaultClass`), once judged.
     fault: str = ""
-    #: The step stopped on purpose, at an agreed step, to leave a straggler's node out: nothing failed.
-    planned: bool = False
+    #: Why the step stopped on purpose, at an agreed step, to leave a node out ("" when it failed): a straggler's, or
+    #: one that computed a step wrong (rt.check). Nothing failed.
+    planned: str = ""
 
     @classmethod
     def asked(cls, request: dict[str, Any], attempt: int, code: int, nodes: list[str]) -> Failure:
@@ -42,7 +43,13 @@ class Failure:
         return cls(attempt, code, tuple(nodes), str(why) if why else f"{', '.join(nodes)} failed",
                    float(since) if isinstance(since, (int, float)) and not isinstance(since, bool) else time.time(),
                    stacks if isinstance(stacks, str) else None,
-                   planned=request.get("trigger") == Trigger.STRAGGLER.value)
+                   planned=_PLANNED.get(str(request.get("trigger")), "") if request.get("planned") is True else
+                   _PLANNED[Trigger.STRAGGLER.value] if request.get("trigger") == Trigger.STRAGGLER.value else "")
+
+
+#: What a stop made on purpose to leave a node out was for, by the request's trigger.
+_PLANNED = {Trigger.STRAGGLER.value: "to leave a straggler out",
+            Trigger.UNHEALTHY.value: "to leave out a node that computed a step wrong"}
 
 
 def stacks_path(events: Path | None, job: str | None, restart: int, attempt: int, rank: int) -> Path | None:
@@ -63,7 +70,7 @@ def block(failure: Failure, attempt: int, max_in_job_restarts: int, nodes: tuple
           now: float | None = None) -> list[str]:
     """The lines, without the ``slurmrt run:`` prefix."""
     took = max(0.0, (time.time() if now is None else now) - failure.since)
-    what = f"  stopped:  step {failure.attempt}, to leave a straggler out: " if failure.planned else \
+    what = f"  stopped:  step {failure.attempt}, {failure.planned}: " if failure.planned else \
         f"  failed:   step {failure.attempt} (exit code {failure.code}): "
     lines = [f"in-job restart {attempt} of at most {max_in_job_restarts}:", what + shorten(failure.why),
              f"  left out: {', '.join(failure.nodes) or 'none (no node evidence): the same nodes'}" +
