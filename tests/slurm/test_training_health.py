@@ -1,0 +1,79 @@
+"""A transient training-health fault in a real 2-node job: rank 1's loss of step 12 is NaN once, under
+``slurmrt.run_restartable``. Every rank stops there before its update; the step is re-run in the same processes and
+passes, so the fault was transient and rank 1's node is suspect: the run stops at an agreed step, saves, and requeues
+itself with that node in its ``ExcNodeList``. The requeued run trains elsewhere and ends with the weights of a run
+nobody faulted."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .conftest import ROOT, Job, slurm, submit, wait_for_file
+
+pytestmark = pytest.mark.timeout(900)
+
+INPROCESS = ROOT / "tests" / "integration" / "inprocess_worker.py"
+STEPS = 40
+#: Each node's local tier in a directory of its own (one filesystem here): a node-local /dev/shm, as users have it.
+TRAIN = ("srun --kill-on-bad-exit=1 bash -c 'export SLURMRT_LOCAL_CHECKPOINT_DIR=$SLURMRT_CHECKPOINT_DIR-local-"
+         "$SLURMD_NODENAME; mkdir -p $SLURMRT_LOCAL_CHECKPOINT_DIR && exec $PY "
+         f"{INPROCESS} --steps {STEPS} --step-time 0.1 --every 5 --out $OUT {{}}'")
+
+
+@pytest.fixture(scope="module")
+def jobs(cluster: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Job]]:
+    slurmrt_bin = Path(sys.executable).with_name("slurmrt")
+    made = {}
+    for name, args in (("reference", ""), ("nan", "--nan 0:1:12")):
+        d = tmp_path_factory.mktemp(f"health-{name}")
+        made[name] = submit(d, f"export PY OUT\n{TRAIN.format(args)}\nexit $?", "-N2", "--ntasks-per-node=1",
+                            "--requeue", name=f"health-{name}",
+                            exports={"PATH": f"{slurmrt_bin.parent}:/usr/bin:/bin",
+                                     "SLURMRT_NODE_LEDGER": str(d / "bad-nodes.json")})
+    yield made
+    for job in made.values():
+        if job.state() not in ("COMPLETED", "FAILED", "GONE"):
+            slurm("scancel", job.id, check=False)
+
+
+def _events(job: Job) -> list[dict[str, Any]]:
+    path = job.dir / "ckpt" / f"events-{job.id}.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _weights(directory: Path, run: int) -> dict[str, Any]:
+    import torch
+
+    return dict(torch.load(directory / f"run{run}" / "weights.pt"))
+
+
+def test_a_transient_nan_leaves_its_node_out_of_the_requeued_job_which_ends_bitwise_equal(
+        jobs: dict[str, Job]) -> None:
+    import torch
+
+    job, ref = jobs["nan"], jobs["reference"]
+    info = job.wait(600)
+    out = job.output()
+    assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) == 1, out[-3000:]
+    evts = _events(job)
+    (health,) = [e for e in evts if e["event"] == "training_health"]
+    (transient,) = [e for e in evts if e["event"] == "transient_fault"]
+    (suspect,) = health["suspects"]
+    assert (health["step"], health["first_rank"], health["action"]) == (12, 1, "rerun"), health
+    assert transient["nodes"] == [suspect], transient
+    first_exit = next(e for e in evts if e["event"] == "exit")
+    assert (first_exit["outcome"], first_exit["action"], first_exit["exclude"]) == ("UNHEALTHY", "requeue",
+                                                                                    [suspect]), first_exit
+    assert suspect in info.get("ExcNodeList", ""), info
+    (rerun,) = [e for e in evts if e["event"] == "init" and e["restart"] == 1 and e.get("rank", 0) == 0]
+    assert suspect not in rerun["nodelist"], rerun
+    assert suspect in json.loads((job.dir / "bad-nodes.json").read_text())["nodes"]
+    wait_for_file(ref.dir / "run0" / "weights.pt", 600, ref)
+    got, want = _weights(job.dir, 1), _weights(ref.dir, 0)
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
