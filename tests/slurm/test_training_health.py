@@ -30,12 +30,16 @@ TRAIN = ("srun --kill-on-bad-exit=1 bash -c 'export SLURMRT_LOCAL_CHECKPOINT_DIR
 def jobs(cluster: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Job]]:
     slurmrt_bin = Path(sys.executable).with_name("slurmrt")
     made = {}
-    for name, args in (("reference", ""), ("nan", "--nan 0:1:12")):
+    # A NaN at step 12 in every generation comes back: rewound to certified step 5 (saved every 5 steps, certified 3
+    # healthy steps after), steps 6-12 skipped; its comparator skips them too.
+    for name, args in (("reference", ""), ("nan", "--nan 0:1:12"), ("repeats", "--nan *:1:12"),
+                       ("skipped", "--skip 6-12")):
         d = tmp_path_factory.mktemp(f"health-{name}")
         made[name] = submit(d, f"export PY OUT\n{TRAIN.format(args)}\nexit $?", "-N2", "--ntasks-per-node=1",
                             "--requeue", name=f"health-{name}",
                             exports={"PATH": f"{slurmrt_bin.parent}:/usr/bin:/bin",
-                                     "SLURMRT_NODE_LEDGER": str(d / "bad-nodes.json")})
+                                     "SLURMRT_NODE_LEDGER": str(d / "bad-nodes.json"),
+                                     "SLURMRT_HEALTH_CERTIFY_AFTER": "3"})
     yield made
     for job in made.values():
         if job.state() not in ("COMPLETED", "FAILED", "GONE"):
@@ -76,4 +80,25 @@ def test_a_transient_nan_leaves_its_node_out_of_the_requeued_job_which_ends_bitw
     assert suspect in json.loads((job.dir / "bad-nodes.json").read_text())["nodes"]
     wait_for_file(ref.dir / "run0" / "weights.pt", 600, ref)
     got, want = _weights(job.dir, 1), _weights(ref.dir, 0)
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+
+
+def test_a_nan_that_comes_back_is_rewound_in_the_job_with_its_batches_skipped_and_ends_bitwise_equal(
+        jobs: dict[str, Job]) -> None:
+    import torch
+
+    job, ref = jobs["repeats"], jobs["skipped"]
+    info = job.wait(600)
+    out = job.output()
+    assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) == 0, out[-3000:]
+    evts = _events(job)
+    rerun, rewind = [e for e in evts if e["event"] == "training_health"]
+    assert (rerun["step"], rerun["action"], len(rerun["suspects"])) == (12, "rerun", 1), rerun
+    assert (rewind["step"], rewind["action"], rewind["certified"], rewind["suspects"]) == (12, "rewind", 5, []), rewind
+    # It came back: the data or the model, not the node (no transient fault, nothing left out).
+    assert not [e for e in evts if e["event"] == "transient_fault"]
+    assert info.get("ExcNodeList") in (None, "", "(null)"), info
+    assert [e["step"] for e in evts if e["event"] == "resume"] == [11, 5]  # the local tier's newest, then certified
+    wait_for_file(ref.dir / "run0" / "weights.pt", 600, ref)
+    got, want = _weights(job.dir, 0), _weights(ref.dir, 0)
     assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
