@@ -108,3 +108,18 @@ def test_the_suspect_is_left_out_of_the_requeue_but_a_scancel_agreed_with_it_is_
     scancel = plan(Trigger.STOPPED, job, nodes=["n7"], stop=_stop(Reason.SUSPECT, Reason.TERM))
     assert scancel.action is Action.STOP
     assert plan(Trigger.UNHEALTHY, replace(job, job=None), nodes=["n7"]).action is Action.FAIL
+
+
+def test_a_census_that_cannot_say_names_no_node_and_the_fault_is_answered_all_the_same(tmp_path: Path) -> None:
+    def broken(rank: int) -> str:
+        raise RuntimeError("the store does not answer")
+
+    left_out: list[tuple[int, list[str]]] = []
+    check = HealthCheck(HealthSection(), EventLog(tmp_path / "events.jsonl", job=None, restart=0, rank=0), rank=0,
+                        world_size=1, directory=tmp_path, node_of=broken,
+                        on_transient=lambda step, nodes: left_out.append((step, nodes)))
+    check.loaded(None, lambda read: read())
+    with pytest.raises(TrainingHealthError):
+        check.check(2, loss=float("nan"))
+    check.check(2, loss=1.0)
+    assert check.record.suspects == {} and left_out == []

@@ -168,9 +168,16 @@ class HealthCheck:
                                   refused=rung.why if rung.action == "end" else None)
 
     def _nodes(self, ranks: Sequence[int]) -> list[str]:
-        """The nodes of ``ranks``, those that are known."""
-        found = (self._node_of(r) for r in ranks) if self._node_of is not None else ()
-        return sorted({n for n in found if n})
+        """The nodes of ``ranks``, those that are known (none when the census cannot say: the fault is answered all
+        the same, with no node named)."""
+        if self._node_of is None:
+            return []
+        try:
+            return sorted({n for n in map(self._node_of, ranks) if n})
+        except Exception as err:  # noqa: BLE001 - a store that does not answer names no node; it stops nothing
+            logger.warning("the nodes of rank(s) %s could not be read (%s): no node is named for this fault",
+                           ", ".join(map(str, ranks)), err)
+            return []
 
     def _transient(self, step: int) -> None:
         """``step`` passed on its re-run: its fault was transient. Its suspects' nodes go to ``on_transient``."""
