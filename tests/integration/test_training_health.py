@@ -33,7 +33,7 @@ def test_a_nan_on_one_rank_is_re_run_then_its_node_is_left_out_and_the_run_ends_
     (restart,) = _events(faulted, "in_process")
     assert restart["action"] == "restart" and "TrainingHealthError" in restart["error"]
     (transient,) = _events(faulted, "transient_fault")
-    assert (transient["step"], transient["nodes"]) == (7, ["localhost"])
+    assert (transient["step"], transient["nodes"], transient["left_out"]) == (7, ["localhost"], True)
     (stop,) = [e for e in _events(faulted, "exit") if e["rank"] == 0]
     assert (stop["action"], stop["exclude"], stop["reasons"]) == ("requeue", ["localhost"], ["suspect"]), stop
     calls = (faulted / "slurm-calls.log").read_text()

@@ -51,6 +51,7 @@ def test_a_fault_that_passes_on_its_re_run_leaves_the_suspect_node_out_once(tmp_
     assert left_out == [(5, ["n7"])], "said once"
     health, transient = [e for e in _events(tmp_path) if e["event"] in ("training_health", "transient_fault")]
     assert health["suspects"] == ["n7"] and (transient["step"], transient["nodes"]) == (5, ["n7"])
+    assert transient["left_out"] is False  # the test's on_transient leaves nothing out (it returns None)
 
 
 def test_a_fault_that_comes_back_names_no_node(tmp_path: Path) -> None:

@@ -67,13 +67,14 @@ class HealthCheck:
                  on_certified: Callable[[int], None] | None = None,
                  on_rewind: Callable[[int], None] | None = None,
                  node_of: Callable[[int], str | None] | None = None,
-                 on_transient: Callable[[int, list[str]], None] | None = None) -> None:
+                 on_transient: Callable[[int, list[str]], bool] | None = None) -> None:
         """``directory``: the checkpoints', where the record lives; ``rehearse``: (step, every time) of a NaN
         ``slurmrt sim`` puts in this rank's loss (:func:`rehearsal`), ``flip`` the step it flips a bit of this rank's
         replicas at, ``spike`` the step whose loss it makes spike; ``on_certified(step)``: a checkpoint was
         certified (retention keeps it); ``on_rewind(step)``: rank 0 sets aside the checkpoints after ``step``;
         ``node_of(rank)``: the node a rank runs on (None: unknown); ``on_transient(step, nodes)``: ``step`` passed on
-        its re-run, so its fault was transient, and these nodes computed it wrong (every rank calls it)."""
+        its re-run, so its fault was transient, and these nodes computed it wrong (every rank calls it; True: they
+        are left out)."""
         self.settings, self.window = settings, LossWindow(settings)
         self._events, self._rank, self._world = events, rank, world_size
         self._directory, self._rehearse, self._flip, self._spike = directory, rehearse, flip, spike
@@ -150,9 +151,9 @@ class HealthCheck:
         if mine is not None:  # a warning: the ladder answers it; a run it ends says so at the end (the plan's refusal)
             logger.warning("rank %d, step %d: %s", self._rank, step, mine.why)
         self.rung = rung = climb(self.record, step, max_rewinds=self.settings.health_max_rewinds, agreed=agreed)
-        nodes = self._nodes(suspects) if rung.action == "rerun" else []
+        nodes: list[str] = []
         if rung.action == "rerun":
-            self.record.suspects[step] = nodes
+            nodes = self.record.suspects[step] = self._nodes(suspects)
         else:  # it came back: the data or the model, not the nodes
             self.record.suspects.pop(step, None)
         if self._rank == 0:
@@ -186,12 +187,12 @@ class HealthCheck:
             return
         where = f"the hardware of {', '.join(nodes)} is suspect" if nodes else \
             "every rank's values were bad alike, so no node is named"
-        if self._rank == 0:  # every rank knows it; one says it
+        if self._rank == 0:  # every rank knows it; one says it, before what is done about it
             logger.warning("step %d passed on its re-run: its fault was transient; %s", step, where)
-            self._events.emit(Event.TRANSIENT_FAULT, step=step, nodes=nodes)
+        left_out = bool(nodes and self._on_transient is not None and self._on_transient(step, nodes))
+        if self._rank == 0:
+            self._events.emit(Event.TRANSIENT_FAULT, step=step, nodes=nodes, left_out=left_out)
             write_record(self._directory, self.record)
-        if nodes and self._on_transient is not None:
-            self._on_transient(step, nodes)
 
     # -- the record, the certificates, the rewinds -------------------------------------------------------------------
     def saved(self, step: int) -> None:

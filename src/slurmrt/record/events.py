@@ -71,7 +71,9 @@ class Event(str, enum.Enum):
     # suspects (the nodes named when one rank's values alone were bad) (rt.check)
     TRAINING_HEALTH = "training_health"
     CERTIFIED = "certified"  # step (the checkpoint), at (the healthy step that certified it)
-    TRANSIENT_FAULT = "transient_fault"  # step, nodes (its re-run passed: these nodes are left out, or none named)
+    # step, nodes (its re-run passed: the nodes that computed it wrong, none when every rank did), left_out (a restart
+    # leaves them out; false: no restart could, training went on and the ledger has them)
+    TRANSIENT_FAULT = "transient_fault"
 
 
 class EventLog:

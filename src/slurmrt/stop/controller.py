@@ -191,11 +191,11 @@ class StopController:
                                "run`, and no requeue: requeue=False or not a Slurm job): training goes on with it",
                                node)
 
-    def leave_out(self, step: int, nodes: list[str]) -> None:
+    def leave_out(self, step: int, nodes: list[str]) -> bool:
         """``nodes`` computed ``step`` wrong once (its re-run passed: rt.check found a transient fault): every rank
         calls this at the same step, and the next round stops the run to restart without them (the plan's, as for a
         node that failed its health check). With no restart that could leave them out, training goes on with them
-        and the ledger keeps them out of the next jobs."""
+        and the ledger keeps them out of the next jobs. True: they are left out."""
         why = f"computed step {step} wrong once (rt.check: its re-run passed)"
         if all(self._recovery.can_leave_out(n) for n in nodes):
             self.state.exclude = tuple(dict.fromkeys((*self.state.exclude, *nodes)))
@@ -203,13 +203,14 @@ class StopController:
             if self.topology.rank == 0:
                 logger.warning("%s %s: stopping at the next agreed step to restart without %s", ", ".join(nodes),
                                why, "it" if len(nodes) == 1 else "them")
-            return
+            return True
         if self.topology.rank == 0:
             them = "it" if len(nodes) == 1 else "them"
             logger.warning("%s %s, but no restart can leave %s out (no spare node under `slurmrt run`, and no "
                            "requeue: requeue=False or not a Slurm job): training goes on; the bad-node ledger has %s",
                            ", ".join(nodes), why, them, them)
             self._recovery.remember(nodes, why)
+        return False
 
     @property
     def exclude_nodes(self) -> list[str]:
