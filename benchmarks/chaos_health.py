@@ -28,7 +28,6 @@ and, per seed, fault-free jobs of the same length (``--clean``). A trial is judg
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import subprocess
@@ -97,15 +96,16 @@ def run_sim(directory: Path, args: list[str], steps: int,
 
 
 def events(directory: Path) -> list[dict[str, Any]]:
-    found = []
-    for log in sorted((directory / "ckpt").glob("events-*.jsonl")):
-        found += [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
-    return found
+    from slurmrt.record.events import read_events
+
+    return [e for log in sorted((directory / "ckpt").glob("events-*.jsonl")) for e in read_events(log)]
 
 
 def skips(directory: Path) -> tuple[tuple[int, int], ...]:
-    path = directory / "ckpt" / "health.json"
-    return tuple(tuple(r) for r in json.loads(path.read_text())["skips"]) if path.exists() else ()  # type: ignore
+    """The steps the job's record skipped (``health.json``, read as slurmrt reads it)."""
+    from slurmrt.health.record import read_record
+
+    return tuple(read_record(directory / "ckpt").skips)
 
 
 def tainted(trial: Trial, seen: list[dict[str, Any]]) -> list[str]:

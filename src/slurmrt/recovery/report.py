@@ -40,11 +40,12 @@ class Failure:
         """The failure an in-job request describes (its fields are the leader's; a missing or malformed one
         reads as unknown: the request file is this job's, but the block must not fail on it)."""
         why, since, stacks = request.get("suspects") or request.get("why"), request.get("since"), request.get("stacks")
+        trigger = str(request.get("trigger"))
+        planned = request.get("planned") is True or trigger == Trigger.STRAGGLER.value  # a straggler's: always
         return cls(attempt, code, tuple(nodes), str(why) if why else f"{', '.join(nodes)} failed",
                    float(since) if isinstance(since, (int, float)) and not isinstance(since, bool) else time.time(),
                    stacks if isinstance(stacks, str) else None,
-                   planned=_PLANNED.get(str(request.get("trigger")), "") if request.get("planned") is True else
-                   _PLANNED[Trigger.STRAGGLER.value] if request.get("trigger") == Trigger.STRAGGLER.value else "")
+                   planned=_PLANNED.get(trigger, "") if planned else "")
 
 
 #: What a stop made on purpose to leave a node out was for, by the request's trigger.
