@@ -6,6 +6,7 @@ failure, so CI cannot go green without them.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -15,6 +16,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -98,6 +100,16 @@ class Job:
     def state(self) -> str:
         infos = self.info()
         return infos[0].get("JobState", "UNKNOWN") if infos else "GONE"
+
+    def events(self) -> list[dict[str, Any]]:
+        """The job's event log (in the checkpoint directory `submit` gives it), every run's."""
+        path = self.dir / "ckpt" / f"events-{self.id}.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines()]
+
+    def cancel_unfinished(self) -> None:
+        """scancel the job unless it ended (a test that failed must not leave it holding the cluster's nodes)."""
+        if self.state() not in ("COMPLETED", "FAILED", "GONE"):
+            slurm("scancel", self.id, check=False)
 
     def wait_state(self, predicate: object, timeout: float) -> dict[str, str]:
         """Wait until predicate(info) holds for the (first) job."""

@@ -6,7 +6,6 @@ is a new step. Each ends with the weights of a run nobody killed."""
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -43,15 +42,7 @@ def jobs(cluster: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[di
                             name=f"inproc-{name}", exports={"PATH": f"{slurmrt_bin.parent}:/usr/bin:/bin"})
     yield made
     for job in made.values():
-        if job.state() not in ("COMPLETED", "FAILED", "GONE"):
-            from .conftest import slurm
-
-            slurm("scancel", job.id, check=False)
-
-
-def _events(job: Job) -> list[dict[str, Any]]:
-    path = job.dir / "ckpt" / f"events-{job.id}.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()]
+        job.cancel_unfinished()
 
 
 def _weights(directory: Path) -> dict[str, Any]:
@@ -76,7 +67,7 @@ def test_a_process_killed_under_run_restartable_ends_as_an_uninterrupted_run(job
     info = job.wait(600)
     out = job.output()
     assert info["JobState"] == "COMPLETED", out[-3000:]
-    evts = _events(job)
+    evts = job.events()
     (refused,) = [e for e in evts if e["event"] == "in_process"]
     assert refused["action"] == "refused", refused
     first_exit = next(e for e in evts if e["event"] == "exit")

@@ -14,16 +14,13 @@ from typing import Any
 
 import pytest
 
-from .conftest import ROOT, Job, slurm, submit, wait_for_file
+from .conftest import Job, submit, wait_for_file
+from .test_inprocess import TRAIN as INPROCESS_TRAIN
 
 pytestmark = pytest.mark.timeout(900)
 
-INPROCESS = ROOT / "tests" / "integration" / "inprocess_worker.py"
-STEPS = 40
-#: Each node's local tier in a directory of its own (one filesystem here): a node-local /dev/shm, as users have it.
-TRAIN = ("srun --kill-on-bad-exit=1 bash -c 'export SLURMRT_LOCAL_CHECKPOINT_DIR=$SLURMRT_CHECKPOINT_DIR-local-"
-         "$SLURMD_NODENAME; mkdir -p $SLURMRT_LOCAL_CHECKPOINT_DIR && exec $PY "
-         f"{INPROCESS} --steps {STEPS} --step-time 0.1 --every 5 --out $OUT {{}}'")
+#: The in-process restart's worker as test_inprocess.py runs it (40 steps, each node's local tier its own), under srun.
+TRAIN = "srun --kill-on-bad-exit=1 " + INPROCESS_TRAIN
 
 
 @pytest.fixture(scope="module")
@@ -42,13 +39,14 @@ def jobs(cluster: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[di
                                      "SLURMRT_HEALTH_CERTIFY_AFTER": "3"})
     yield made
     for job in made.values():
-        if job.state() not in ("COMPLETED", "FAILED", "GONE"):
-            slurm("scancel", job.id, check=False)
+        job.cancel_unfinished()
 
 
-def _events(job: Job) -> list[dict[str, Any]]:
-    path = job.dir / "ckpt" / f"events-{job.id}.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()]
+def _ended(job: Job) -> tuple[dict[str, str], list[dict[str, Any]]]:
+    """The job's last `scontrol show job` once it ended, and its event log; it must have completed."""
+    info = job.wait(600)
+    assert info["JobState"] == "COMPLETED", job.output()[-3000:]
+    return info, job.events()
 
 
 def _weights(directory: Path, run: int) -> dict[str, Any]:
@@ -62,10 +60,8 @@ def test_a_transient_nan_leaves_its_node_out_of_the_requeued_job_which_ends_bitw
     import torch
 
     job, ref = jobs["nan"], jobs["reference"]
-    info = job.wait(600)
-    out = job.output()
-    assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) == 1, out[-3000:]
-    evts = _events(job)
+    info, evts = _ended(job)
+    assert int(info["Restarts"]) == 1, job.output()[-3000:]
     (health,) = [e for e in evts if e["event"] == "training_health"]
     (transient,) = [e for e in evts if e["event"] == "transient_fault"]
     (suspect,) = health["suspects"]
@@ -88,10 +84,8 @@ def test_a_nan_that_comes_back_is_rewound_in_the_job_with_its_batches_skipped_an
     import torch
 
     job, ref = jobs["repeats"], jobs["skipped"]
-    info = job.wait(600)
-    out = job.output()
-    assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) == 0, out[-3000:]
-    evts = _events(job)
+    info, evts = _ended(job)
+    assert int(info["Restarts"]) == 0, job.output()[-3000:]
     rerun, rewind = [e for e in evts if e["event"] == "training_health"]
     assert (rerun["step"], rerun["action"], len(rerun["suspects"])) == (12, "rerun", 1), rerun
     assert (rewind["step"], rewind["action"], rewind["certified"], rewind["suspects"]) == (12, "rewind", 5, []), rewind
