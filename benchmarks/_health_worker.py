@@ -1,5 +1,6 @@
 """One rank of bench_health: time STEPS steps of a loop that (a) asks nothing, (b) all-reduces its loss, as a loop
-that logs a mean loss does every step, and (c) calls ``rt.check(step, loss=...)``; and fewer steps of one that (d)
+that logs a mean loss does every step, and (c) calls ``rt.check(step, loss=...)`` instead, which returns that mean
+from its own all-reduce; and fewer steps of one that (d)
 all-reduces a gradient the size of PARAMS float32 parameters, as data-parallel training does every step, and (e)
 calls ``rt.check(step, loss=..., replicas=...)`` on those parameters, their hashes compared at every step (the
 worst case: ``health_hash_every=1``); prints one JSON line."""
@@ -41,7 +42,8 @@ def main() -> None:
         dist.all_reduce(buffer)
 
     def check(step: int) -> None:
-        rt.check(step, loss=losses[step])
+        mean = rt.check(step, loss=losses[step])  # the mean loss a logging loop all-reduces, from the check's round
+        assert mean is not None
 
     def measure(variant, count: int) -> float:  # type: ignore[no-untyped-def]
         dist.barrier()

@@ -1,8 +1,9 @@
 """The training-health check's cost per step (``rt.check(step, loss=...)``) on 2 and 4 gloo ranks.
 
 Comparator in the same processes: the all-reduce of the loss that a loop which logs a mean loss already does every
-step. ``rt.check`` judges this rank's value against its window (a median of up to 100 values) and all-reduces two
-integers: its added time per step should be that of one small all-reduce, plus the judgement. Reported: the added
+step. ``rt.check`` judges this rank's value against its window (a median of up to 100 values) and all-reduces the sum of
+the ranks' losses (NaN from a rank whose step is unhealthy): it returns the mean loss, so the loop drops its own
+all-reduce, and the check's added time per step should be that all-reduce's, plus the judgement. Reported: the added
 time per step against the same loop asking nothing, on the slowest rank, for each of 3 seeds (the losses' noise);
 each figure the median of 5 blocks, the variants' blocks interleaved.
 
@@ -40,6 +41,7 @@ def run(quick: bool = False) -> Section:
     body = table(["ranks", "step work", "seed", "empty loop µs/step", "loss all-reduce +µs", "rt.check +µs",
                   "check / all-reduce", "4 MiB gradient all-reduce µs", "replica hash +µs per comparison",
                   "hash / gradient all-reduce"], rows)
-    body += ("\n\nBusy steps (the CPU held, as a launch loop holds it); the slowest rank's mean. Target: `rt.check` at "
-             "most the cost of the one small all-reduce a loop already does, plus its judgement (a ratio near 1).")
+    body += ("\n\nBusy steps (the CPU held, as a launch loop holds it); the slowest rank's mean. Target: `rt.check`, "
+             "whose returned mean loss replaces the loop's own all-reduce, at most the cost of that all-reduce plus "
+             "its judgement (a ratio near 1).")
     return Section("Training health check: cost per step", body, figures)

@@ -140,3 +140,45 @@ def test_a_spike_a_batch_causes_is_rewound_and_skipped_as_slurmrt_sim_rehearses_
         (25, "spike", "rerun", None), (25, "spike", "rewind", 20)]
     a, b = torch.load(clean / "out" / "weights.pt"), torch.load(faulted / "out" / "weights.pt")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+AGREE = """
+import json
+import torch.distributed as dist
+import slurmrt
+
+rt = slurmrt.init(deadline=False)  # with the watchdog's census: it names a rank's node
+dist.init_process_group("gloo")
+rt.should_stop(0)  # slurmrt's groups open, each rank's node in the census
+said = {"means": [rt.check(step, loss=float(rt.rank + step)) for step in range(3)],
+        "no_loss": rt.check(3, grad_norm=1.0)}
+def broken(rank):
+    raise RuntimeError("the store does not answer")
+
+
+for step, bad in ((4, (2,)), (5, (1, 3)), (6, (2,))):  # one rank alone, then two: the lowest is named, no suspect
+    if step == 6 and rt.rank == 0:  # rank 0's census fails: the others' answer names the node on every rank
+        rt.parts.health._node_of = broken
+    try:
+        rt.check(step, loss=float("nan") if rt.rank in bad else 1.0)
+    except slurmrt.TrainingHealthError as err:
+        said[str(step)] = [err.details["rank"], err.details["what"], rt.parts.health.record.suspects.get(step)]
+print("SAID " + json.dumps(said), flush=True)
+rt.close()
+dist.destroy_process_group()
+"""
+
+
+def test_the_agreement_returns_the_ranks_mean_loss_and_names_the_lowest_unhealthy_rank(tmp_path: Path) -> None:
+    from .launch import start, wait_all
+
+    script = tmp_path / "agree.py"
+    script.write_text(AGREE)
+    assert wait_all(start(4, tmp_path, [], script=script), timeout=120) == [0] * 4, _logs(tmp_path)
+    for rank in range(4):
+        (line,) = [ln for ln in (tmp_path / f"rank{rank}.log").read_text().splitlines() if ln.startswith("SAID ")]
+        said = json.loads(line[5:])
+        assert said["means"] == [1.5, 2.5, 3.5] and said["no_loss"] is None, said  # (0+1+2+3)/4 + step
+        assert said["4"][:2] == [2, "nonfinite"] and said["5"] == [1, "nonfinite", []], said
+        assert said["4"][2] == ["localhost"], said  # rank 2 alone: its node is the suspect
+        assert said["6"] == [2, "nonfinite", ["localhost"]], said

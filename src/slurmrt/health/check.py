@@ -1,6 +1,9 @@
 """``rt.check(step, loss=..., grad_norm=...)``: every rank judges its own values (:mod:`.window`), and the ranks agree
-at this step, with one all-reduce of three integers on the training's own process group, whether any rank found its
-step unhealthy, and which ranks (the lowest and the highest). Then every rank raises the same
+at this step whether any rank found its step unhealthy, with the one all-reduce a loop that logs a mean loss already
+makes: the sum of the ranks' losses, where a rank whose step is unhealthy gives NaN. A finite sum: every rank is
+healthy, and the check returns the mean loss (the loop logs it instead of all-reducing the loss a second time, so the
+check costs its judgement, not a collective more). Otherwise a second all-reduce, on the fault's path only, says
+what was found and by which ranks (the lowest and the highest). Then every rank raises the same
 :class:`~slurmrt.TrainingHealthError`, before the optimizer step and before a save could keep the damage.
 
 Each rank climbs the same ladder (:mod:`.rewind`): the step is re-run, or rewound to the newest certified checkpoint
@@ -18,6 +21,7 @@ the bad-node ledger), as for a node that failed its health check.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -91,10 +95,11 @@ class HealthCheck:
         self._hashing = False  #: replicas were given: a checkpoint is certified only where they agreed
         self._agreed: int | None = None  #: the last step the replicas' hashes agreed at, in this generation
 
-    def check(self, step: int, *, loss: Any = None, grad_norm: Any = None, replicas: Any = None) -> None:
+    def check(self, step: int, *, loss: Any = None, grad_norm: Any = None, replicas: Any = None) -> float | None:
         """Judge this rank's values of ``step`` and agree with every rank (collective); raises
-        :class:`TrainingHealthError` on every rank when any rank's step is unhealthy. ``replicas``: what every
-        data-parallel rank holds the same copy of, compared every ``health_hash_every`` steps (collective too)."""
+        :class:`TrainingHealthError` on every rank when any rank's step is unhealthy, else returns the mean of the
+        losses the ranks gave (None: none gave one). ``replicas``: what every data-parallel rank holds the same copy
+        of, compared every ``health_hash_every`` steps (collective too)."""
         if self._rehearse is not None and self._rehearse[0] == step:
             logger.warning("rank %d, step %d: slurmrt sim makes this loss NaN (a rehearsal)", self._rank, step)
             loss, self._rehearse = float("nan"), self._rehearse if self._rehearse[1] else None
@@ -103,12 +108,13 @@ class HealthCheck:
             logger.warning("rank %d, step %d: slurmrt sim makes this loss spike (a rehearsal)", self._rank, step)
             loss = abs(loss) * 100 + 1000.0
         mine = self.window.judge(loss, _number(grad_norm))
-        code, first, last = self._agree(mine)
+        code, first, alone, mean = self._agree(mine, loss)
         if code != 0:  # one rank's values alone were bad: its node is the suspect (the same values everywhere: none)
-            self._unhealthy(step, _WHAT[code], first, mine, suspects=[first] if first == last else [])
+            self._unhealthy(step, _WHAT[code], first, mine, suspects=[first] if alone else [])
         if replicas is not None and self._world > 1:
             self._compare(step, replicas)
         self._healthy(step)
+        return mean
 
     def _compare(self, step: int, replicas: Any) -> None:
         """Every ``health_hash_every`` steps (and at a generation's first check): the replicas' hashes, compared
@@ -169,8 +175,17 @@ class HealthCheck:
                                   refused=rung.why if rung.action == "end" else None)
 
     def _nodes(self, ranks: Sequence[int]) -> list[str]:
-        """The nodes of ``ranks``, those that are known (none when the census cannot say: the fault is answered all
-        the same, with no node named)."""
+        """The nodes of ``ranks`` that are known, the same on every rank (collective when ``ranks`` is not empty: each
+        rank's census answer, united; none when no rank's census can say: the fault is answered all the same, with
+        no node named)."""
+        mine = self._known_nodes(ranks) if ranks else []
+        if not ranks or self._world == 1 or self._dist is None:
+            return mine
+        every: list[Any] = [None] * self._world
+        self._dist.all_gather_object(every, mine)  # a rank whose store did not answer still leaves the node out
+        return sorted({n for nodes in every for n in nodes or ()})
+
+    def _known_nodes(self, ranks: Sequence[int]) -> list[str]:
         if self._node_of is None:
             return []
         try:
@@ -234,21 +249,38 @@ class HealthCheck:
             self._events.emit(Event.CERTIFIED, step=newly, at=step)
             write_record(self._directory, self.record)
 
-    def _agree(self, mine: Verdict | None) -> tuple[int, int, int]:
-        """The largest verdict code of any rank (0: every rank healthy), and the lowest and the highest rank with a
-        verdict (the same: one rank's values alone were bad)."""
+    def _agree(self, mine: Verdict | None, loss: float | None) -> tuple[int, int, bool, float | None]:
+        """The largest verdict code of any rank (0: every rank healthy), the lowest rank with a verdict, whether it
+        was the only one, and the mean of the ranks' losses (a rank that gave none counts 0; None: this rank gave
+        none). The sum of the losses, NaN from an unhealthy rank; only a sum that is not finite asks who."""
+        buffer = self._buffer()
+        if buffer is None:
+            return (_CODES[mine.what], self._rank, True, None) if mine is not None else (0, -1, False, loss)
+        buffer.fill_(float("nan") if mine is not None else loss or 0.0)
+        self._dist.all_reduce(buffer)
+        total = buffer.item()
+        if math.isfinite(total):
+            return 0, -1, False, total / self._world if loss is not None else None
+        code, first, last = self._who(mine)
+        if code == 0:  # every rank healthy, and their losses' sum overflowed
+            return 0, -1, False, total / self._world if loss is not None else None
+        return code, first, first == last, None
+
+    def _who(self, mine: Verdict | None) -> tuple[int, int, int]:
+        """On a fault's path (every rank calls it): the largest verdict code, and the lowest and the highest rank with
+        a verdict, in one MAX of three integers."""
+        import torch
+
         code = _CODES[mine.what] if mine is not None else 0
         lowest = self._world - self._rank if mine is not None else 0  # MAX of (world - rank): the lowest rank
         highest = self._rank + 1 if mine is not None else 0
-        buffer = self._buffer()
-        if buffer is not None:
-            buffer[0], buffer[1], buffer[2] = code, lowest, highest
-            self._dist.all_reduce(buffer, op=self._dist.ReduceOp.MAX)
-            code, lowest, highest = buffer.tolist()
-        return (code, self._world - lowest, highest - 1) if code else (0, -1, -1)
+        who = torch.tensor([code, lowest, highest], dtype=torch.int64, device=self._tensor.device)
+        self._dist.all_reduce(who, op=self._dist.ReduceOp.MAX)
+        code, lowest, highest = who.tolist()
+        return code, self._world - lowest, highest - 1
 
     def _buffer(self) -> Any:
-        """The three integers the ranks reduce, made once on the training group's device (the GPU under NCCL); None
+        """The number the ranks reduce, made once on the training group's device (the GPU under NCCL); None
         for one process. Several processes without ``init_process_group`` would each decide alone, and a rank that
         raised would leave the others waiting in their next collective: refused."""
         if self._tensor is None and self._world > 1:
@@ -261,7 +293,7 @@ class HealthCheck:
 
             nccl = dist.get_backend() == "nccl"
             device = f"cuda:{torch.cuda.current_device()}" if nccl else "cpu"
-            self._dist, self._tensor = dist, torch.zeros(3, dtype=torch.int64, device=device)
+            self._dist, self._tensor = dist, torch.zeros(1, dtype=torch.float64, device=device)
         return self._tensor
 
 

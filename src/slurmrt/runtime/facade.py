@@ -73,15 +73,16 @@ class Runtime(TopologyView):
         (a collective) whether phase "eval", a save and the margin still fit before the end, and stop if not."""
         return self.stop.should_stop(step, before=before)
 
-    def check(self, step: int, *, loss: Any = None, grad_norm: Any = None, replicas: Any = None) -> None:
+    def check(self, step: int, *, loss: Any = None, grad_norm: Any = None, replicas: Any = None) -> float | None:
         """The health of ``step`` (collective, one small all-reduce on the training's process group): a loss or a
         gradient norm that is not finite on any rank, or a loss far above its recent values, raises
-        :class:`slurmrt.TrainingHealthError` on every rank at this step; call it before the optimizer step. Under
+        :class:`slurmrt.TrainingHealthError` on every rank at this step; call it before the optimizer step. Returns
+        the mean of the ranks' losses, from the same all-reduce (log it instead of all-reducing the loss again). Under
         ``run_restartable`` the step is re-run from the newest checkpoint; a fault that comes back rewinds to the
         newest certified checkpoint and skips the batches since (:meth:`skip`; docs/guides/training-health.md).
         ``replicas``: a model (or tensors) every data-parallel rank holds the same copy of: their hashes are compared
         every ``health_hash_every`` steps, which finds a flipped bit that never makes a NaN."""
-        self.parts.health.check(step, loss=loss, grad_norm=grad_norm, replicas=replicas)
+        return self.parts.health.check(step, loss=loss, grad_norm=grad_norm, replicas=replicas)
 
     def time_compute(self) -> contextlib.AbstractContextManager[None]:
         """``with rt.time_compute(): loss = model(batch)``: time this rank's own work, a section without collectives,
