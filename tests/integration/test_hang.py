@@ -60,8 +60,11 @@ def test_a_rank_stuck_in_user_code_is_named_while_the_others_block_in_a_gloo_all
         "Slurm refuses ExcNodeList on a running job: requeue first"
     # faulthandler's stacks: in the rank's stacks file beside the event log, which the leader's line names
     assert "(most recent call first)" in (workdir / "ckpt" / "stacks-4242-0.0-rank1.txt").read_text()
-    assert f"every rank's stacks: {workdir / 'ckpt' / 'stacks-4242-0.0-rank*.txt'}" in \
-        "".join((workdir / f"rank{r}.log").read_text() for r in range(3))
+    said = "".join((workdir / f"rank{r}.log").read_text() for r in range(3))
+    assert f"every rank's stacks: {workdir / 'ckpt' / 'stacks-4242-0.0-rank*.txt'}" in said
+    # The hang was answered (a requeue without the node): nothing said at ERROR, the suspects line included.
+    assert " ERROR " not in said and "INFO slurmrt: suspects: [1]" in said
+    assert "INFO slurmrt: exit 5 (HUNG): requeue without localhost" in said, said
 
 
 def test_a_rank_killed_mid_run_is_named_by_the_survivors(workdir: Path) -> None:

@@ -258,9 +258,10 @@ class HangResponse:
         bad = sorted(set(nodes.values()))
         extra = [n for n in self.also_exclude() if n not in bad]
         if extra:
-            logger.error("also leaving out straggler node(s) %s", ", ".join(extra))
+            logger.info("also leaving out straggler node(s) %s", ", ".join(extra))
         files = pattern(self.executor.events.path, self.topology)
-        logger.error("suspects: %s (%s); node(s) %s%s", suspects or "none", why, ", ".join(bad) or "none",
+        # INFO: what was found; the decision's line that follows says ERROR only when the job cannot go on by itself.
+        logger.info("suspects: %s (%s); node(s) %s%s", suspects or "none", why, ", ".join(bad) or "none",
                      f"; every rank's stacks: {files}" if files else "")
         named = [{"rank": r, "node": nodes.get(r), "where": states[r].where if r in states else None,
                   "step": states[r].step if r in states else None} for r in suspects]

@@ -54,10 +54,11 @@ class Executor:
         self._requeue = requeue_job
         self.ledger = ledger
 
-    def can_leave_out(self, node: str) -> bool:
-        """Whether a restart could leave ``node`` out (a straggler's): a spare under ``slurmrt run``, or a
-        requeue. The plan's answer; nothing is done."""
-        return plan(Trigger.STRAGGLER, self.facts, nodes=[node]).restarts
+    def can_leave_out(self, node: str, *, cause: str = "straggler") -> bool:
+        """Whether a restart could leave ``node`` out: a spare under ``slurmrt run``, or a requeue. The plan's answer
+        for the trigger the stop will be planned as (``cause``: a :class:`Trigger`'s value, a straggler's or a node
+        that computed a step wrong, ``"unhealthy"``); nothing is done."""
+        return plan(Trigger(cause), self.facts, nodes=[node]).restarts
 
     def remember(self, nodes: list[str], why: str) -> None:
         """Put ``nodes`` into the user's bad-node ledger without a restart (none could leave them out now)."""
@@ -150,6 +151,8 @@ class Executor:
         outcome, said = decision.outcome, why or decision.why
         if decision.action is Action.IN_JOB_RESTART:  # exit 3, and slurmrt run starts the new step: no requeue
             logger.info("exit %d for %s", outcome.code, said)
+        elif decision.action is Action.REQUEUE:  # the recovery under way: its failure, if it fails, says ERROR
+            logger.info("exit %d (%s): %s", outcome.code, outcome.name, said)
         elif outcome.code:
             logger.warning("exit %d (%s): %s", outcome.code, outcome.name, said)
         else:
