@@ -78,7 +78,7 @@ class Recovery(Protocol):
     """Whether a stop would restart without a node: a spare under ``slurmrt run``, or a requeue
     (:class:`~slurmrt.recovery.executor.Executor`, from the plan)."""
 
-    def can_leave_out(self, node: str) -> bool: ...
+    def can_leave_out(self, node: str, *, cause: str = "straggler") -> bool: ...
 
     def remember(self, nodes: list[str], why: str) -> None: ...
 
@@ -197,7 +197,7 @@ class StopController:
         node that failed its health check). With no restart that could leave them out, training goes on with them
         and the ledger keeps them out of the next jobs. True: they are left out."""
         why = f"computed step {step} wrong once (rt.check: its re-run passed)"
-        if all(self._recovery.can_leave_out(n) for n in nodes):
+        if all(self._recovery.can_leave_out(n, cause="unhealthy") for n in nodes):  # as the stop is planned
             self.state.exclude = tuple(dict.fromkeys((*self.state.exclude, *nodes)))
             self._suspect = True  # every rank at this step: the reason is raised together
             if self.topology.rank == 0:
