@@ -35,7 +35,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,6 +65,13 @@ class Trial:
         return {"nan": ["--nan", at], "nan-repeats": ["--nan", at, "--nan-repeats"], "spike": ["--spike", at],
                 "flip": ["--flip", at], "none": []}[self.kind]
 
+    def worker_args(self) -> list[str]:
+        """The same fault, made by the worker itself (where no ``slurmrt sim`` runs it: the test cluster): the first
+        generation only (once) or every one (each time the step is reached), in the job's first run."""
+        at = f"{self.task}:{self.step}"
+        return {"nan": ["--nan", f"0:{at}"], "nan-repeats": ["--nan", f"*:{at}"], "spike": ["--spike", f"*:{at}"],
+                "flip": ["--flip", f"0:{at}"], "none": []}[self.kind]
+
     @property
     def found_at(self) -> int:
         """The step the fault is found at: its own, or a flip's first comparison at or after it."""
@@ -80,6 +87,16 @@ def draw(seed: int, trials: int, clean: int, steps: int) -> list[Trial]:
         last = steps - HASH_EVERY - 2 if kind == "flip" else steps - 2
         drawn.append(Trial(seed, n, kind, rng.randrange(TASKS), rng.randrange(first, last)))
     return drawn + [Trial(seed, trials + n, "none") for n in range(clean)]
+
+
+#: Runs one job in ``directory`` (made here): the trial's fault (None: none) and the worker's extra arguments; returns
+#: the job's exit code (0: it ended well) and its output.
+Runner = Callable[[Path, "Trial | None", int, Sequence[str]], tuple[int, str]]
+
+
+def sim_job(directory: Path, trial: Trial | None, steps: int, worker_args: Sequence[str] = ()) -> tuple[int, str]:
+    out = run_sim(directory, trial.sim_args() if trial is not None else [], steps, worker_args)
+    return out.returncode, out.stdout[-1500:] + out.stderr[-1500:]
 
 
 def run_sim(directory: Path, args: list[str], steps: int,
@@ -124,43 +141,44 @@ def tainted(trial: Trial, seen: list[dict[str, Any]]) -> list[str]:
     return bad
 
 
-def judge(trial: Trial, work: Path, steps: int, weights: dict[tuple[tuple[int, int], ...], Any]) -> dict[str, Any]:
+def judge(trial: Trial, work: Path, steps: int, weights: dict[tuple[tuple[int, int], ...], Any],
+          run: Runner = sim_job) -> dict[str, Any]:
     import torch
 
     directory = work / f"s{trial.seed}-t{trial.number}-{trial.kind}"
-    out = run_sim(directory, trial.sim_args(), steps)
+    code, said = run(directory, trial, steps, ())
     seen = events(directory)
     health = [e for e in seen if e["event"] == "training_health"]
-    result: dict[str, Any] = {"trial": trial, "code": out.returncode, "unhealthy": len(health),
+    result: dict[str, Any] = {"trial": trial, "code": code, "unhealthy": len(health),
                               "tainted": tainted(trial, seen),
                               "left_out": [n for e in seen if e["event"] == "transient_fault" for n in e["nodes"]]}
     result["found"] = bool(health) and health[0]["step"] == trial.found_at if trial.kind != "none" else not health
     result["latency"] = health[0]["step"] - trial.step if health and trial.kind != "none" else None
     key = skips(directory)
     if key not in weights:
-        weights[key] = _reference(work, key, steps)
+        weights[key] = _reference(work, key, steps, run)
     final = directory / "out" / "weights.pt"
     got = torch.load(final) if final.exists() else None
     want = weights[key]
     result["equal"] = got is not None and got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in got)
-    if out.returncode != 0 or not result["equal"]:
-        result["why"] = out.stdout[-1500:] + out.stderr[-1500:]
+    if code != 0 or not result["equal"]:
+        result["why"] = said
     return result
 
 
-def _reference(work: Path, skipped: tuple[tuple[int, int], ...], steps: int) -> Any:
+def _reference(work: Path, skipped: tuple[tuple[int, int], ...], steps: int, run: Runner) -> Any:
     import torch
 
     assert len(skipped) <= 1, f"one fault per trial skips one range at most, not {skipped}"
     name = "reference" + "".join(f"-{a}-{b}" for a, b in skipped)
-    out = run_sim(work / name, [], steps, [f"--skip={a}-{b}" for a, b in skipped])
-    if out.returncode != 0:
-        raise SystemExit(f"the uninterrupted run {name} failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
+    code, said = run(work / name, None, steps, [f"--skip={a}-{b}" for a, b in skipped])
+    if code != 0:
+        raise SystemExit(f"the uninterrupted run {name} failed:\n{said}")
     return torch.load(work / name / "out" / "weights.pt")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None, run: Runner = sim_job, description: str | None = __doc__) -> int:
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--first-seed", type=int, default=0)
     parser.add_argument("--trials", type=int, default=20, help="faulted jobs per seed")
@@ -173,10 +191,10 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     trials = [t for s in range(args.first_seed, args.first_seed + args.seeds)
               for t in draw(s, args.trials, args.clean, args.steps)]
-    weights: dict[tuple[tuple[int, int], ...], Any] = {(): _reference(work, (), args.steps)}
+    weights: dict[tuple[tuple[int, int], ...], Any] = {(): _reference(work, (), args.steps, run)}
     started = time.monotonic()
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        results = list(pool.map(lambda t: judge(t, work, args.steps, weights), trials))
+        results = list(pool.map(lambda t: judge(t, work, args.steps, weights, run), trials))
     print(report(results, time.monotonic() - started))
     return 0 if all(_passed(r) for r in results) else 1
 

@@ -5,6 +5,7 @@ training function (``--every auto``: where ``rt.should_save`` says).
 ``--fail G:R:S`` (repeatable): in generation G, rank R raises after step S's update (a software fault: the process
 lives); G may be ``*`` (every generation). ``--kill G:R:S``: that rank's process dies there (SIGKILL).
 ``--nan G:R:S``: that rank's loss of step S is NaN, which ``rt.check`` (called every step, before the update) finds;
+``--spike G:R:S``: that rank's loss of step S spikes (a batch that causes it: give G ``*``);
 the loop skips the batches ``rt.skip`` names (a rewind past a fault that came back), and those of ``--skip A-B``
 (the comparator: an uninterrupted run that skips them).
 Rank 0 writes the final weights to ``--out`` and, per generation, the pid that ran it (one process throughout, or the
@@ -33,6 +34,7 @@ parser.add_argument("--kill", action="append", default=[], help="G:R:S, as --fai
 parser.add_argument("--nan", action="append", default=[], help="G:R:S, as --fail: that rank's loss is NaN there")
 parser.add_argument("--flip", action="append", default=[], help="G:R:S, as --fail: a bit of that rank's weights flips "
                     "before step S (silent: no NaN)")
+parser.add_argument("--spike", action="append", default=[], help="G:R:S, as --fail: that rank's loss spikes there")
 parser.add_argument("--replicas", action="store_true", help="rt.check compares the replicas' hashes")
 parser.add_argument("--skip", help="A-B: the batches of steps A to B are skipped, as after a rewind")
 parser.add_argument("--out", type=Path, required=True)
@@ -84,6 +86,9 @@ def train(generation: int) -> torch.nn.Module:
         if due(args.nan, generation, step):
             print(f"worker: fault nan on rank {rt.rank} at {time.time():.6f}", flush=True)
             loss = loss * float("nan")
+        if due(args.spike, generation, step):
+            print(f"worker: fault spike on rank {rt.rank} at {time.time():.6f}", flush=True)
+            loss = loss.abs() * 100 + 1000
         if due(args.flip, generation, step):
             print(f"worker: fault flip on rank {rt.rank} at {time.time():.6f}", flush=True)
             assert flip_bit(list(model.parameters()))
