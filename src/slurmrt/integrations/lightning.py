@@ -27,6 +27,7 @@ What changes against Lightning's own SLURM support:
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
@@ -127,10 +128,22 @@ class SlurmrtCallback(Callback):  # type: ignore[misc]
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         self.rt.reclaim_signals()  # Lightning's signal connector replaced the SIGTERM handler at the start of fit
+        if pl_module.automatic_optimization and not getattr(pl_module.training_step, "_slurmrt_skips", False):
+            pl_module.training_step = _skipping(self.rt, trainer, pl_module)
+        elif not pl_module.automatic_optimization:
+            logger.info("manual optimization: a rewind past a fault that came back cannot skip its batches here "
+                        "(rt.skip(step) in training_step does)")
 
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
-        # Every rank, every optimizer step (collective): a bad loss stops every rank here, before the update.
-        self.rt.check(trainer.global_step, loss=loss.detach())
+        # Every rank, every optimizer step (collective): a bad loss stops every rank here, before the update. A
+        # skipped step's loss is no loss of the training's.
+        if not self.rt.skip(trainer.global_step):
+            self.rt.check(trainer.global_step, loss=loss.detach())
+
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        if self.rt.skip(trainer.global_step):  # no gradient: torch's optimizers leave the weights and their state
+            for p in pl_module.parameters():
+                p.grad = None
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         step = trainer.global_step
@@ -159,3 +172,21 @@ class SlurmrtCallback(Callback):  # type: ignore[misc]
     def _save(self, trainer: Any, step: int) -> None:
         # Every rank calls save_checkpoint (it has a barrier inside); rank 0 writes the file.
         self.rt.save(lambda directory: trainer.save_checkpoint(directory / CHECKPOINT_FILE), step=step)
+
+
+def _skipping(rt: Any, trainer: Any, pl_module: Any) -> Any:
+    """``pl_module.training_step`` that skips the batch of each step ``rt.skip`` names (a rewind past a fault that
+    came back: docs/guides/training-health.md): it returns a zero loss made of the parameters, whose backward gives
+    every data-parallel rank the same collectives (Lightning refuses a None under DDP), and ``SlurmrtCallback`` takes
+    the gradients away before the optimizer step, so that the weights and the optimizer's state stay as they were;
+    the step is counted, as a loop that ``continue``s counts it (a learning-rate schedule moves on)."""
+    training_step = pl_module.training_step
+
+    @functools.wraps(training_step)
+    def step(*args: Any, **kwargs: Any) -> Any:
+        if rt.skip(trainer.global_step):
+            return sum(p.sum() for p in pl_module.parameters() if p.requires_grad) * 0.0
+        return training_step(*args, **kwargs)
+
+    step._slurmrt_skips = True  # type: ignore[attr-defined]
+    return step
