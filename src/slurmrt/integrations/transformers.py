@@ -23,7 +23,9 @@ What the callback does:
 - Before each optimizer step it checks the step's health (``rt.check``) from this rank's gradient norm: the Trainer
   hands its callbacks no loss, so a NaN or an inf anywhere in the loss or the gradients is found there, before the
   update, on every rank; a loss spike is not (docs/guides/training-health.md). One pass over the gradients, as the
-  Trainer's own clipping makes (``max_grad_norm``).
+  Trainer's own clipping makes (``max_grad_norm``). At a step that a rewind past a fault that came back names, it
+  takes the gradients away instead: the optimizer leaves the weights and its state, and the step is counted (the
+  batch's forward and backward still ran: the Trainer has no hook before them).
 - The Trainer's own SIGTERM checkpoint, ``TrainingArguments(enable_jit_checkpoint=True)``, is refused next to the
   callback (see :data:`JIT_CHECKPOINT_REFUSED`): slurmrt already saves on SIGTERM, at a step every rank agreed on.
 """
@@ -115,7 +117,12 @@ class SlurmrtCallback(TrainerCallback):  # type: ignore[misc]
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         # The gradients are reduced (and clipped) and the optimizer has not stepped: raises on every rank when any
         # rank's norm is not finite. global_step counts the steps done, as the checkpoints do.
-        self.rt.check(state.global_step, grad_norm=_grad_norm(kwargs.get("model")))
+        model = kwargs.get("model")
+        if not self.rt.skip(state.global_step):
+            self.rt.check(state.global_step, grad_norm=_grad_norm(model))
+        elif model is not None:  # a rewind past a fault that came back names this step: its batch is not trained on
+            for p in model.parameters():
+                p.grad = None  # torch's optimizers leave the weights and their state; the step is counted
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.rt.should_stop(state.global_step):
