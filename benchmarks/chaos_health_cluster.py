@@ -16,28 +16,25 @@ skipped the same batches). The jobs run one at a time: three of the cluster's fo
 
 from __future__ import annotations
 
-import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from tests.slurm.conftest import submit
-from tests.slurm.test_inprocess import INPROCESS
+from tests.slurm.test_inprocess import train_line
 
 from . import chaos_health
 from .chaos_health import ENV, TASKS, Trial
-
-#: Each node's local tier its own (one filesystem here, as a node-local /dev/shm is on a real cluster).
-LINE = ("srun --kill-on-bad-exit=1 bash -c 'export SLURMRT_LOCAL_CHECKPOINT_DIR=$SLURMRT_CHECKPOINT_DIR-local-"
-        "$SLURMD_NODENAME; mkdir -p $SLURMRT_LOCAL_CHECKPOINT_DIR && exec $PY {worker} --out {out} --steps {steps} "
-        "--replicas {args}'\nexit $?")
 
 
 def cluster_job(directory: Path, trial: Trial | None, steps: int, worker_args: Sequence[str] = ()) -> tuple[int, str]:
     """One trial as an sbatch job; 0 when it ended COMPLETED, and its output's tail."""
     args = [*(trial.worker_args() if trial is not None else []), *worker_args]
-    body = "export PY\n" + LINE.format(worker=shlex.quote(str(INPROCESS)), out=shlex.quote(str(directory / "out")),
-                                       steps=steps, args=shlex.join(args))
+    # Double quotes: the line is inside bash -c '...', where shlex's single quotes would end the command's own (a
+    # NaN each time is "*:R:S", which neither shell may expand as a file name).
+    line = train_line(" ".join(f'"{a}"' for a in args), steps=steps, options="--replicas",
+                      out=f'"{directory / "out"}"')
+    body = f"export PY\nsrun --kill-on-bad-exit=1 {line}\nexit $?"
     bin_dir = Path(sys.executable).parent
     job = submit(directory, body, f"-N{TASKS}", "--ntasks-per-node=1", "--requeue", name=directory.name,
                  exports={**ENV, "PATH": f"{bin_dir}:/usr/bin:/bin",

@@ -19,10 +19,19 @@ pytestmark = pytest.mark.timeout(900)
 
 INPROCESS = ROOT / "tests" / "integration" / "inprocess_worker.py"
 STEPS = 40
-#: Each node's local tier in a directory of its own (one filesystem here): a node-local /dev/shm, as users have it.
-TRAIN = ("bash -c 'export SLURMRT_LOCAL_CHECKPOINT_DIR=$SLURMRT_CHECKPOINT_DIR-local-$SLURMD_NODENAME; "
-         f"mkdir -p $SLURMRT_LOCAL_CHECKPOINT_DIR && exec $PY {INPROCESS} --steps {STEPS} --step-time 0.1 --every 5 "
-         "--out $OUT {}'")
+
+
+def train_line(args: str = "", *, steps: int = STEPS, options: str = "--step-time 0.1 --every 5",
+               out: str = "$OUT") -> str:
+    """The in-process worker under bash, each node's local tier in a directory of its own (one filesystem here: a
+    node-local /dev/shm, as users have it); ``args``: the worker's fault options."""
+    return ("bash -c 'export SLURMRT_LOCAL_CHECKPOINT_DIR=$SLURMRT_CHECKPOINT_DIR-local-$SLURMD_NODENAME; "
+            f"mkdir -p $SLURMRT_LOCAL_CHECKPOINT_DIR && exec $PY {INPROCESS} --steps {steps} {options} --out {out} "
+            f"{args}'")
+
+
+#: 40 steps of 0.1 s, shared saves every 5; ``{}``: the fault options.
+TRAIN = train_line("{}")
 #: Rank 1's process dies after its update of step 12, in the first run's first generation only.
 KILL = "--kill 0:1:12"
 LAUNCHES = {
