@@ -29,7 +29,7 @@ def jobs(cluster: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[di
     made = {}
     # A NaN at step 12 in every generation comes back: rewound to certified step 5 (saved every 5 steps, certified 3
     # healthy steps after), steps 6-12 skipped; its comparator skips them too.
-    for name, args in (("reference", ""), ("nan", "--nan 0:1:12"), ("repeats", "--nan *:1:12"),
+    for name, args in (("reference", ""), ("nan", "--nan 0:1:12"), ("repeats", "--nan \"*:1:12\""),
                        ("skipped", "--skip 6-12")):
         d = tmp_path_factory.mktemp(f"health-{name}")
         made[name] = submit(d, f"export PY OUT\n{TRAIN.format(args)}\nexit $?", "-N2", "--ntasks-per-node=1",
