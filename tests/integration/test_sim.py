@@ -538,10 +538,12 @@ def test_the_first_node_failing_in_a_no_kill_job_is_requeued_by_the_guard_job_an
 
 def test_srun_wait_ends_a_task_frozen_after_the_others_ended(tmp_path: Path) -> None:
     # The cluster campaign: rank 0, stopped (SIGSTOP) after it had finished, kept its job for ever; `slurmrt run`
-    # now starts its step with `srun --wait`, which ends the tasks left that long after the first one ended.
+    # now starts its step with `srun --wait`, which ends the tasks left that long after the first one ended. srun
+    # sends SIGCONT, then SIGTERM, as Slurm does: the frozen task sleeps once resumed; without the sleep, on a loaded
+    # machine it could end on its own (exit 0) between the two signals.
     script = tmp_path / "job.sh"
-    script.write_text('#!/bin/bash\nsrun --wait=1 sh -c \'[ "$SLURM_PROCID" = 0 ] && kill -STOP $$; exit 0\'\n'
-                      'echo "srun exit $?"\n')
+    script.write_text('#!/bin/bash\nsrun --wait=1 sh -c \'[ "$SLURM_PROCID" = 0 ] && kill -STOP $$ && exec sleep 60; '
+                      'exit 0\'\necho "srun exit $?"\n')
     out = sim(tmp_path, "-N", "2", "--ntasks-per-node", "1", "--", str(script), timeout=120)
     assert "--wait: 1 s after the first task ended" in out.stderr + out.stdout, out.stdout + out.stderr
     assert "srun exit 0" not in out.stdout, out.stdout

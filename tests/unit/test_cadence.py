@@ -13,7 +13,18 @@ import pytest
 
 from slurmrt import _clock
 from slurmrt._comm import SoloComm
-from slurmrt.checkpoint.cadence import LOCAL_OVERHEAD, WARMUP_STEPS, Cadence, History, daly, intervals
+from slurmrt.checkpoint.cadence import (
+    EARLY_OVERHEAD,
+    EARLY_S,
+    LOCAL_OVERHEAD,
+    WARMUP_STEPS,
+    Cadence,
+    History,
+    daly,
+    intervals,
+)
+from slurmrt.record.events import Event, EventLog
+from slurmrt.record.runs import measured_earlier
 
 T0 = datetime(2026, 11, 21, 10, 0, tzinfo=timezone.utc)
 
@@ -65,16 +76,25 @@ def test_with_a_local_tier_local_saves_come_more_often_than_shared_ones() -> Non
     plan = intervals(History(), shared_cost_s=30.0, local_cost_s=2.0, node_h=5000, nodes=128)
     assert plan.local_s is not None and plan.local_s < plan.shared_s / 3
     assert intervals(History(), shared_cost_s=30.0, local_cost_s=None, node_h=5000, nodes=128).local_s is None
-    # a local save as slow as the shared one is pointless: shared saves only
-    assert intervals(History(), shared_cost_s=5.0, local_cost_s=50.0, node_h=5000, nodes=128).local_s is None
+    # a local save as slow as the shared one is pointless: shared saves only, once the early insurance (10 % of the
+    # training time in local saves, test below) has ended
+    dear = intervals(History(), shared_cost_s=5.0, local_cost_s=50.0, node_h=5000, nodes=128)
+    assert dear.local_s == pytest.approx(50.0 / EARLY_OVERHEAD)
+    assert intervals(History(exposure_s=EARLY_S), shared_cost_s=5.0, local_cost_s=50.0, node_h=5000,
+                     nodes=128).local_s is None
 
 
 def test_a_cheap_local_save_comes_at_least_as_often_as_its_overhead_allows() -> None:
     # a 2-node job under the default prior (9,000,000 s between failures): Daly alone would save locally every
-    # ~5,000 s for a 1 s stall; the floor saves every 1 s / LOCAL_OVERHEAD of training, the stall's share of the time
+    # ~5,000 s for a 1 s stall; the floor saves every 1 s / EARLY_OVERHEAD of training in the experiment's first
+    # EARLY_S, when a first failure is likeliest and nothing measures the job's rate, then every 1 s / LOCAL_OVERHEAD
     plan = intervals(History(), shared_cost_s=0.5, local_cost_s=1.0, node_h=5000, nodes=2)
     assert daly(1.0, 9e6 / 0.5) > 5000
-    assert plan.local_s == pytest.approx(1.0 / LOCAL_OVERHEAD) and plan.shared_s > 3000
+    assert plan.local_s == pytest.approx(1.0 / EARLY_OVERHEAD) and plan.shared_s > 3000
+    assert intervals(History(exposure_s=EARLY_S - 1), shared_cost_s=0.5, local_cost_s=1.0, node_h=5000,
+                     nodes=2).local_s == pytest.approx(1.0 / EARLY_OVERHEAD)
+    later = intervals(History(exposure_s=EARLY_S), shared_cost_s=0.5, local_cost_s=1.0, node_h=5000, nodes=2)
+    assert later.local_s == pytest.approx(1.0 / LOCAL_OVERHEAD) and EARLY_OVERHEAD > LOCAL_OVERHEAD
     # from the job's first failure its own rate speaks: no floor, Daly's interval for that rate
     failed = History(exposure_s=9e6, failures=1)
     plan = intervals(failed, shared_cost_s=0.5, local_cost_s=1.0, node_h=5000, nodes=2)
@@ -328,3 +348,26 @@ def test_a_step_that_starts_at_0_each_epoch_keeps_saving(monkeypatch: pytest.Mon
             saves += [(epoch * 200 + s, tier) for s, tier in train(per_epoch, clock, 200, stall={"shared": 10.0})]
     assert len(expected) >= 3 and saves == expected
     assert sum("the step went back from 199 to 0" in r.message for r in caplog.records) == 1
+
+
+def test_a_resumed_run_saves_nothing_only_to_measure_a_stall_the_log_knows(monkeypatch: pytest.MonkeyPatch,
+                                                                            tmp_path: Path) -> None:
+    # Every new step of an in-job restart, and every requeued run, saved to the local tier at its second check only
+    # to measure a stall its event log already held: the earlier runs' local saves now count, as the shared ones do.
+    log = tmp_path / "events-5.jsonl"
+    events = EventLog(log, job="5", restart=0, rank=0)
+    events.emit(Event.SAVE, step=10, seconds=30.0)
+    events.emit(Event.SAVE, step=12, seconds=1.0, tier="local")
+    earlier = measured_earlier(log)
+    assert (earlier.save_s, earlier.local_save_s) == (30.0, 1.0)
+
+    def resumed(costs: tuple[float | None, float | None]) -> list[tuple[int, str]]:
+        c = Cadence(rank=0, comm=SoloComm, events=None, current=(1, 0), nodes=8, node_h=20.0, local=True,
+                    step_s=lambda: 1.0, costs=costs)
+        return train(c, Clock(monkeypatch), 60, stall={"shared": 30.0, "local": 1.0}, start=13)
+
+    measuring = resumed((None, None))  # the control: nothing known, each tier saved once to measure it
+    assert measuring[:2] == [(13 + WARMUP_STEPS, "shared"), (13 + 2 * WARMUP_STEPS, "local")]
+    known = resumed((earlier.save_s, earlier.local_save_s))
+    # the early insurance's interval (1 s / EARLY_OVERHEAD) from the run's first call, not a save to measure
+    assert known and known[0][1] == "local" and known[0][0] >= 13 + 1.0 / EARLY_OVERHEAD - 1, known

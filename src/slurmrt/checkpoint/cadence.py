@@ -25,11 +25,15 @@ survives (a node lost while its partner lives: an in-job restart resumes from it
 So the shared interval is Daly's for the shared save's stall and the mean time between failures the local tier did
 not serve, and the local one Daly's for the local save's stall and the time between those it did. Which ones it
 serves is learned too (the tier each resume read), from a prior of one in two. Until the job has failed once, the
-local interval is also at most the local stall over ``LOCAL_OVERHEAD`` (a local save at least as often as 1 % of the
-training time pays for): the prior is a guess until then, and a fast tier's saves are cheap insurance against a
-guess that is far off (CheckFreq, FAST '21, bounds its saves' overhead the same way). From the first failure the
-job's own rate speaks, and the insurance ends: where the prior was right, it would cost 1 % for good. The shared
-tier has no such floor: a shared save's cost to the filesystem is more than its stall.
+local interval is also at most the local stall over an overhead share: the prior is a guess until then, and a fast
+tier's saves are cheap insurance against a guess that is far off (CheckFreq, FAST '21, bounds its saves' overhead the
+same way). For the experiment's first ``EARLY_S`` of training the share is ``EARLY_OVERHEAD`` (10 %), then
+``LOCAL_OVERHEAD`` (1 %), whatever the shared save's stall (a background save's stall is not its whole cost). A fresh
+allocation's bad node, a broken driver or a data error shows itself in a job's first minutes, when nothing yet
+measures how often this job fails, and a first failure with no recent save loses all the work since the start: under
+the 1 % share alone, every minute of it for a save that stalls 0.6 s. From the first failure the job's own rate
+speaks, and the insurance ends: where the prior was right, it would cost 1 % for good. The shared tier has no such
+floor: a shared save's cost to the filesystem is more than its stall.
 
 Every rank must get the same answer at the same step, without a collective per step. The answer is decided at
 *check steps*: every rank calls ``should_save`` at every step; at a check step they take part in one broadcast of
@@ -49,7 +53,7 @@ from typing import Any
 from .. import _clock
 from .._comm import Comm
 
-__all__ = ["LOCAL_OVERHEAD", "Cadence", "History", "Intervals", "daly", "intervals"]
+__all__ = ["EARLY_OVERHEAD", "EARLY_S", "LOCAL_OVERHEAD", "Cadence", "History", "Intervals", "daly", "intervals"]
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +68,8 @@ OWN_RATE_FROM = 1
 #: Until the job's first failure, the local tier's saves block training for at least this share of its time when
 #: the prior alone would save less often: the local interval is at most the local stall over it.
 LOCAL_OVERHEAD = 0.01
+#: ... and for the experiment's first EARLY_S seconds (its runs' time, before its first failure), this share.
+EARLY_OVERHEAD, EARLY_S = 0.10, 900.0
 
 
 def daly(cost_s: float, mtbf_s: float) -> float:
@@ -146,7 +152,8 @@ def intervals(history: History, *, shared_cost_s: float, local_cost_s: float | N
     shared = daly(max(shared_cost_s, 1e-3), mtbf / share)
     local = daly(max(local_cost_s, 1e-3), mtbf / (1 - share)) if share < 1 else None
     if local is not None and history.failures == 0:  # the prior alone speaks: a guess, insured against (docstring)
-        local = min(local, max(local_cost_s, 1e-3) / LOCAL_OVERHEAD)
+        budget = EARLY_OVERHEAD if history.exposure_s < EARLY_S else LOCAL_OVERHEAD
+        local = min(local, max(local_cost_s, 1e-3) / budget)
     return Intervals(shared, local if local is not None and local < shared else None)
 
 

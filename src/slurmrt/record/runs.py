@@ -150,28 +150,32 @@ def _number(value: Any) -> TypeGuard[float]:
 @dataclass(frozen=True)
 class Measured:
     """What the earlier runs of a job measured: the step time rank 0 reported last, the longest of its last three
-    saves, and the longest duration of each phase (``rt.phase``). None (or empty) where nothing was."""
+    saves (shared tier; ``local_save_s``: the local tier's), and the longest duration of each phase (``rt.phase``).
+    None (or empty) where nothing was."""
 
     step_s: float | None = None
     save_s: float | None = None
     phases: dict[str, float] = field(default_factory=dict)
+    local_save_s: float | None = None
 
 
 def measured_earlier(path: Path | None, *, tail_bytes: int = 256 * 1024) -> Measured:
     """:class:`Measured`, from one read of the last ``tail_bytes`` of the event log."""
     # Shape: one pass over the tail, one case per kind of event measured
     step_s: float | None = None
-    saves: list[float] = []
+    saves: dict[str, list[float]] = {"shared": [], "local": []}
     phases: dict[str, float] = {}
     for e in _tail(path, tail_bytes):
         kind, value, seconds, name = e.get("event"), e.get("step_s"), e.get("seconds"), e.get("name")
+        tier = e.get("tier", "shared")
         if kind in (Event.PROGRESS.value, Event.DECISION.value) and _number(value):
             step_s = float(value)
-        elif kind == Event.SAVE.value and _number(seconds) and e.get("tier", "shared") == "shared":
-            saves.append(float(seconds))  # the deadline's input: a local-tier save says nothing of the shared one
+        elif kind == Event.SAVE.value and _number(seconds) and isinstance(tier, str) and tier in saves:
+            saves[tier].append(float(seconds))  # the deadline's input is the shared tier's
         elif kind == Event.PHASE.value and isinstance(name, str) and _number(seconds):
             phases[name] = max(phases.get(name, 0.0), float(seconds))
-    return Measured(step_s, max(saves[-3:]) if saves else None, phases)
+    shared, local = (max(found[-3:]) if found else None for found in saves.values())
+    return Measured(step_s, shared, phases, local)
 
 
 def measured(path: Path | None, *, tail_bytes: int = 256 * 1024) -> tuple[float | None, float | None]:
