@@ -167,15 +167,21 @@ def measured_earlier(path: Path | None, *, tail_bytes: int = 256 * 1024) -> Meas
     phases: dict[str, float] = {}
     for e in _tail(path, tail_bytes):
         kind, value, seconds, name = e.get("event"), e.get("step_s"), e.get("seconds"), e.get("name")
-        tier = e.get("tier", "shared")
+        tier = _tier(e) if kind == Event.SAVE.value else None
         if kind in (Event.PROGRESS.value, Event.DECISION.value) and _number(value):
             step_s = float(value)
-        elif kind == Event.SAVE.value and _number(seconds) and isinstance(tier, str) and tier in saves:
+        elif tier is not None and _number(seconds):
             saves[tier].append(float(seconds))  # the deadline's input is the shared tier's
         elif kind == Event.PHASE.value and isinstance(name, str) and _number(seconds):
             phases[name] = max(phases.get(name, 0.0), float(seconds))
     shared, local = (max(found[-3:]) if found else None for found in saves.values())
     return Measured(step_s, shared, phases, local)
+
+
+def _tier(save: dict[str, Any]) -> str | None:
+    """The tier a save event names ("shared" when it names none), or None for a value that is neither."""
+    tier = save.get("tier", "shared")
+    return tier if tier in ("shared", "local") else None
 
 
 def measured(path: Path | None, *, tail_bytes: int = 256 * 1024) -> tuple[float | None, float | None]:
