@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -141,3 +142,27 @@ def test_a_healthy_node_passes_the_health_check_and_trains(workdir: Path) -> Non
     codes = _run(workdir, "phase", 2, SLURMRT_HEALTH_CHECK="1")
     assert codes == [0, 0], codes
     assert not _events(workdir, "health") and not any(c.startswith(("requeue", "update")) for c in _calls(workdir))
+
+
+def test_a_frozen_rank_that_wakes_after_the_answer_says_so_quietly(workdir: Path) -> None:
+    # The hang rehearsal's frozen rank (SIGSTOP: the whole process, its watchdog too) wakes only when Slurm takes the
+    # step down (SIGCONT, SIGTERM), after rank 0 answered the hang and exited with the rendezvous store it hosted.
+    # Its census then meets a store nobody hosts: torch's C++ client logged a 20-frame stack at W level, and the
+    # rank said at ERROR that rank 0's node was to blame, a node that is healthy, in a recovery that worked.
+    procs = start(2, workdir, ["--mode", "sleep", "--out", str(workdir)], script=SCRIPT, extra=_env(workdir))
+    deadline = time.monotonic() + 120
+    while not (workdir / "stuck").exists() and time.monotonic() < deadline and procs[1].poll() is None:
+        time.sleep(0.05)
+    procs[1].send_signal(signal.SIGSTOP)
+    try:
+        assert procs[0].wait(timeout=180) == ExitCode.HUNG
+    finally:
+        procs[1].send_signal(signal.SIGCONT)
+    procs[1].send_signal(signal.SIGTERM)
+    assert wait_all(procs[1:], 120) == [ExitCode.HUNG]
+    woken = (workdir / "rank1.log").read_text()
+    assert "frame #" not in woken and "TCPStore" not in woken, woken
+    assert " ERROR " not in woken and " WARNING " not in woken, woken  # the ranks after 0 say WARNING and up
+    (suspects,) = _events(workdir, "suspects")  # rank 0's: the woken rank named nobody
+    assert suspects["rank"] == 0 and [s["rank"] for s in suspects["suspects"]] == [1], suspects
+    assert [e["rank"] for e in _events(workdir, "hang")] == [0, 1], "the woken rank still recorded its stacks"

@@ -25,6 +25,7 @@ from datetime import timedelta
 from typing import Any
 
 from .._errors import SlurmrtError
+from .quiet import hushed
 
 __all__ = ["CALL_TIMEOUT_S", "Census", "CensusError", "RankState", "main_thread_state", "name_suspects"]
 
@@ -131,7 +132,8 @@ class Census:
 
         def request() -> None:
             try:
-                result["value"] = getattr(self._store, what)(*args)
+                with hushed():  # its failure is said below, in one line: not torch's C++ stack as well
+                    result["value"] = getattr(self._store, what)(*args)
             except Exception as err:  # the store's errors are RuntimeError, DistStoreError, ... : all mean "gone"
                 result["error"] = err
 
@@ -220,7 +222,8 @@ class Census:
         for the acknowledgements before it exits). The wait is the store's own (one request), not a poll."""
         key = f"{self._prefix}done"
         try:
-            self._store.wait([key], timedelta(seconds=max(wait_s, 0.001)))
+            with hushed():
+                self._store.wait([key], timedelta(seconds=max(wait_s, 0.001)))
         except Exception as err:  # a timeout, or the store is gone: one more request tells which
             if not self._call("check", [key]):
                 logger.debug("no verdict within %.1f s: %s", wait_s, err)

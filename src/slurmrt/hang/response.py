@@ -243,15 +243,26 @@ class HangResponse:
         """Whether this rank acts for the job: the census says so, and no leader acted for this run already."""
         answered = self._answered_already() if lead else None
         if answered is not None:
-            # A rank that was frozen (SIGSTOP, a process stuck in the kernel) wakes when Slurm takes the step down
-            # (SIGCONT, SIGTERM), finds its peers gone and the store with them, and would name the leader's node.
-            chosen = answered.exit or {}
-            logger.error("this run's response was made already (rank %s: %s): not responding again",
-                         chosen.get("rank"), chosen.get("why"))
-            made = self.executor.complete_requeue(answered)  # unless its maker was killed before it could requeue
-            if made is not None:
-                self._exit(ExitCode(made.code))
+            self._answered(answered)
         return lead and answered is None
+
+    def _answered(self, run: Run) -> None:
+        """This run's response was made already. A rank that was frozen (SIGSTOP, a process stuck in the kernel)
+        wakes when Slurm takes the step down (SIGCONT, SIGTERM), finds its peers gone and the store with them, and
+        would name the leader's node: it says what happened (INFO: the recovery worked) and makes the requeue only
+        if its maker was killed before it could. Returns when there was none to make."""
+        chosen = run.exit or {}
+        logger.info("this run's response was made already (rank %s: %s): not responding again", chosen.get("rank"),
+                    chosen.get("why"))
+        made = self.executor.complete_requeue(run)
+        if made is not None:
+            self._exit(ExitCode(made.code))
+
+    @staticmethod
+    def _chosen_code(run: Run) -> ExitCode:
+        """The exit code the response chose for ``run`` (HUNG when its record does not say one)."""
+        code = (run.exit or {}).get("code")
+        return ExitCode(code) if type(code) is int and code in ExitCode._value2member_map_ else ExitCode.HUNG
 
     def _name(self, suspects: list[int], why: str, nodes: dict[int, str], states: dict[int, RankState]) -> list[str]:
         """Log and record the suspects; the nodes to leave out (theirs, and a straggler's)."""
@@ -279,6 +290,10 @@ class HangResponse:
             census.answer(state)
             return census, census.collect(lambda: self._wait(self.census_wait_s), self._ended), False
         except CensusError as err:
+            answered = self._answered_already()  # a frozen rank that woke after the answer: nobody to name
+            if answered is not None:
+                self._answered(answered)
+                self._exit(self._chosen_code(answered))  # the kill switch's 0, a requeue's code
             logger.error("%s: naming rank 0's node, whose process hosts the store", err)
             return census, {state.rank: state}, True
 
