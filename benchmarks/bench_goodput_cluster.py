@@ -14,6 +14,7 @@ uninterrupted run, bit for bit.
 
     tests/slurm/cluster.sh start
     python -m benchmarks.run goodput_cluster
+    python -m benchmarks.bench_goodput_cluster --keep /tmp/gc-keep   # the jobs' event logs kept, to read after
 """
 
 from __future__ import annotations
@@ -118,7 +119,9 @@ def _uninterrupted(work: Path, steps: int) -> list[float]:
     return _weights(directory)
 
 
-def run(quick: bool = False) -> Section:
+def run(quick: bool = False, keep: Path | None = None) -> Section:
+    """The four policies' jobs under one trace; ``keep``: a new directory (on a path every node of the cluster
+    sees) that keeps each job's directory, its event log and output (``slurmrt status DIR/policyK/ckpt``)."""
     from slurmrt.record.goodput import CATEGORIES
     from slurmrt.sim.faults import draw
     from tests.slurm.conftest import CONF
@@ -127,12 +130,15 @@ def run(quick: bool = False) -> Section:
     mtbf_s, seed = 8.0, 43
     steps = 400 if quick else 1200
     faults = draw(mtbf_s, seed, horizon_s=mtbf_s * 400)[:3 if quick else FAULTS]
-    work = Path(tempfile.mkdtemp(prefix="slurmrt-goodput-cluster-"))  # every node of the test cluster sees /tmp
+    if keep is not None:
+        keep.mkdir(parents=True)  # a new directory: an earlier run's logs are never mixed in
+    work = keep or Path(tempfile.mkdtemp(prefix="slurmrt-goodput-cluster-"))  # every test cluster node sees /tmp
     try:
         expected = _uninterrupted(work, steps)
         results = {p.name: _policy(work, p, faults, steps) for p in POLICIES}
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if keep is None:
+            shutil.rmtree(work, ignore_errors=True)
     rows = []
     for name, r in results.items():
         ledger = r["ledger"]
@@ -157,3 +163,22 @@ def run(quick: bool = False) -> Section:
             + f"\n\nFinal weights of the four jobs against an uninterrupted job: "
               f"{'bitwise equal' if same else 'DIFFERENT'}.")
     return Section("Goodput under failures on the test cluster: four policies, one shorter trace", body)
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_goodput_cluster",
+                                     description="Goodput under failures on the test cluster (tests/slurm/cluster.sh "
+                                     "start first): prints a markdown section for benchmarks/RESULTS.md.")
+    parser.add_argument("--quick", action="store_true", help="400 steps, 3 faults")
+    parser.add_argument("--keep", type=Path, metavar="DIR", help="a new directory that keeps every job's event log "
+                        "and output (on a path every node sees)")
+    args = parser.parse_args(argv)
+    if args.keep is not None and args.keep.exists():
+        parser.error(f"--keep {args.keep}: it exists already; name a new directory")
+    print(run(args.quick, args.keep).body)
+
+
+if __name__ == "__main__":
+    main()
