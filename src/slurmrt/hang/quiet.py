@@ -4,7 +4,8 @@ A request to a store whose host has gone (rank 0 answered a hang and exited; a f
 torch's C++ client, which logs the failure at W level with a stack of about 20 frames before it raises. slurmrt
 catches the error and says what it means in one line, so the stack only buries that line. torch reads
 ``TORCH_CPP_LOG_LEVEL`` once, when it loads; the threshold it sets is c10's ``FLAGS_caffe2_log_level``, checked at
-every message, so slurmrt raises it to ERROR for the length of its own requests and puts it back after.
+every message, so slurmrt raises it to ERROR for the length of its own requests and puts it back after. A request
+that never returns (the store's host is stopped) leaves it raised: that process is about to answer a hang.
 """
 
 from __future__ import annotations
