@@ -262,7 +262,10 @@ class HangResponse:
     def _chosen_code(run: Run) -> ExitCode:
         """The exit code the response chose for ``run`` (HUNG when its record does not say one)."""
         code = (run.exit or {}).get("code")
-        return ExitCode(code) if type(code) is int and code in ExitCode._value2member_map_ else ExitCode.HUNG
+        try:
+            return ExitCode(code) if type(code) is int else ExitCode.HUNG  # a bool or a string is no code
+        except ValueError:  # a number the record should not hold (a damaged or foreign line)
+            return ExitCode.HUNG
 
     def _name(self, suspects: list[int], why: str, nodes: dict[int, str], states: dict[int, RankState]) -> list[str]:
         """Log and record the suspects; the nodes to leave out (theirs, and a straggler's)."""
