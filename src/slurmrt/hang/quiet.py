@@ -34,8 +34,10 @@ def _threshold() -> ctypes.c_int | None:
     global _level, _looked
     if not _looked and "torch" in sys.modules:
         _looked = True
-        torch = sys.modules["torch"]
-        for lib in sorted(Path(getattr(torch, "__file__", "") or ".").parent.joinpath("lib").glob("libc10.*")):
+        where = getattr(sys.modules["torch"], "__file__", None)
+        if not where:  # never a relative path: a library planted in the working directory is not loaded
+            return None
+        for lib in sorted(Path(where).parent.joinpath("lib").glob("libc10.*")):
             with contextlib.suppress(OSError, ValueError):
                 _level = ctypes.c_int.in_dll(ctypes.CDLL(str(lib)), "FLAGS_caffe2_log_level")
                 break
