@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from slurmrt import Options
@@ -137,26 +135,48 @@ def test_the_timer_closes_a_window_of_means_every_window_uses(monkeypatch: pytes
     assert timer.timing(5, 2, suspect=1).others == 20_000
 
 
-def test_the_share_of_a_window_spent_waiting_for_a_core_is_taken_out_of_its_mean(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # The thread's statistics stood in by a file (time ran, time waited in the run queue, ns): the first window
-    # waited as long as it ran, the second did not wait (a stopped process, a slow GPU: its time is its own).
-    stats = tmp_path / "schedstat"
-    stats.write_text("5000000 1000000 7\n")
-    monkeypatch.setattr(mod, "SCHEDSTAT", str(stats))
-    clock = iter([0.0, 0.04, 0.1, 0.14, 0.2, 0.24, 0.3, 0.34])  # sections of 40 ms
+def test_each_sections_wait_for_a_core_is_taken_out_and_stopped_time_is_kept_whole(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The thread's statistics (time ran, time waited in the run queue, ns) stood in, read as each section starts
+    # and ends. Window 0: sections of 40 ms that each waited 20 ms for a core. Window 1: sections of 40 ms with no
+    # wait inside, 60 ms of wait between them (not the section's). Window 2: a stopped process (SIGSTOP, a throttled
+    # node) whose 40 ms sections ran 5 ms, waited 10 ms and were stopped 25 ms: its own time is 30 ms, where
+    # scaling by its share of runnable time said 13 ms and hid the slow node.
+    waits = iter([0, 20, 20, 40,  100, 100, 160, 160,  160, 170, 170, 180])  # ms, at each start and end
+    ran = iter([0, 20, 20, 40,  40, 80, 80, 120,  120, 125, 125, 130])
+    monkeypatch.setattr(mod, "_open_schedstat", lambda: 99)
+    monkeypatch.setattr(mod, "_pread", lambda fd, n, off: f"{next(ran) * 10**6} {next(waits) * 10**6} 1\n".encode())
+    clock = iter(x / 1000 for start in range(0, 600, 100) for x in (start, start + 40))
     monkeypatch.setattr(mod, "_now", lambda: next(clock))
     timer = ComputeTimer(window=2, step_s=lambda: 0.1)
-    with timer:
-        pass
-    stats.write_text("45000000 41000000 9\n")  # ran 40 ms, waited 40 ms
-    with timer:
-        pass
-    assert timer.published == (0, 20_000, 100_000)
+    published = []
+    for _ in range(6):
+        with timer:
+            pass
+        published.append(timer.published)
+    assert published[1::2] == [(0, 20_000, 100_000), (1, 40_000, 100_000), (2, 30_000, 100_000)]
+
+
+def test_a_thread_whose_statistics_cannot_be_read_is_timed_by_the_wall_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    reads = iter([b"0 0 1\n", b"0 5000000 1\n", OSError(5, "gone")])
+
+    def pread(fd: int, n: int, off: int) -> bytes:
+        value = next(reads)
+        if isinstance(value, Exception):
+            raise value
+        return value
+
+    monkeypatch.setattr(mod, "_open_schedstat", lambda: 99)
+    monkeypatch.setattr(mod, "_pread", pread)
+    monkeypatch.setattr(mod.os, "close", lambda fd: None)
+    clock = iter([0.0, 0.04, 0.1, 0.14])
+    monkeypatch.setattr(mod, "_now", lambda: next(clock))
+    timer = ComputeTimer(window=2)
     for _ in range(2):
         with timer:
             pass
-    assert timer.published == (1, 40_000, 100_000)
+    # the first section waited 5 ms; the second lost its statistics as it began and counts its wall time whole
+    assert timer.published == (0, 37_500, 0)
 
 
 def test_options_name_the_rule_of_a_bad_value() -> None:

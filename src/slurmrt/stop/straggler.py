@@ -4,9 +4,10 @@ Step times cannot name a slow rank (in lockstep training every rank waits for th
 the measure is a section without collectives that the script times: ``with rt.time_compute(): ...``, two clock
 reads per use on the training thread.
 
-- **A rank's own time.** Each window's mean leaves out the share of time the thread waited in the run queue for a
-  core (``/proc/thread-self/schedstat``, read once per window): a throttled or stopped node still shows, a rank
-  starved of CPU on an oversubscribed machine does not.
+- **A rank's own time.** Each section leaves out the time the thread waited in the run queue for a core inside it
+  (``/proc/thread-self/schedstat``, read as the section starts and ends): a throttled or stopped node still shows,
+  whole, and a rank starved of CPU on an oversubscribed machine does not. (Scaling a window's mean by the thread's
+  share of its runnable time, as this did first, shrank a stopped node's stopped time with the wait.)
 - **Windows** of ``window`` timed sections each; the agreement's rounds (a MAX all-reduce) carry the window's
   figures, with no collective of their own.
 - **Against the slowest rank elsewhere**, not the fastest: a window is slow when its slowest rank is on the
@@ -34,7 +35,8 @@ _RANK_BITS = 24  # 16 M ranks
 _MAX_US = (1 << (62 - _RANK_BITS)) - 1
 _now = time.perf_counter  # one global lookup per read, not two
 _pread = os.pread
-#: This thread's scheduler statistics: time on a core, time waiting in the run queue (ns), time slices.
+#: This thread's scheduler statistics: time on a core, time waiting in the run queue (ns), time slices. The wait is
+#: brought up to date whenever the thread gets a core, so a running thread reads its own wait whole.
 SCHEDSTAT = "/proc/thread-self/schedstat"
 
 
@@ -103,7 +105,7 @@ class ComputeTimer:
     ``step_s`` gives the measured step time when a window closes (the stop controller's estimate). The thread
     that times the first section is the one whose scheduler statistics are read (the training thread)."""
 
-    __slots__ = ("_count", "_fd", "_mark", "_start", "_step_s", "_sum", "published", "window")
+    __slots__ = ("_count", "_fd", "_opened", "_start", "_step_s", "_sum", "_wait0", "_waited", "published", "window")
 
     def __init__(self, window: int = 20, step_s: Callable[[], float | None] = lambda: None) -> None:
         self.window = window
@@ -112,49 +114,47 @@ class ComputeTimer:
         self._sum = 0.0
         self._count = 0
         self._fd = -1
-        #: (ran ns, waited ns) of the timing thread when the current window began; None before the first section.
-        self._mark: tuple[int, int] | None = None
+        self._opened = False
+        #: The timing thread's run-queue wait when the section began, and the window's wait inside sections (ns).
+        self._wait0 = 0
+        self._waited = 0
         #: (window number, mean section µs, step time µs) of the last closed window; read by the control thread
         #: (one tuple, replaced whole).
         self.published: tuple[int, int, int] | None = None
 
     def __enter__(self) -> None:
-        if self._mark is None:
+        if not self._opened:
+            self._opened = True
             self._fd = _open_schedstat()
-            self._mark = self._sched()
+        self._wait0 = self._wait()
         self._start = _now()
 
     def __exit__(self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None) -> None:
         self._sum += _now() - self._start
+        self._waited += self._wait() - self._wait0
         self._count += 1
         if self._count >= self.window:
             self._close()
 
-    def _sched(self) -> tuple[int, int]:
-        """The timing thread's time on a core and time in the run queue so far, in ns ((0, 0): not known)."""
+    def _wait(self) -> int:
+        """The timing thread's time in the run queue so far, in ns (0: not known)."""
         if self._fd < 0:
-            return 0, 0
+            return 0
         try:
-            ran, waited = _pread(self._fd, 64, 0).split()[:2]
-            return int(ran), int(waited)
-        except (OSError, ValueError):  # the thread is gone, or the format is not the one known
+            return int(_pread(self._fd, 64, 0).split()[1])
+        except (OSError, ValueError, IndexError):  # the thread is gone, or the format is not the one known
             os.close(self._fd)
             self._fd = -1
-            return 0, 0
+            self._wait0 = 0  # the section under way is measured as wall time, as the next ones are
+            return 0
 
     def _close(self) -> None:
         step_s = self._step_s() or 0.0
         number = 0 if self.published is None else self.published[0] + 1
-        mean = self._sum / self._count
-        ran, waited = now = self._sched()
-        if self._mark is not None:
-            ran -= self._mark[0]
-            waited -= self._mark[1]
-            if ran > 0 and waited > 0:
-                mean *= ran / (ran + waited)  # the share of its runnable time the thread had a core
-        self._mark = now
+        # the thread's own time: the sections' wall time less their wait for a core (never below nothing)
+        mean = max(self._sum - self._waited * 1e-9, 0.0) / self._count
         self.published = (number, round(mean * 1e6), round(step_s * 1e6))
-        self._sum, self._count = 0.0, 0
+        self._sum, self._count, self._waited = 0.0, 0, 0
 
     def timing(self, rank: int, node: int, suspect: int | None) -> Timing:
         """This rank's part of a round: ``node`` is its node (its rank, in a job on one node), ``suspect`` the
