@@ -127,9 +127,10 @@ def run(quick: bool = False) -> Section:
         ["empty loop ns", "with rt.time_compute() ns", "rt.should_stop(step) ns", "timer / stop check"],
         [[f"{cost['empty_ns']:.0f}", f"{cost['timer_ns']:.0f}", f"{cost['stop_ns']:.0f}",
           f"{cost['timer_ns'] / cost['stop_ns']:.2f}"]])
-    body += ("\n\nNet of the empty loop. The timer is two `perf_counter` reads and a few additions per use, and every "
-             "20th use closes a window; nothing is sent per step: the window's six integers ride the agreement's "
-             "rounds, which run anyway.")
+    body += ("\n\nNet of the empty loop. The timer is two `perf_counter` reads, two reads of the thread's scheduler "
+             "statistics (its wait for a core, taken out of the section) and a few additions per use, and every 20th "
+             "use closes a window; nothing is sent per step: the window's six integers ride the agreement's rounds, "
+             "which run anyway.")
     rows, detection = _detection(quick)
     body += "\n\n**(b) Steps from the slowdown to the name, and false positives (`slurmrt sim`)**\n\n" + table(
         ["node 1 slowed", "machine", "run", "stragglers named", "who", "named at step", "ratio", "cost (of a step)"],
