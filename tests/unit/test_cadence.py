@@ -72,6 +72,19 @@ def test_the_history_counts_the_runs_a_fault_cut_and_whether_the_local_tier_serv
     assert history.shared_share() == pytest.approx(1.5 / 3)
 
 
+def test_the_failure_before_the_current_run_counts_as_served_by_the_tier_the_current_run_resumed_from() -> None:
+    # A run lost to a node (killed: no exit), then the current run: the history leaves the current run's time out,
+    # but the tier it resumed from is what says whether the local tier served that failure.
+    lost = [ev(0, 0, "init"), ev(5, 0, "fresh_start"), ev(60, 0, "progress", step=150)]
+    for tier, shared in (("local", 0), ("shared", 1), (None, 1)):
+        current = [ev(80, 1, "init"), ev(82, 1, "resume", step=140, **({"tier": tier} if tier else {}))]
+        history = History.of(lost + current, current=(1, 0))
+        assert (history.failures, history.shared_failures) == (1, shared), tier
+        assert history.exposure_s == pytest.approx(60)
+    # the current run not started yet (no resume said): not served by the local tier, as before
+    assert History.of(lost, current=(1, 0)).shared_failures == 1
+
+
 def test_with_a_local_tier_local_saves_come_more_often_than_shared_ones() -> None:
     plan = intervals(History(), shared_cost_s=30.0, local_cost_s=2.0, node_h=5000, nodes=128)
     assert plan.local_s is not None and plan.local_s < plan.shared_s / 3
@@ -162,6 +175,24 @@ def test_the_interval_adapts_when_the_save_cost_and_the_failure_rate_change(monk
     # its own rate (2,000 s over 10 failures, and this run's time as it lasts) wins over the prior's 45,000 s
     low, high = daly(5.0, 2000 / 10), daly(5.0, (2000 + clock2.now - 1000.0) / 10)
     assert low - 2 <= gap(saves) <= high + 2 and gap(saves) < gap(cheap) / 2
+
+
+def test_the_stall_is_the_mean_of_the_last_three_saves_so_one_slow_save_does_not_stretch_the_interval(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    Clock(monkeypatch)  # the clock stands still: the prior's M is 45,000 s throughout
+    c = cadence(node_h=50.0, nodes=4)
+    for stall in (5.0, 5.0, 20.0):  # one slow save (a busy filesystem) after two usual ones
+        c.saved("shared", stall)
+    assert c.due(0) is None  # the first call starts the clock
+    c.due(WARMUP_STEPS)
+    assert c.plan is not None and c.plan.shared_s == pytest.approx(daly(10.0, 45_000.0))  # not daly(20, M)
+    for stall in (5.0, 5.0, 5.0):  # the slow one has left the last three
+        c.saved("shared", stall)
+    step = WARMUP_STEPS
+    while c.plan.shared_s != pytest.approx(daly(5.0, 45_000.0)) and step < 5000:
+        step += 1
+        c.due(step)
+    assert c.plan.shared_s == pytest.approx(daly(5.0, 45_000.0))
 
 
 def test_with_a_local_tier_it_answers_local_between_shared_saves(monkeypatch: pytest.MonkeyPatch) -> None:

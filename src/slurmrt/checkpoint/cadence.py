@@ -7,17 +7,17 @@ it can resume from. Over a long run the interval between saves that loses the le
 
     T = sqrt(2 C M) * (1 + sqrt(C / 2M) / 3 + (C / 2M) / 9) - C     (C < 2M; else T = M)
 
-``C`` is measured on every save (rank 0's stall; before one is measured in this run, the earlier runs' saves from
-the event log). ``M`` is learned from the experiment's own history, the runs and in-job attempts before this one: the
-time they ran over the failures that cut them (a hang, a lost node or rank, a killed run), plus a prior of one
-failure in ``mtbf_node_h`` node-hours shared by the job's nodes (so a job of twice the nodes fails twice as often).
-The current run's own time counts too, as it grows: a run that lasts is evidence. Once the job has seen
-``OWN_RATE_FROM`` failure of its own, its own rate (time run over failures) wins where it is shorter: a prior of
-thousands of node-hours would otherwise outweigh a bad batch of nodes failing every few minutes, and the two errors
-do not cost the same (saving too often costs a stall per save; too rarely, the work since the last one). One
-failure is enough: a job that failed once in its first minutes saves often for a while, and less as it lasts
-(its own rate counts the current run's time), where waiting for a second failure lost all the work since the first
-save twice.
+``C`` is measured on every save: rank 0's stall, the mean of the tier's last three (before one is measured in this
+run, the earlier runs' saves from the event log). ``M`` is learned from the experiment's own history, the runs and
+in-job attempts before this one: the time they ran over the failures that cut them (a hang, a lost node or rank, a
+killed run), plus a prior of one failure in ``mtbf_node_h`` node-hours shared by the job's nodes (so a job of twice
+the nodes fails twice as often). The current run's own time counts too, as it grows: a run that lasts is evidence.
+Once the job has seen ``OWN_RATE_FROM`` failure of its own, its own rate (time run over failures) wins where it is
+shorter: a prior of thousands of node-hours would otherwise outweigh a bad batch of nodes failing every few minutes,
+and the two errors do not cost the same (saving too often costs a stall per save; too rarely, the work since the
+last one). One failure is enough: a job that failed once in its first minutes saves often for a while, and less as
+it lasts (its own rate counts the current run's time), where waiting for a second failure lost all the work since
+the first save twice.
 A preemption or a time limit is not a failure: a stop saves first and loses nothing.
 
 With a local tier (``local_checkpoint_dir``) there are two intervals. Local saves serve the failures the local tier
@@ -63,6 +63,8 @@ SHARED_SHARE_PRIOR = 0.5
 #: tier, and the next to the local tier if any: their stalls are then known, and a checkpoint exists early (a
 #: broken save shows in minutes, not hours).
 WARMUP_STEPS = 3
+#: A tier's stall is the mean of its last this many saves.
+STALLS = 3
 #: From this many failures of its own, the job's own failure rate wins over the prior where it is shorter.
 OWN_RATE_FROM = 1
 #: Until the job's first failure, the local tier's saves block training for at least this share of its time when
@@ -92,14 +94,16 @@ class History:
 
     @classmethod
     def of(cls, events: Iterable[dict[str, Any]], *, current: tuple[int, int] | None = None) -> History:
-        """From the event log's events; ``current``: this run's (restart, attempt), left out (it has not ended)."""
+        """From the event log's events; ``current``: this run's (restart, attempt), left out (it has not ended),
+        but the tier it resumed from still says whether the local tier served the failure before it."""
         from ..record.timeline import build
 
-        lives = [life for life in build(events).runs if (life.restart, life.attempt) != current]
-        exposure = sum(max(0.0, life.end - life.start) for life in lives)
+        every = build(events).runs
+        lives = [(n, life) for n, life in enumerate(every) if (life.restart, life.attempt) != current]
+        exposure = sum(max(0.0, life.end - life.start) for _, life in lives)
         failures = shared = 0
-        for n, life in enumerate(lives):
-            following = lives[n + 1] if n + 1 < len(lives) else None
+        for n, life in lives:
+            following = every[n + 1] if n + 1 < len(every) else None
             if life.cut_short or life.left:
                 failures += 1
                 shared += following is None or following.resumed_tier != "local"
@@ -175,7 +179,9 @@ class Cadence:
         self._last: int | None = None  # the last step asked about, counted on (:meth:`_counted`)
         self._base = 0  # what the steps of the epochs before this one add
         self._history: History | None = None
+        #: each tier's stall: the mean of its last STALLS saves (the earlier runs' figure until this run measures)
         self._cost: dict[str, float | None] = {"shared": costs[0], "local": costs[1]}
+        self._stalls: dict[str, list[float]] = {t: [] if c is None else [c] for t, c in self._cost.items()}
         self._since: dict[str, float] = {}  # rank 0: when each tier's newest save of this run ended
         self._started: float | None = None  # rank 0: the first call's time (this run's time counts into the history)
         self._faults = 0  # the faults this run lived through (in-process restarts)
@@ -212,7 +218,8 @@ class Cadence:
                 self._local = False
                 logger.warning("rt.should_save: the local tier failed to save; answering the shared tier alone")
             return
-        self._cost[tier] = stall_s
+        stalls = self._stalls[tier] = [*self._stalls[tier][-(STALLS - 1):], stall_s]
+        self._cost[tier] = sum(stalls) / len(stalls)  # Daly's C is the stall to expect: one slow save is not it
         self._since[tier] = _clock.mono()
 
     def restart(self) -> None:
