@@ -269,7 +269,7 @@ def main(argv: list[str] | None = None) -> None:
 
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.bench_goodput", description="Goodput under failures: four recovery policies "
-        "measured under `slurmrt sim`, each seed's faults at the same steps of training for every policy (about 25 "
+        "measured under `slurmrt sim`, each seed's faults at the same steps of training for every policy (about 13 "
         "minutes a seed at the default size), then a model at 1,024 and 16,384 GPUs with its sensitivity table. "
         "Prints a markdown section for benchmarks/RESULTS.md; a progress line per job on stderr.")
     parser.add_argument("--seeds", type=int, help=f"how many seeds (default {SEEDS}; a claim needs at least 5)")
