@@ -298,7 +298,7 @@ def test_a_check_joins_the_background_save_before_its_broadcast(monkeypatch: pyt
 
 
 def test_status_says_what_should_save_would_answer_for_a_jobs_measurements() -> None:
-    from slurmrt.checkpoint.cadence import advice
+    from slurmrt.checkpoint.advice import advice
 
     events = [ev(0, 0, "init", nnodes=4), ev(1, 0, "fresh_start"), ev(50, 0, "progress", step=100, step_s=0.5),
               ev(60, 0, "save", step=119, seconds=8.0, blocking=True), ev(100, 0, "exit", outcome="HUNG", code=5),
@@ -318,7 +318,7 @@ def test_status_says_what_should_save_would_answer_for_a_jobs_measurements() -> 
     again = [*events[:-1], ev(300, 1, "exit", outcome="HUNG", code=5)]
     head, _ = advice(again, node_h=1.0)
     assert "a failure every 2m25s (2 in 4m50s, its own rate, shorter than a prior of 1 in 1 node-hours" in head, head
-    from slurmrt.checkpoint.cadence import saving
+    from slurmrt.checkpoint.advice import saving
 
     figures = [saving(e, node_h=h) for e, h in ((again, 1.0), (events, 1.0), (events, 0.1))]
     assert [f["own_rate"] if f else None for f in figures] == [True, True, False]

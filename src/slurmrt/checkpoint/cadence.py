@@ -53,7 +53,8 @@ from typing import Any
 from .. import _clock
 from .._comm import Comm
 
-__all__ = ["EARLY_OVERHEAD", "EARLY_S", "LOCAL_OVERHEAD", "Cadence", "History", "Intervals", "daly", "intervals"]
+__all__ = ["EARLY_OVERHEAD", "EARLY_S", "LOCAL_OVERHEAD", "STALLS", "Cadence", "History", "Intervals", "daly",
+           "intervals"]
 
 logger = logging.getLogger(__name__)
 
@@ -98,12 +99,12 @@ class History:
         but the tier it resumed from still says whether the local tier served the failure before it."""
         from ..record.timeline import build
 
-        every = build(events).runs
-        lives = [(n, life) for n, life in enumerate(every) if (life.restart, life.attempt) != current]
-        exposure = sum(max(0.0, life.end - life.start) for _, life in lives)
-        failures = shared = 0
-        for n, life in lives:
-            following = every[n + 1] if n + 1 < len(every) else None
+        lives = build(events).runs
+        exposure, failures, shared = 0.0, 0, 0
+        for life, following in zip(lives, [*lives[1:], None], strict=True):
+            if (life.restart, life.attempt) == current:
+                continue
+            exposure += max(0.0, life.end - life.start)
             if life.cut_short or life.left:
                 failures += 1
                 shared += following is None or following.resumed_tier != "local"
@@ -179,9 +180,9 @@ class Cadence:
         self._last: int | None = None  # the last step asked about, counted on (:meth:`_counted`)
         self._base = 0  # what the steps of the epochs before this one add
         self._history: History | None = None
-        #: each tier's stall: the mean of its last STALLS saves (the earlier runs' figure until this run measures)
-        self._cost: dict[str, float | None] = {"shared": costs[0], "local": costs[1]}
-        self._stalls: dict[str, list[float]] = {t: [] if c is None else [c] for t, c in self._cost.items()}
+        #: each tier's last STALLS stalls (the earlier runs' figure until this run measures): :meth:`_stall`
+        self._stalls: dict[str, list[float]] = {"shared": [c for c in costs[:1] if c is not None],
+                                                "local": [c for c in costs[1:] if c is not None]}
         self._since: dict[str, float] = {}  # rank 0: when each tier's newest save of this run ended
         self._started: float | None = None  # rank 0: the first call's time (this run's time counts into the history)
         self._faults = 0  # the faults this run lived through (in-process restarts)
@@ -218,8 +219,7 @@ class Cadence:
                 self._local = False
                 logger.warning("rt.should_save: the local tier failed to save; answering the shared tier alone")
             return
-        stalls = self._stalls[tier] = [*self._stalls[tier][-(STALLS - 1):], stall_s]
-        self._cost[tier] = sum(stalls) / len(stalls)  # Daly's C is the stall to expect: one slow save is not it
+        self._stalls[tier] = [*self._stalls[tier][-(STALLS - 1):], stall_s]
         self._since[tier] = _clock.mono()
 
     def restart(self) -> None:
@@ -238,8 +238,8 @@ class Cadence:
         unmeasured = self._unmeasured()
         if unmeasured is not None:  # save once to each tier, to measure it
             return unmeasured, step + WARMUP_STEPS
-        self.plan = intervals(self._failures(now), shared_cost_s=self._cost["shared"] or 0.0,
-                              local_cost_s=self._cost["local"] if self._local else None, node_h=self._node_h,
+        self.plan = intervals(self._failures(now), shared_cost_s=self._stall("shared") or 0.0,
+                              local_cost_s=self._stall("local") if self._local else None, node_h=self._node_h,
                               nodes=self._nodes)
         return self._due(self.plan, step, now)
 
@@ -265,9 +265,14 @@ class Cadence:
 
     def _unmeasured(self) -> str | None:
         """The tier whose stall is not known yet, shared first."""
-        if self._cost["shared"] is None:
+        if not self._stalls["shared"]:
             return "shared"
-        return "local" if self._local and self._cost["local"] is None else None
+        return "local" if self._local and not self._stalls["local"] else None
+
+    def _stall(self, tier: str) -> float | None:
+        """The tier's stall to expect: Daly's ``C``, the mean of its last saves (one slow save is not it)."""
+        last = self._stalls[tier][-STALLS:]
+        return sum(last) / len(last) if last else None
 
     def _left(self, plan: Intervals, now: float) -> dict[str, float]:
         """Seconds of training until each tier's save is due. Local saves count from the newest save of either
@@ -293,58 +298,3 @@ class Cadence:
 def _steps(seconds: float, step_s: float) -> int:
     """The steps to the next check: ``seconds`` of training, at least one step."""
     return max(1, int(seconds / step_s) if step_s > 0 else 1)
-
-
-def saving(events: list[dict[str, Any]], *, node_h: float) -> dict[str, Any] | None:
-    """The figures behind :func:`advice` (``slurmrt status --json``): the measured save stalls (the mean of the last
-    three per tier), the failure history, and the intervals ``rt.should_save`` would choose, in seconds and, when
-    the job measured its step, in steps; None when it measured no save."""
-    from ..record.events import Event
-
-    def seconds(tier: str) -> float | None:
-        found = [float(e["seconds"]) for e in events if e.get("event") == Event.SAVE.value
-                 and e.get("tier", "shared") == tier and isinstance(e.get("seconds"), (int, float))]
-        return sum(found[-3:]) / len(found[-3:]) if found else None
-
-    shared, local = seconds("shared"), seconds("local")
-    if shared is None:
-        return None
-    nodes = max((int(e["nnodes"]) for e in events if e.get("event") == Event.INIT.value
-                 and isinstance(e.get("nnodes"), int)), default=1)
-    history = History.of(events)
-    plan = intervals(history, shared_cost_s=shared, local_cost_s=local, node_h=node_h, nodes=nodes)
-    steps = [float(e["step_s"]) for e in events if e.get("event") == Event.PROGRESS.value
-             and isinstance(e.get("step_s"), (int, float)) and e["step_s"] > 0]
-    step_s = steps[-1] if steps else None
-
-    def in_steps(t: float | None) -> int | None:
-        return None if t is None or step_s is None else max(1, round(t / step_s))
-
-    mtbf = history.mtbf_s(node_h=node_h, nodes=nodes)
-    return {"shared_save_s": shared, "local_save_s": local, "failures": history.failures,
-            "exposure_s": history.exposure_s, "mtbf_s": mtbf, "own_rate": mtbf == history.own_s(),
-            "prior_node_h": node_h, "nodes": nodes, "step_s": step_s,
-            "shared_every_s": plan.shared_s, "shared_every_steps": in_steps(plan.shared_s),
-            "local_every_s": plan.local_s, "local_every_steps": in_steps(plan.local_s)}
-
-
-def advice(events: list[dict[str, Any]], *, node_h: float) -> list[str]:
-    """What ``rt.should_save`` would answer for a job, in words (``slurmrt status``): the intervals for its measured
-    saves and its failure history; none when it measured no save. For a loop that cannot ask (Megatron-LM's
-    ``--save-interval``), the steps to set."""
-    from ..record.chart import duration as _duration
-
-    s = saving(events, node_h=node_h)
-    if s is None:
-        return []
-
-    def every(tier: str) -> str:
-        steps = s[f"{tier}_every_steps"]
-        return _duration(s[f"{tier}_every_s"]) + (f" (about {steps} steps)" if steps is not None else "")
-
-    prior = f"a prior of 1 in {node_h:g} node-hours over {s['nodes']} node(s)"
-    weighed = f"its own rate, shorter than {prior}" if s["own_rate"] else f"and {prior}"
-    head = (f"saving: saves of {s['shared_save_s']:.3g} s; a failure every {_duration(s['mtbf_s'])}"
-            f" ({s['failures']} in {_duration(s['exposure_s'])}, {weighed})")
-    said = f"  rt.should_save: a shared save every {every('shared')} of training"
-    return [head, said + (f", a local one every {every('local')}" if s["local_every_s"] is not None else "")]

@@ -17,7 +17,7 @@ from typing import Any
 
 from .._errors import SlurmrtError
 from .._text import shorten
-from ..checkpoint.cadence import advice, saving
+from ..checkpoint.advice import advice, saving
 from ..options import Options
 from ..record.chart import draw, duration, render, totals
 from ..record.code import changes
