@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from slurmrt import Options
@@ -166,9 +168,9 @@ def test_a_thread_whose_statistics_cannot_be_read_is_timed_by_the_wall_clock(mon
             raise value
         return value
 
-    monkeypatch.setattr(mod, "_open_schedstat", lambda: 99)
+    fd = os.open(os.devnull, os.O_RDONLY)  # a real descriptor for the timer to close when the statistics go
+    monkeypatch.setattr(mod, "_open_schedstat", lambda: fd)
     monkeypatch.setattr(mod, "_pread", pread)
-    monkeypatch.setattr(mod.os, "close", lambda fd: None)
     clock = iter([0.0, 0.04, 0.1, 0.14])
     monkeypatch.setattr(mod, "_now", lambda: next(clock))
     timer = ComputeTimer(window=2)
@@ -177,6 +179,8 @@ def test_a_thread_whose_statistics_cannot_be_read_is_timed_by_the_wall_clock(mon
             pass
     # the first section waited 5 ms; the second lost its statistics as it began and counts its wall time whole
     assert timer.published == (0, 37_500, 0)
+    with pytest.raises(OSError):  # closed by the timer, once
+        os.fstat(fd)
 
 
 def test_options_name_the_rule_of_a_bad_value() -> None:

@@ -2,7 +2,7 @@
 
 Step times cannot name a slow rank (in lockstep training every rank waits for the slowest in the all-reduce), so
 the measure is a section without collectives that the script times: ``with rt.time_compute(): ...``, two clock
-reads per use on the training thread.
+reads and two reads of the thread's scheduler statistics per use, on the training thread (RESULTS.md has the cost).
 
 - **A rank's own time.** Each section leaves out the time the thread waited in the run queue for a core inside it
   (``/proc/thread-self/schedstat``, read as the section starts and ends): a throttled or stopped node still shows,
