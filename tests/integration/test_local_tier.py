@@ -88,6 +88,7 @@ def test_the_next_run_resumes_from_the_local_tier_without_reading_the_shared_one
     assert run(died, "run1", restart=1) == [0, 0, 0, 0]
     event = resume_event(died)
     assert event["step"] == 24 and event["tier"] == "local" and event["from_peers"] == 0
+    assert event["local_held"] == 24  # the newest step the local tier held whole: the one read
     finished(died, "run1", 25)
     assert not list((died / "local").glob("slurmrt-*/*/*")), "a finished run leaves no local tier behind"
 
@@ -116,7 +117,10 @@ def test_a_part_lost_on_both_nodes_sends_the_run_to_the_shared_tier(died: Path) 
     for node in NODES:  # rank 1's part on its node, and its replica on the partner
         (node_dir(died, node) / "step_000000024" / "rank_00001.json").unlink()
     assert run(died, "run1", restart=1) == [0, 0, 0, 0]
-    assert resume_event(died)["step"] == 19 and resume_event(died)["tier"] == "shared"
+    event = resume_event(died)
+    assert event["step"] == 19 and event["tier"] == "shared"
+    # step 14 is still whole on the nodes: the local tier could serve a failure, though the shared tier's was newer
+    assert event["local_held"] == 14
     finished(died, "run1", 20)
 
 

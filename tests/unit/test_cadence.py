@@ -81,6 +81,11 @@ def test_the_failure_before_the_current_run_counts_as_served_by_the_tier_the_cur
         history = History.of(lost + current, current=(1, 0))
         assert (history.failures, history.shared_failures) == (1, shared), tier
         assert history.exposure_s == pytest.approx(60)
+    # the current run read the shared tier's newer checkpoint, but the local tier held one whole: the local tier
+    # could serve the failure (what a tier's interval needs), whichever tier was newer
+    for held, shared in ((130, 0), (None, 1), (True, 1), ("130", 1)):
+        current = [ev(80, 1, "init"), ev(82, 1, "resume", step=140, tier="shared", from_peers=0, local_held=held)]
+        assert History.of(lost + current, current=(1, 0)).shared_failures == shared, held
     # the current run not started yet (no resume said): not served by the local tier, as before
     assert History.of(lost, current=(1, 0)).shared_failures == 1
 

@@ -36,7 +36,8 @@ FIGURES = st.one_of(
 TEMPLATES: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
     ("init", {"world_size": 2, "nnodes": 1, "nodelist": ["n1"], "master": "n1:1", "job_nodes": 1},
      ("world_size", "nnodes", "job_nodes")),
-    ("resume", {"step": 10, "tier": "shared", "from_peers": 0, "seconds": 0.5}, ("step", "from_peers", "seconds")),
+    ("resume", {"step": 10, "tier": "shared", "from_peers": 0, "local_held": 5, "seconds": 0.5},
+     ("step", "from_peers", "local_held", "seconds")),
     ("progress", {"step": 20, "step_s": 0.1}, ("step", "step_s")),
     ("save", {"step": 20, "seconds": 0.3, "bytes": 100, "blocking": True}, ("step", "seconds", "bytes")),
     ("decision", {"step": 25, "step_s": 0.1, "save_s": 0.3, "end_time": 1.8e9, "reasons": ["deadline"]},

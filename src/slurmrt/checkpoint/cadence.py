@@ -107,7 +107,7 @@ class History:
             exposure += max(0.0, life.end - life.start)
             if life.cut_short or life.left:
                 failures += 1
-                shared += following is None or following.resumed_tier != "local"
+                shared += following is None or not following.local_served
             cost = life.in_process_cost  # the faults the run lived through: failures as much as a requeue's
             failures += cost.restarts
             shared += cost.restarts - cost.from_local

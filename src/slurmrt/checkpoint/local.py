@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import io
 import json
 import logging
 import os
@@ -37,11 +36,12 @@ from pathlib import Path
 from typing import Any
 
 from .. import _clock
-from .._comm import Comm, wait_released
+from .._comm import Comm
 from .._comm import problems as gather_problems
 from .._errors import CheckpointError
 from .._safefs import private_dir
 from ._files import HASH, write_state
+from ._localbytes import _as_tensor, _close_mapped, _deserialize, _hash, _hash_int, _hash_str, _pairwise, _write_file
 from .background import SaveResult
 from .partners import choose, partner_of
 
@@ -61,22 +61,6 @@ def tier_directory(base: Path, checkpoint_dir: Path, node: str) -> Path:
     return base / f"slurmrt-{os.getuid()}" / key / node
 
 
-def _hash(data: bytes | memoryview) -> str:
-    import xxhash
-
-    return str(xxhash.xxh3_64_hexdigest(data))
-
-
-def _hash_int(hexdigest: str) -> int:
-    """The 16-hex-digit checksum as a signed int64 (it travels in a tensor)."""
-    value = int(hexdigest, 16)
-    return value - (1 << 64) if value >= 1 << 63 else value
-
-
-def _hash_str(value: int) -> str:
-    return f"{value & ((1 << 64) - 1):016x}"
-
-
 class LocalTier:
     def __init__(self, base: Path, checkpoint_dir: Path, *, node: str, comm: Comm, per_node: int,
                  keep: int = 2) -> None:
@@ -85,6 +69,9 @@ class LocalTier:
         self.comm = comm
         self.per_node = per_node
         self.keep = keep
+        #: Rank 0, after :meth:`load`: the newest step the nodes held whole, however old (None: none). Whether the
+        #: tier could have served the failure before the load, where the shared tier held a newer step.
+        self.held: int | None = None
 
     def ready(self) -> Path:
         """The node's directory, made ours and private on the way (``base`` must exist: it is the node's)."""
@@ -241,7 +228,7 @@ class LocalTier:
             mine = {}
         # Rank 0 chooses from every node's holdings and tells every rank (trees: O(log N) hops, not a ring).
         everyone: list[dict[int, dict[int, dict[str, Any]]]] | None = self.comm.gather(mine)
-        plan = self.comm.broadcast(choose(everyone, world, floor) if everyone is not None else None)
+        plan = self.comm.broadcast(self._plan(everyone, floor))
         if plan is None:
             return None
         step, holder, metas = plan
@@ -262,6 +249,16 @@ class LocalTier:
                                "; ".join(problems))
             return None
         return step, state, received
+
+    def _plan(self, everyone: list[dict[int, dict[int, dict[str, Any]]]] | None, floor: int | None
+              ) -> tuple[int, list[int], list[dict[str, Any]]] | None:
+        """Rank 0 (``everyone``: every rank's holdings): the step to load, ``>= floor``; :attr:`held` on the way."""
+        if everyone is None:
+            self.held = None
+            return None
+        whole = choose(everyone, self.comm.world_size, None)
+        self.held = whole[0] if whole is not None else None
+        return choose(everyone, self.comm.world_size, floor)
 
     def _gather_part(self, step: int, holder: list[int], metas: list[dict[str, Any]],
                      sends: list[tuple[int, dict[str, Any]]]) -> tuple[bytes | memoryview, int]:
@@ -290,55 +287,3 @@ class LocalTier:
         if incoming is not None:
             return incoming.numpy().data, int(incoming.numel())
         return (directory / f"rank_{rank:05d}.pt").read_bytes(), 0
-
-
-def _pairwise(ops: list[tuple[Any, int, bool]], group: Any) -> None:
-    """Post every send and receive of ``ops`` ((tensor, peer, is_send)) at once, then wait for all of them."""
-    import torch.distributed as dist
-
-    works = [(dist.isend if send else dist.irecv)(t, peer, group=group) for t, peer, send in ops]
-    for work in works:
-        if work is not None:
-            work.wait()
-    del works, work  # the last one too: a live work object holds its tensor
-    wait_released(*(t for t, _, _ in ops))  # gloo's worker no longer holds them: only Python owns them now
-
-
-def _as_tensor(data: memoryview) -> Any:
-    import warnings
-
-    import torch
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # "The given buffer is not writable": it is, or read only here
-        return torch.frombuffer(data, dtype=torch.uint8)
-
-
-def _deserialize(data: bytes | memoryview) -> Any:
-    import torch
-
-    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
-
-
-def _write_file(path: Path, data: bytes | memoryview) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
-    try:
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def _close_mapped(mapped: Any) -> None:
-    """Close a mapped part; when a failed send still holds a view of it (its exception's traceback keeps the tensor),
-    leave it to be unmapped with its last view, and let the send's own error (a lost partner) through."""
-    with contextlib.suppress(BufferError):
-        mapped.close()

@@ -42,7 +42,7 @@ class Reports(Protocol):
     def save_skipped(self, step: int, save_s: float | None) -> None: ...
 
     def loaded(self, got: tuple[int, Any] | None, *, tier: str = "shared", from_peers: int | None = None,
-               seconds: float | None = None) -> None: ...
+               held: int | None = None, seconds: float | None = None) -> None: ...
 
 
 class CheckpointSession:
@@ -236,7 +236,8 @@ class CheckpointSession:
         tier = self._get_local()
         if below is not None:
             self._rewound(store, tier, below)
-        got, received = self._from_local(store, tier) if tier is not None and into is None else (None, 0)
+        asked = tier if into is None else None  # a load into given tensors reads the shared tier
+        got, received = self._from_local(store, asked) if asked is not None else (None, 0)
         where = "local" if got is not None else "shared"
         if got is None:
             got = _load_shared(store, into=into, verify=verify)
@@ -244,10 +245,16 @@ class CheckpointSession:
             tier.forget_after(got.step if got is not None else None)
         self._resumed(got, rank)
         total = store.comm.gather(received) if tier is not None else None  # rank 0 reports it
+        self._said_loaded(got, where, tier, asked, total, started)
+        return got
+
+    def _said_loaded(self, got: Loaded | None, where: str, tier: LocalTier | None, asked: LocalTier | None,
+                     total: list[int] | None, started: float) -> None:
+        """The load's report: the tier read, the bytes from peers (with a local tier), whether the local tier held
+        a whole checkpoint (when it was asked)."""
         self._report.loaded((got.step, got.state) if got is not None else None, tier=where,
                             from_peers=None if tier is None else sum(total or [0]),
-                            seconds=_clock.mono() - started)
-        return got
+                            held=asked.held if asked is not None else None, seconds=_clock.mono() - started)
 
     def _rewound(self, store: CheckpointStore, tier: LocalTier | None, below: int) -> None:
         """Before a rewind's load: nothing after step ``below`` on either tier (rank 0 sets the shared tier's aside;

@@ -19,7 +19,7 @@ from .. import _figures as figures
 from .events import Event, timestamp
 from .runs import Run
 
-__all__ = ["InProcessCost", "in_process_cost"]
+__all__ = ["InProcessCost", "in_process_cost", "local_served"]
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,8 @@ class InProcessCost:
     back_s: float = 0.0  #: from each fault to the next load's end: recovery
     redone_steps: int = 0  #: steps trained again, from the checkpoint resumed after to the fault
     redone_s: float = 0.0  #: the time those steps took the first time: lost work
-    from_local: int = 0  #: the restarts whose generation resumed from the local tier (a failure it served)
+    #: the restarts the local tier could serve: the next generation read it, or it held one (:func:`local_served`)
+    from_local: int = 0
     #: The same (recovery and redone work together) of the restarts after an unhealthy step, by rung ("rerun",
     #: "rewind"): not in back_s and redone_s.
     rerun_s: float = 0.0
@@ -83,7 +84,7 @@ def _one(e: dict[str, Any], loads: list[tuple[float, dict[str, Any]]], saves: li
     after = next((load for t, load in loads if t >= fault), None)
     back = max(0.0, timestamp(after or e) - fault)
     redone_s = max(0.0, fault - max([ready, *(t for t in saves if t <= fault)]))
-    local = after is not None and after.get("tier") == "local"
+    local = local_served(after)
     return InProcessCost(1, back, _redone_steps(e.get("step"), after), redone_s, int(local))
 
 
@@ -91,3 +92,12 @@ def _redone_steps(step: object, after: dict[str, Any] | None) -> int:
     """From the step the generation resumed after (a fresh start: before step 0) to the fault's step."""
     resumed = after.get("step", -1) if after is not None else None
     return max(0, step - resumed) if isinstance(step, int) and isinstance(resumed, int) else 0
+
+
+def local_served(load: dict[str, Any] | None) -> bool:
+    """Whether a load (a ``resume`` event) says the local tier could serve the failure before it: it read the
+    local tier, or the local tier held a whole checkpoint of its own."""
+    if load is None or load.get("event") != Event.RESUME.value:
+        return False
+    held = load.get("local_held")
+    return load.get("tier") == "local" or (isinstance(held, int) and not isinstance(held, bool))

@@ -20,7 +20,7 @@ from typing import Any
 from .. import _figures as figures
 from .._text import shorten
 from .events import Event, timestamp
-from .inprocess import InProcessCost, in_process_cost
+from .inprocess import InProcessCost, in_process_cost, local_served
 from .runs import Run, runs
 
 __all__ = ["JobLife", "RunLife", "build", "counted"]
@@ -40,6 +40,9 @@ class RunLife:
     #: its ranks received from other nodes' local tiers.
     resumed_tier: str | None = None
     from_peers: int | None = None
+    #: Whether the local tier could serve the failure before this run: the resume read it, or it held a whole
+    #: (older) checkpoint where the shared tier's was newer.
+    local_served: bool = False
     #: `slurmrt run`'s judgement of this step's fault (its ``recovery`` event: class, evidence, action), or None.
     recovery: dict[str, Any] | None = None
     #: The stragglers this run named: "rank 3 on n2 (1.90x slower, 45 % of a step)".
@@ -215,6 +218,7 @@ def _run_life(run: Run) -> RunLife:
     life.in_process = tuple(_in_process(e) for e in run.all(Event.IN_PROCESS))
     life.in_process_cost = in_process_cost(run)
     life.resumed_tier, life.from_peers = _resumed_where(run)
+    life.local_served = local_served(run.first_load)
     life.loaded = run.first(Event.RESUME) is not None or run.first(Event.FRESH_START) is not None
     _points(run, life)
     exit_event = run.exit

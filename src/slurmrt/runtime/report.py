@@ -99,12 +99,13 @@ class Reporter:
             self.events.emit(Event.SAVE_SKIPPED, step=step, save_s=save_s)
 
     def loaded(self, got: tuple[int, Any] | None, *, tier: str = "shared", from_peers: int | None = None,
-               seconds: float | None = None) -> None:
+               held: int | None = None, seconds: float | None = None) -> None:
         """``tier``: where the checkpoint was read; ``from_peers``: bytes the ranks received from other nodes' local
-        tiers (None: no local tier); ``seconds``: how long the load took (the goodput ledger's "load")."""
+        tiers (None: no local tier); ``held``: the newest step the local tier held whole (it could serve, where the
+        shared tier's was newer); ``seconds``: how long the load took (the goodput ledger's "load")."""
         if self._lead:
             extra: dict[str, Any] = {} if from_peers is None else {"tier": tier if got else None,
-                                                                   "from_peers": from_peers}
+                                                                   "from_peers": from_peers, "local_held": held}
             if seconds is not None:
                 extra["seconds"] = round(seconds, 4)
             self.events.emit(Event.RESUME if got else Event.FRESH_START, step=got[0] if got else None, **extra)
