@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from slurmrt.checkpoint.cadence import (
     WARMUP_STEPS,
     Cadence,
     History,
+    Intervals,
     daly,
     intervals,
 )
@@ -106,22 +108,47 @@ def test_a_cheap_local_save_comes_at_least_as_often_as_its_overhead_allows() -> 
     # a 2-node job under the default prior (9,000,000 s between failures): Daly alone would save locally every
     # ~5,000 s for a 1 s stall; the floor saves every 1 s / EARLY_OVERHEAD of training in the experiment's first
     # EARLY_S, when a first failure is likeliest and nothing measures the job's rate, then every 1 s / LOCAL_OVERHEAD
-    plan = intervals(History(), shared_cost_s=0.5, local_cost_s=1.0, node_h=5000, nodes=2)
+    plan = intervals(History(), shared_cost_s=2.0, local_cost_s=1.0, node_h=5000, nodes=2)
     assert daly(1.0, 9e6 / 0.5) > 5000
     assert plan.local_s == pytest.approx(1.0 / EARLY_OVERHEAD) and plan.shared_s > 3000
-    assert intervals(History(exposure_s=EARLY_S - 1), shared_cost_s=0.5, local_cost_s=1.0, node_h=5000,
+    assert intervals(History(exposure_s=EARLY_S - 1), shared_cost_s=2.0, local_cost_s=1.0, node_h=5000,
                      nodes=2).local_s == pytest.approx(1.0 / EARLY_OVERHEAD)
-    later = intervals(History(exposure_s=EARLY_S), shared_cost_s=0.5, local_cost_s=1.0, node_h=5000, nodes=2)
+    later = intervals(History(exposure_s=EARLY_S), shared_cost_s=2.0, local_cost_s=1.0, node_h=5000, nodes=2)
     assert later.local_s == pytest.approx(1.0 / LOCAL_OVERHEAD) and EARLY_OVERHEAD > LOCAL_OVERHEAD
+    # the insurance holds even where a shared save stalls less than a local one (a background save's stall is not
+    # its whole cost to the filesystem)
+    cheap_shared = intervals(History(), shared_cost_s=0.5, local_cost_s=1.0, node_h=5000, nodes=2)
+    assert cheap_shared.local_s == pytest.approx(1.0 / EARLY_OVERHEAD)
     # from the job's first failure its own rate speaks: no floor, Daly's interval for that rate
     failed = History(exposure_s=9e6, failures=1)
-    plan = intervals(failed, shared_cost_s=0.5, local_cost_s=1.0, node_h=5000, nodes=2)
+    plan = intervals(failed, shared_cost_s=2.0, local_cost_s=1.0, node_h=5000, nodes=2)
     assert plan.local_s == pytest.approx(daly(1.0, 9e6 / (1 - failed.shared_share()))) and plan.local_s > 3000
     # where the failure rate asks for more, Daly's interval is the shorter and wins
     flaky = History(exposure_s=600, failures=6)
-    plan = intervals(flaky, shared_cost_s=0.5, local_cost_s=1.0, node_h=5000, nodes=2)
+    plan = intervals(flaky, shared_cost_s=2.0, local_cost_s=1.0, node_h=5000, nodes=2)
     share = flaky.shared_share()  # the local tier serves 1 - share of the failures, one every 100 s
     assert plan.local_s == pytest.approx(daly(1.0, 100 / (1 - share))) and plan.local_s < 1.0 / LOCAL_OVERHEAD / 5
+
+
+def test_the_two_intervals_are_chosen_together_a_shared_save_paying_only_its_difference() -> None:
+    # Either tier's save resets the work a failure the local tier serves would lose; a shared save in place of a
+    # local one costs the difference in stall, and buys the failures the local tier does not serve.
+    history = History(exposure_s=3600, failures=6, shared_failures=2)
+    mtbf, share = history.mtbf_s(node_h=5000, nodes=2), history.shared_share()
+    plan = intervals(history, shared_cost_s=3.0, local_cost_s=1.0, node_h=5000, nodes=2)
+    assert plan.shared_s == pytest.approx(daly(2.0, mtbf / share))
+    assert plan.local_s == pytest.approx(daly(1.0, mtbf / (1 - share)))
+    # a shared save that stalls no more than a local one: shared saves alone, at Daly's interval for every failure,
+    # whatever share the local tier served (its saves would cost as much and serve less)
+    for served in (0, 3, 6):
+        cheap = intervals(replace(history, shared_failures=served), shared_cost_s=0.06, local_cost_s=0.12,
+                          node_h=5000, nodes=2)
+        assert cheap == Intervals(daly(0.06, mtbf)), served
+    # a local interval no shorter than the shared one: shared saves alone, timed for every failure (not only the
+    # share the local tier leaves: that would leave the rest at risk for longer)
+    rare_local = intervals(replace(history, shared_failures=6), shared_cost_s=1.2, local_cost_s=1.0, node_h=5000,
+                           nodes=2)
+    assert rare_local == Intervals(daly(1.2, mtbf)) and daly(1.2, mtbf) < daly(1.2, mtbf / history.shared_share())
 
 
 class Clock:

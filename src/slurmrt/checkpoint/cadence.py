@@ -20,12 +20,21 @@ it lasts (its own rate counts the current run's time), where waiting for a secon
 the first save twice.
 A preemption or a time limit is not a failure: a stop saves first and loses nothing.
 
-With a local tier (``local_checkpoint_dir``) there are two intervals. Local saves serve the failures the local tier
-survives (a node lost while its partner lives: an in-job restart resumes from it); the shared tier serves the rest.
-So the shared interval is Daly's for the shared save's stall and the mean time between failures the local tier did
-not serve, and the local one Daly's for the local save's stall and the time between those it did. Which ones it
-serves is learned too (the tier each resume read), from a prior of one in two. Until the job has failed once, the
-local interval is also at most the local stall over an overhead share: the prior is a guess until then, and a fast
+With a local tier (``local_checkpoint_dir``) there are two intervals, chosen together. A save of either tier resets
+the work at risk from the failures the local tier survives (a node lost while its partner lives: an in-job restart
+resumes from it); only a shared save resets it for the rest, a share ``p`` of the failures. A shared save takes a
+local one's place, so per second of training the saves and the failures cost::
+
+    C_l / T_l + (C_s - C_l) / T_s + ((1 - p) T_l + p T_s) / 2M
+
+least at Daly's local interval for ``C_l`` and ``M / (1 - p)``, and Daly's shared interval for the difference
+``C_s - C_l`` and ``M / p``. Where a shared save stalls no more than a local one (a background save against a
+blocking one), or the local interval comes out no shorter than the shared, local saves buy nothing: shared saves
+alone, at Daly's interval for ``C_s`` and ``M``. ``p`` is learned too, from a prior of one in two: a failure counts
+as served when the local tier held a whole checkpoint at the resume after it, whichever tier was newer.
+
+Until the job has failed once, the local interval is also at most the local stall over an overhead share (local
+saves are then made even where a shared save stalls less): the prior is a guess until then, and a fast
 tier's saves are cheap insurance against a guess that is far off (CheckFreq, FAST '21, bounds its saves' overhead the
 same way). For the experiment's first ``EARLY_S`` of training the share is ``EARLY_OVERHEAD`` (10 %), then
 ``LOCAL_OVERHEAD`` (1 %), whatever the shared save's stall (a background save's stall is not its whole cost). A fresh
@@ -149,17 +158,22 @@ class Intervals:
 
 def intervals(history: History, *, shared_cost_s: float, local_cost_s: float | None, node_h: float, nodes: int
               ) -> Intervals:
-    """The two intervals (see the module's docstring); the local one only when it is shorter than the shared."""
+    """The two intervals, chosen together (see the module's docstring); the local one only when it is shorter."""
     mtbf = history.mtbf_s(node_h=node_h, nodes=nodes)
+    shared_c = max(shared_cost_s, 1e-3)
+    alone = daly(shared_c, mtbf)  # shared saves alone: they serve every failure
     if local_cost_s is None:
-        return Intervals(daly(max(shared_cost_s, 1e-3), mtbf))
-    share = history.shared_share()
-    shared = daly(max(shared_cost_s, 1e-3), mtbf / share)
-    local = daly(max(local_cost_s, 1e-3), mtbf / (1 - share)) if share < 1 else None
-    if local is not None and history.failures == 0:  # the prior alone speaks: a guess, insured against (docstring)
-        budget = EARLY_OVERHEAD if history.exposure_s < EARLY_S else LOCAL_OVERHEAD
-        local = min(local, max(local_cost_s, 1e-3) / budget)
-    return Intervals(shared, local if local is not None and local < shared else None)
+        return Intervals(alone)
+    local_c, share = max(local_cost_s, 1e-3), history.shared_share()
+    local = daly(local_c, mtbf / (1 - share)) if share < 1 else math.inf
+    insured = history.failures == 0  # the prior alone speaks: a guess, insured against (docstring)
+    if insured:
+        local = min(local, local_c / (EARLY_OVERHEAD if history.exposure_s < EARLY_S else LOCAL_OVERHEAD))
+    if shared_c > local_c:  # a shared save in place of a local one costs the difference, and serves the rest
+        shared = daly(shared_c - local_c, mtbf / share)
+        if local < shared:
+            return Intervals(shared, local)
+    return Intervals(alone, local) if insured and local < alone else Intervals(alone)
 
 
 class Cadence:
