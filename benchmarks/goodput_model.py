@@ -83,7 +83,7 @@ def requeued_share(scale: Scale, policy: Policy, inputs: dict[str, float]) -> fl
 def model(scale: Scale, policy: Policy, inputs: dict[str, float] = INPUTS) -> dict[str, float]:
     """The expected share of the wall time each policy keeps, first order in the failure rate: per failure, the
     work since the newest usable checkpoint (half an interval) and the recovery; per save, its stall."""
-    from slurmrt.checkpoint.cadence import daly
+    from slurmrt.checkpoint.cadence import tiers
 
     mtbf = LLAMA3_JOB_MTBF_H_16K * 3600 * 16_384 / scale.gpus / inputs["failure_rate_factor"]
     node_gb = scale.gb_per_gpu * 8
@@ -95,24 +95,24 @@ def model(scale: Scale, policy: Policy, inputs: dict[str, float] = INPUTS) -> di
     restart = (1.0 - requeued) * inputs["injob_restart_s"] + \
         requeued * (inputs["requeue_restart_s"] + inputs["requeue_wait_s"])
     q = 1.0 - inputs["local_share"] if policy.local else 1.0  # failures the shared tier must serve
-    if policy.auto and policy.local:
-        t_shared = daly(stall_shared, mtbf / q)
-        t_local = daly(stall_local, mtbf / (1 - q)) if q < 1 else math.inf  # a local tier that serves none: unused
-    elif policy.auto:  # one tier: Young/Daly for its own save cost, every failure served by it
-        t_shared, t_local = daly(stall_shared, mtbf), math.nan
+    if policy.auto:  # rt.should_save's own choice (both tiers together), for the job's true rate and share
+        plan = tiers(stall_shared, stall_local if policy.local else None, mtbf_s=mtbf, share=q)
+        t_shared, t_local = plan.shared_s, plan.local_s if plan.local_s is not None else math.inf
     else:
         t_shared, t_local = inputs["fixed_shared_s"], inputs["fixed_local_s"]
     stall = stall_shared / t_shared + (stall_local / t_local if policy.local else 0.0)
-    local = policy.local and q < 1  # failures the local tier serves
-    lost = q * t_shared / 2 + ((1 - q) * t_local / 2 if local else 0.0)
-    load = q * load_shared + ((1 - q) * load_local if local else 0.0)
+    if policy.auto and t_local < math.inf:  # a shared save takes a local one's place
+        stall -= stall_local / t_shared
+    served = 1 - q if policy.local and t_local < math.inf else 0.0  # failures the local tier's newest save serves
+    lost = (1 - served) * t_shared / 2 + (served * t_local / 2 if served else 0.0)
+    load = (1 - served) * load_shared + served * load_local
     per_failure = inputs["detect_s"] + restart + load + lost
     ettr = max(0.0, 1.0 - stall - per_failure / mtbf)
     nodes = scale.gpus // 8
     held = nodes + (scale.spares if policy.spare else 0)
     return {"ettr": ettr, "node_goodput": ettr * nodes / held, "requeued": requeued, "mtbf_h": mtbf / 3600,
             "per_failure_s": per_failure, "stall": stall, "t_shared_s": t_shared,
-            "t_local_s": t_local if policy.local else math.nan}
+            "t_local_s": t_local if policy.local and t_local < math.inf else math.nan}
 
 
 #: Policy 1 with the interval Young/Daly give for its own save cost: the row that shows what in-job recovery adds
@@ -179,10 +179,11 @@ def _sensitivity() -> str:
                         "policy 4 is not above 1* where " + "; ".join(f'"{w}"' for w in below) + "."))
     table_of = dict(rows)
     if table_of["the local tier serves none"][last] >= table_of["as above"][last]:
-        said += (" The local tier does not pay in this model: policy 4 keeps more when it serves no failure (a "
-                 f"blocking local save at {INPUTS['local_gbps_per_node']:g} GB/s per node stalls longer than a "
-                 f"background shared save staged at {INPUTS['staging_gbps_per_node']:g} GB/s): its gain over 1* "
-                 "comes from the in-job restart.")
+        said += (" The local tier does not pay in this model: a blocking local save at "
+                 f"{INPUTS['local_gbps_per_node']:g} GB/s per node stalls longer than a background shared save staged "
+                 f"at {INPUTS['staging_gbps_per_node']:g} GB/s, so `should_save` makes no local save, and policy 4 "
+                 "keeps as much when the local tier serves no failure: its gain over 1* comes from the in-job "
+                 "restart. Where the shared save stalls longer (the slow filesystem's row), it saves to both tiers.")
     return table(header, body) + "\n\n" + said
 
 

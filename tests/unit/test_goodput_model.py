@@ -32,6 +32,28 @@ def test_policy_1_with_young_daly_saves_at_its_own_optimum() -> None:
                                         - (5.5 + 303 + 2.8 + got["t_shared_s"] / 2) / mtbf)
 
 
+def test_policy_4_times_its_saves_as_should_save_does_both_tiers_together() -> None:
+    from slurmrt.checkpoint.cadence import daly
+
+    mtbf = 54 * 24 / 466 * 3600
+    node_gb = 0.35 * 8
+    # a background shared save (staged at 25 GB/s) stalls less than a blocking local one (10 GB/s): shared alone,
+    # Daly's interval for every failure; each failure loses half of it and loads from the shared tier (1 GB/s)
+    got = bench.model(bench.Scale(16_384, spares=16), bench.POLICIES[3])
+    assert got["t_shared_s"] == pytest.approx(daly(node_gb / 25, mtbf)) and math.isnan(got["t_local_s"])
+    requeued = bench.requeued_share(bench.Scale(16_384, spares=16), bench.POLICIES[3], bench.INPUTS)
+    restart = (1 - requeued) * 3 + requeued * 303
+    assert got["per_failure_s"] == pytest.approx(5.5 + restart + node_gb / 1 + got["t_shared_s"] / 2)
+    # a slow shared save (0.2 GB/s): both tiers, the shared one paying only its stall above the local one's
+    slow = {**bench.INPUTS, "shared_gbps_per_node": 0.2, "staging_gbps_per_node": 0.2}
+    got = bench.model(bench.Scale(16_384, spares=16), bench.POLICIES[3], slow)
+    shared_c, local_c = node_gb / 0.2, node_gb / 10
+    assert got["t_shared_s"] == pytest.approx(daly(shared_c - local_c, mtbf / 0.1))
+    assert got["t_local_s"] == pytest.approx(daly(local_c, mtbf / 0.9))
+    assert got["stall"] == pytest.approx(shared_c / got["t_shared_s"] + local_c / got["t_local_s"]
+                                         - local_c / got["t_shared_s"])
+
+
 def test_spares_requeue_one_failure_in_s_plus_1_and_lost_first_nodes() -> None:
     scale = bench.Scale(16_384, spares=16)
     share = bench.requeued_share(scale, bench.POLICIES[1], bench.INPUTS)

@@ -63,7 +63,7 @@ from .. import _clock
 from .._comm import Comm
 
 __all__ = ["EARLY_OVERHEAD", "EARLY_S", "LOCAL_OVERHEAD", "STALLS", "Cadence", "History", "Intervals", "daly",
-           "intervals"]
+           "intervals", "tiers"]
 
 logger = logging.getLogger(__name__)
 
@@ -158,22 +158,32 @@ class Intervals:
 
 def intervals(history: History, *, shared_cost_s: float, local_cost_s: float | None, node_h: float, nodes: int
               ) -> Intervals:
-    """The two intervals, chosen together (see the module's docstring); the local one only when it is shorter."""
+    """The two intervals for the job's history (see the module's docstring): :func:`tiers` for its failure rate and
+    the share of its failures the local tier did not serve, the local one insured before its first failure."""
     mtbf = history.mtbf_s(node_h=node_h, nodes=nodes)
+    if local_cost_s is None or history.failures:
+        return tiers(shared_cost_s, local_cost_s, mtbf_s=mtbf, share=history.shared_share())
+    budget = EARLY_OVERHEAD if history.exposure_s < EARLY_S else LOCAL_OVERHEAD
+    return tiers(shared_cost_s, local_cost_s, mtbf_s=mtbf, share=history.shared_share(),
+                 insured_s=max(local_cost_s, 1e-3) / budget)
+
+
+def tiers(shared_cost_s: float, local_cost_s: float | None, *, mtbf_s: float, share: float,
+          insured_s: float = math.inf) -> Intervals:
+    """The two intervals chosen together, for saves that stall ``shared_cost_s`` and ``local_cost_s`` (None: no
+    local tier) and failures every ``mtbf_s``, a ``share`` of which the local tier does not serve (module docstring);
+    ``insured_s``: the local interval at most this, kept where shared saves alone would do."""
     shared_c = max(shared_cost_s, 1e-3)
-    alone = daly(shared_c, mtbf)  # shared saves alone: they serve every failure
+    alone = daly(shared_c, mtbf_s)  # shared saves alone: they serve every failure
     if local_cost_s is None:
         return Intervals(alone)
-    local_c, share = max(local_cost_s, 1e-3), history.shared_share()
-    local = daly(local_c, mtbf / (1 - share)) if share < 1 else math.inf
-    insured = history.failures == 0  # the prior alone speaks: a guess, insured against (docstring)
-    if insured:
-        local = min(local, local_c / (EARLY_OVERHEAD if history.exposure_s < EARLY_S else LOCAL_OVERHEAD))
-    if shared_c > local_c:  # a shared save in place of a local one costs the difference, and serves the rest
-        shared = daly(shared_c - local_c, mtbf / share)
+    local_c = max(local_cost_s, 1e-3)
+    local = min(daly(local_c, mtbf_s / (1 - share)) if share < 1 else math.inf, insured_s)
+    if shared_c > local_c and share > 0:  # a shared save in place of a local one costs the difference
+        shared = daly(shared_c - local_c, mtbf_s / share)
         if local < shared:
             return Intervals(shared, local)
-    return Intervals(alone, local) if insured and local < alone else Intervals(alone)
+    return Intervals(alone, local) if insured_s < math.inf and local < alone else Intervals(alone)
 
 
 class Cadence:
