@@ -211,6 +211,37 @@ def test_a_blocking_save_after_the_kept_checkpoint_is_stall_not_lost_work() -> N
     assert sum(ledger.seconds.values()) == pytest.approx(ledger.wall_s) == pytest.approx(620.0)
 
 
+def test_a_frozen_rank_0s_hang_is_recovery_whether_or_not_a_background_save_was_in_flight() -> None:
+    """Rank 0 is frozen (SIGSTOP) at 150 s, in step 151; rank 1 finds the hang at 190 s (idle 40 s) and leads the
+    answer; rank 0 wakes at 260 s, where it says its step and commits the background save it had begun at step 149
+    (started 149 s). The frozen 110 s are the hang's (recovery), not work kept, and not lost work: the same
+    account whichever policy had a save in flight, from the save's start and rank 1's hang."""
+    from slurmrt.record.timeline import build
+
+    def frozen(save: bool, started: bool = True) -> list[dict[str, object]]:
+        return [
+            ev(0, 0, "init", nnodes=2, job_nodes=3), ev(10, 0, "fresh_start", seconds=0.0),
+            ev(100, 0, "save", step=99, seconds=2.0, blocking=True), ev(149, 0, "progress", step=149),
+            {**ev(190, 0, "hang", step=151, idle_s=40.0, activity="step"), "rank": 1},
+            {**ev(250, 0, "exit", outcome="HUNG", code=5, step=151, lead=True), "rank": 1},
+            ev(260, 0, "progress", step=151),
+            *([ev(260.1, 0, "save", step=149, seconds=0.1, blocking=False, **({"started": (T0.timestamp() + 149)}
+                                                                              if started else {}))] if save else []),
+            ev(260.2, 0, "hang", step=151, activity="lost_peer"), ev(261, 0, "exit", outcome="HUNG", code=5),
+            ev(300, 1, "init", nnodes=2, job_nodes=3), ev(310, 1, "resume", step=149 if save else 99, seconds=1.0),
+            ev(400, 1, "progress", step=400), ev(410, 1, "exit", outcome="FINISHED", step=400),
+        ]
+
+    without, within = account(frozen(save=False)).seconds, account(frozen(save=True)).seconds
+    assert build(frozen(save=False)).runs[0].fault_at == pytest.approx(T0.timestamp() + 150)  # rank 1's wait began
+    assert without["recovery"] == pytest.approx(within["recovery"]) == pytest.approx(261 - 150)
+    assert without["lost_work"] == pytest.approx(150 - 100)  # from the kept checkpoint (99) to the fault
+    assert within["lost_work"] == pytest.approx(150 - 149)  # from the save's start: the commit came after the wake
+    assert within["productive"] == pytest.approx(without["productive"] + 49)  # the steps the save kept, no more
+    # a log from before the save said when it began: its commit, after the fault, keeps everything to the fault
+    assert account(frozen(save=True, started=False)).seconds["recovery"] == pytest.approx(261 - 150)
+
+
 def test_badput_that_would_exceed_its_run_is_cut_to_the_run() -> None:
     """Records that overlap (a blocking save said to take longer than its run had lasted, two at once) must not
     count a second twice: each category stays within the run, productive never below zero, the sum the wall."""

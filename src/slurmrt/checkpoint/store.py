@@ -115,6 +115,7 @@ class CheckpointStore:
                 "interleave with the training thread's. Save it with blocking=True, or pass "
                 "slurmrt.Staged(snapshot, write): snapshot() on the training thread, write(snapshot, directory) "
                 "in the background with no collective", step=step)
+        taken = _clock.wall()  # the training is at ``step`` now: the result's ``started``, whenever it is written
         self.wait()
         self._seq += 1
         if self._nonce is None:
@@ -127,11 +128,11 @@ class CheckpointStore:
         else:
             work = state
         if blocking:
-            return self._save(work, step, tmp, local)
+            return self._save(work, step, tmp, local, taken=taken)
         if not callable(work):
             work = self._stager.stage(work)
         local = copy.deepcopy(local) if local is not None else None
-        self.pending = PendingSave(lambda: self._save(work, step, tmp, local, background=True))
+        self.pending = PendingSave(lambda: self._save(work, step, tmp, local, background=True, taken=taken))
         return self.pending
 
     def wait(self) -> SaveResult | None:
@@ -177,8 +178,8 @@ class CheckpointStore:
         return kind, files, metadata
 
     def _save(self, state: dict[str, Any] | SaveFn, step: int, tmp: Path, local: Any = None, *,
-              background: bool = False) -> SaveResult:
-        start, started = _clock.mono(), _clock.wall()
+              taken: float, background: bool = False) -> SaveResult:
+        start, started = _clock.mono(), taken
         rank = self.comm.rank
         error: str | None = None
         part: _Part = ("state", {}, None)

@@ -44,9 +44,11 @@ class Event(str, enum.Enum):
     SIGNAL = "signal"  # signal, received, count
     PROGRESS = "progress"  # step, step_s, once slurm_start (rank 0, every progress_s)
     DECISION = "decision"  # step, reasons, save, end_time, step_s, save_s, worst_step_s
-    SAVE = "save"  # step, seconds, bytes, blocking, path, tier ("local"; absent: the shared tier)
+    # step, seconds, bytes, blocking, path, started (the save's call: the training at its step), tier ("local"; absent:
+    # the shared tier)
+    SAVE = "save"
     SAVE_SKIPPED = "save_skipped"  # step, save_s
-    RESUME = "resume"  # step
+    RESUME = "resume"  # step, seconds; with a local tier: tier, from_peers, local_held
     FRESH_START = "fresh_start"
     REQUEUE = "requeue"  # done, message, restart_count
     # code, outcome, why, reasons, step (the last step the run reached; null when unknown), action (the plan's), exclude

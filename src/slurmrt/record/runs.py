@@ -89,13 +89,14 @@ class Run:
 
 
 def runs(events: Iterable[dict[str, Any]]) -> list[Run]:
-    """Rank 0's events (and rankless ones, and those a leading rank recorded for the run) grouped by run (restart,
-    then in-job attempt), oldest run first."""
+    """Rank 0's events (and rankless ones, those a leading rank recorded for the run, and every rank's hangs) grouped
+    by run (restart, then in-job attempt), oldest run first."""
     by_run: dict[tuple[int, int], Run] = {}
     for e in events:
         # The rank that led a hang response (the lowest that answered: not 0 when rank 0 was the one lost) marks what
-        # it records for the whole run ("lead").
-        if (e.get("rank") in (0, None) or e.get("lead") is True) and "time" in e:
+        # it records for the whole run ("lead"). Every rank's hang says when its wait began: a frozen rank 0 says
+        # nothing until it wakes, after the hang was answered.
+        if (e.get("rank") in (0, None) or e.get("lead") is True or e.get("event") == Event.HANG.value) and "time" in e:
             key = int(e.get("restart", 0)), int(e.get("attempt", 0))
             by_run.setdefault(key, Run(*key[:1], attempt=key[1])).events.append(e)
     return [by_run[k] for k in sorted(by_run)]

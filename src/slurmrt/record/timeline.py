@@ -285,15 +285,25 @@ def _steps(run: Run, life: RunLife) -> list[tuple[float, int]]:
         kind, step = e.get("event"), e.get("step")
         if not isinstance(step, int) or kind not in _AT_STEP:
             continue
-        steps.append((timestamp(e), step))
+        at = timestamp(e)
         if kind == Event.SAVE.value:
             took = figures.seconds(e.get("seconds")) or 0.0
-            life.checkpoints.append((steps[-1][0], step, took))
-            if e.get("blocking") is True:
-                life.stalls.append((steps[-1][0], min(took, max(0.0, steps[-1][0] - life.start))))
+            if e.get("blocking") is True:  # the stall ends at the commit
+                life.stalls.append((at, min(took, max(0.0, at - life.start))))
+            at = _taken(e, at, life.start)
+            life.checkpoints.append((at, step, took))
+        steps.append((at, step))
         if kind == Event.DECISION.value:
             life.stop_step = step
     return steps
+
+
+def _taken(save: dict[str, Any], committed: float, start: float) -> float:
+    """When the run was at a save's step: its ``started`` (the save's call), not its commit, which a background
+    save makes later, after any number of steps, or after a hang that froze it (a frozen step's time is not work a
+    checkpoint kept). A log without it (or a value outside the run): the commit."""
+    started = figures.epoch(save.get("started"))
+    return started if started is not None and start <= started <= committed else committed
 
 
 def _account_lost(life: RunLife, following: RunLife | None) -> None:

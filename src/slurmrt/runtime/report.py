@@ -90,7 +90,7 @@ class Reporter:
                         " (local tier)" if tier == "local" else "", result.seconds, result.bytes)
             extra: dict[str, Any] = {"tier": tier} if tier != "shared" else {}
             self.events.emit(Event.SAVE, step=result.step, seconds=round(result.seconds, 4), bytes=result.bytes,
-                             blocking=blocking, path=str(result.path), **extra)
+                             blocking=blocking, path=str(result.path), started=round(result.started, 3), **extra)
 
     def save_skipped(self, step: int, save_s: float | None) -> None:
         if self._lead:
