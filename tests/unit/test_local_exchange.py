@@ -27,7 +27,7 @@ def test_a_partner_lost_during_the_send_is_raised_not_the_mapped_files_close(tmp
         if len(calls) == 2:  # the parts, after the headers
             raise RuntimeError("[pair.cc:553] Connection closed by peer [127.0.0.1]:3461")
 
-    monkeypatch.setattr(local, "_pairwise", pairwise)
+    monkeypatch.setattr(local, "pairwise", pairwise)
     tier = LocalTier(tmp_path, tmp_path / "ckpt", node="n1", comm=_Comm(), per_node=1)  # type: ignore[arg-type]
     with pytest.raises(RuntimeError, match="Connection closed by peer"):
         tier._exchange(part, {"size": 4096, HASH: "0" * 16}, 1, 1)

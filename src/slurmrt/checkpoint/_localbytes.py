@@ -12,23 +12,23 @@ from typing import Any
 from .._comm import wait_released
 
 
-def _hash(data: bytes | memoryview) -> str:
+def checksum(data: bytes | memoryview) -> str:
     import xxhash
 
     return str(xxhash.xxh3_64_hexdigest(data))
 
 
-def _hash_int(hexdigest: str) -> int:
+def checksum_int(hexdigest: str) -> int:
     """The 16-hex-digit checksum as a signed int64 (it travels in a tensor)."""
     value = int(hexdigest, 16)
     return value - (1 << 64) if value >= 1 << 63 else value
 
 
-def _hash_str(value: int) -> str:
+def checksum_str(value: int) -> str:
     return f"{value & ((1 << 64) - 1):016x}"
 
 
-def _pairwise(ops: list[tuple[Any, int, bool]], group: Any) -> None:
+def pairwise(ops: list[tuple[Any, int, bool]], group: Any) -> None:
     """Post every send and receive of ``ops`` ((tensor, peer, is_send)) at once, then wait for all of them."""
     import torch.distributed as dist
 
@@ -40,7 +40,7 @@ def _pairwise(ops: list[tuple[Any, int, bool]], group: Any) -> None:
     wait_released(*(t for t, _, _ in ops))  # gloo's worker no longer holds them: only Python owns them now
 
 
-def _as_tensor(data: memoryview) -> Any:
+def as_tensor(data: memoryview) -> Any:
     import warnings
 
     import torch
@@ -50,13 +50,13 @@ def _as_tensor(data: memoryview) -> Any:
         return torch.frombuffer(data, dtype=torch.uint8)
 
 
-def _deserialize(data: bytes | memoryview) -> Any:
+def deserialize(data: bytes | memoryview) -> Any:
     import torch
 
     return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
 
 
-def _write_file(path: Path, data: bytes | memoryview) -> None:
+def write_file(path: Path, data: bytes | memoryview) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
     try:
@@ -73,7 +73,7 @@ def _write_file(path: Path, data: bytes | memoryview) -> None:
         raise
 
 
-def _close_mapped(mapped: Any) -> None:
+def close_mapped(mapped: Any) -> None:
     """Close a mapped part; when a failed send still holds a view of it (its exception's traceback keeps the tensor),
     leave it to be unmapped with its last view, and let the send's own error (a lost partner) through."""
     with contextlib.suppress(BufferError):

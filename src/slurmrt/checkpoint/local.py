@@ -41,7 +41,16 @@ from .._comm import problems as gather_problems
 from .._errors import CheckpointError
 from .._safefs import private_dir
 from ._files import HASH, write_state
-from ._localbytes import _as_tensor, _close_mapped, _deserialize, _hash, _hash_int, _hash_str, _pairwise, _write_file
+from ._localbytes import (
+    as_tensor,
+    checksum,
+    checksum_int,
+    checksum_str,
+    close_mapped,
+    deserialize,
+    pairwise,
+    write_file,
+)
 from .background import SaveResult
 from .partners import choose, partner_of
 
@@ -104,9 +113,9 @@ class LocalTier:
             got, got_hash = self._exchange(own, info, partner, source)
             if error is None and directory is not None:
                 try:
-                    if got_hash is None or _hash(got) != got_hash:
+                    if got_hash is None or checksum(got) != got_hash:
                         raise CheckpointError(f"rank {source}'s replica did not arrive whole")
-                    _write_file(directory / f"rank_{source:05d}.pt", got)
+                    write_file(directory / f"rank_{source:05d}.pt", got)
                     self._commit(directory, source, world, step, {"size": len(got), HASH: got_hash})
                 except Exception as err:
                     error = f"rank {rank} keeping rank {source}'s replica: {err}"
@@ -131,7 +140,7 @@ class LocalTier:
 
     def _commit(self, directory: Path, rank: int, world: int, step: int, info: dict[str, Any]) -> None:
         meta = {"step": step, "rank": rank, "world_size": world, "size": info["size"], HASH: info[HASH]}
-        _write_file(directory / f"rank_{rank:05d}.json", json.dumps(meta).encode())
+        write_file(directory / f"rank_{rank:05d}.json", json.dumps(meta).encode())
 
     def _exchange(self, own: Path | None, info: dict[str, Any], partner: int, source: int
                   ) -> tuple[memoryview, str | None]:
@@ -143,9 +152,9 @@ class LocalTier:
 
         group = getattr(self.comm, "group", None)
         size = int(info["size"]) if own is not None else 0
-        header = torch.tensor([size, _hash_int(info[HASH]) if own is not None else 0], dtype=torch.int64)
+        header = torch.tensor([size, checksum_int(info[HASH]) if own is not None else 0], dtype=torch.int64)
         got_header = torch.zeros(2, dtype=torch.int64)
-        _pairwise([(header, partner, True), (got_header, source, False)], group)
+        pairwise([(header, partner, True), (got_header, source, False)], group)
         got = torch.empty(int(got_header[0].item()), dtype=torch.uint8)
         with contextlib.ExitStack() as stack:
             out = torch.empty(0, dtype=torch.uint8)
@@ -153,13 +162,13 @@ class LocalTier:
                 assert own is not None
                 f = stack.enter_context(open(own, "rb"))
                 mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
-                stack.callback(_close_mapped, mapped)
-                out = _as_tensor(memoryview(mapped))
-            _pairwise([(out, partner, True), (got, source, False)], group)
+                stack.callback(close_mapped, mapped)
+                out = as_tensor(memoryview(mapped))
+            pairwise([(out, partner, True), (got, source, False)], group)
             del out
         if not got.numel():
             return memoryview(b""), None
-        return got.numpy().data, _hash_str(int(got_header[1].item()))
+        return got.numpy().data, checksum_str(int(got_header[1].item()))
 
     def _prune(self, newest: int) -> None:
         """Each rank deletes the older steps' files it wrote (its part, the replica it kept), beyond ``keep``."""
@@ -236,9 +245,9 @@ class LocalTier:
         sends = [(r, metas[r]) for r in range(world) if holder[r] == rank and r != rank]
         try:
             data, received = self._gather_part(step, holder, metas, sends)
-            if _hash(data) != metas[rank][HASH] or len(data) != metas[rank]["size"]:
+            if checksum(data) != metas[rank][HASH] or len(data) != metas[rank]["size"]:
                 raise CheckpointError(f"rank {rank}'s part of step {step} does not match its checksum")
-            state = _deserialize(data)
+            state = deserialize(data)
         except Exception as err:
             error = f"rank {rank}: {err}"
             state = None
@@ -276,14 +285,14 @@ class LocalTier:
                 blob = b""
             buf = torch.zeros(meta["size"], dtype=torch.uint8)
             if len(blob) == meta["size"] and blob:
-                buf = _as_tensor(memoryview(bytearray(blob)))
+                buf = as_tensor(memoryview(bytearray(blob)))
             ops.append((buf, r, True))
         incoming = None
         if holder[rank] != rank:
             incoming = torch.empty(metas[rank]["size"], dtype=torch.uint8)
             ops.append((incoming, holder[rank], False))
         if ops:
-            _pairwise(ops, getattr(self.comm, "group", None))
+            pairwise(ops, getattr(self.comm, "group", None))
         if incoming is not None:
             return incoming.numpy().data, int(incoming.numel())
         return (directory / f"rank_{rank:05d}.pt").read_bytes(), 0
