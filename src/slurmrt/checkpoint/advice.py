@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .cadence import STALLS, History, intervals
+from .cadence import History, expected_stall, intervals
 
 __all__ = ["advice", "saving"]
 
@@ -17,9 +17,8 @@ def saving(events: list[dict[str, Any]], *, node_h: float) -> dict[str, Any] | N
     from ..record.events import Event
 
     def seconds(tier: str) -> float | None:
-        found = [float(e["seconds"]) for e in events if e.get("event") == Event.SAVE.value
-                 and e.get("tier", "shared") == tier and isinstance(e.get("seconds"), (int, float))]
-        return sum(found[-STALLS:]) / len(found[-STALLS:]) if found else None
+        return expected_stall([float(e["seconds"]) for e in events if e.get("event") == Event.SAVE.value
+                               and e.get("tier", "shared") == tier and isinstance(e.get("seconds"), (int, float))])
 
     shared, local = seconds("shared"), seconds("local")
     if shared is None:

@@ -63,7 +63,7 @@ from .. import _clock
 from .._comm import Comm
 
 __all__ = ["EARLY_OVERHEAD", "EARLY_S", "LOCAL_OVERHEAD", "STALLS", "Cadence", "History", "Intervals", "daly",
-           "intervals", "tiers"]
+           "expected_stall", "intervals", "tiers"]
 
 logger = logging.getLogger(__name__)
 
@@ -294,9 +294,7 @@ class Cadence:
         return "local" if self._local and not self._stalls["local"] else None
 
     def _stall(self, tier: str) -> float | None:
-        """The tier's stall to expect: Daly's ``C``, the mean of its last saves (one slow save is not it)."""
-        last = self._stalls[tier][-STALLS:]
-        return sum(last) / len(last) if last else None
+        return expected_stall(self._stalls[tier])
 
     def _left(self, plan: Intervals, now: float) -> dict[str, float]:
         """Seconds of training until each tier's save is due. Local saves count from the newest save of either
@@ -317,6 +315,13 @@ class Cadence:
                 logger.warning("cannot read the event log for the failure history (%s): the prior alone is used", err)
                 self._history = History()
         return self._history
+
+
+def expected_stall(stalls: list[float]) -> float | None:
+    """A tier's stall to expect, Daly's ``C``: the mean of its last ``STALLS`` saves (one slow save is not it); None
+    when none was measured. ``rt.should_save`` and ``slurmrt status``'s advice both take it from here."""
+    last = stalls[-STALLS:]
+    return sum(last) / len(last) if last else None
 
 
 def _steps(seconds: float, step_s: float) -> int:

@@ -262,12 +262,9 @@ class LocalTier:
     def _plan(self, everyone: list[dict[int, dict[int, dict[str, Any]]]] | None, floor: int | None
               ) -> tuple[int, list[int], list[dict[str, Any]]] | None:
         """Rank 0 (``everyone``: every rank's holdings): the step to load, ``>= floor``; :attr:`held` on the way."""
-        if everyone is None:
-            self.held = None
-            return None
-        whole = choose(everyone, self.comm.world_size, None)
+        whole = choose(everyone, self.comm.world_size, None) if everyone is not None else None
         self.held = whole[0] if whole is not None else None
-        return choose(everyone, self.comm.world_size, floor)
+        return whole if whole is not None and (floor is None or whole[0] >= floor) else None
 
     def _gather_part(self, step: int, holder: list[int], metas: list[dict[str, Any]],
                      sends: list[tuple[int, dict[str, Any]]]) -> tuple[bytes | memoryview, int]:
