@@ -419,18 +419,41 @@ def test_a_resumed_run_saves_nothing_only_to_measure_a_stall_the_log_knows(monke
     # to measure a stall its event log already held: the earlier runs' local saves now count, as the shared ones do.
     log = tmp_path / "events-5.jsonl"
     events = EventLog(log, job="5", restart=0, rank=0)
-    events.emit(Event.SAVE, step=10, seconds=30.0)
-    events.emit(Event.SAVE, step=12, seconds=1.0, tier="local")
+    events.emit(Event.SAVE, step=10, seconds=30.0, stall=30.0, blocking=True)
+    events.emit(Event.SAVE, step=12, seconds=1.0, stall=1.0, blocking=True, tier="local")
     earlier = measured_earlier(log)
-    assert (earlier.save_s, earlier.local_save_s) == (30.0, 1.0)
+    assert (earlier.save_s, earlier.stalls) == (30.0, {"shared": [30.0], "local": [1.0]})
 
-    def resumed(costs: tuple[float | None, float | None]) -> list[tuple[int, str]]:
+    def resumed(stalls: dict[str, list[float]]) -> list[tuple[int, str]]:
         c = Cadence(rank=0, comm=SoloComm, events=None, current=(1, 0), nodes=8, node_h=20.0, local=True,
-                    step_s=lambda: 1.0, costs=costs)
+                    step_s=lambda: 1.0, stalls=stalls)
         return train(c, Clock(monkeypatch), 60, stall={"shared": 30.0, "local": 1.0}, start=13)
 
-    measuring = resumed((None, None))  # the control: nothing known, each tier saved once to measure it
+    measuring = resumed({})  # the control: nothing known, each tier saved once to measure it
     assert measuring[:2] == [(13 + WARMUP_STEPS, "shared"), (13 + 2 * WARMUP_STEPS, "local")]
-    known = resumed((earlier.save_s, earlier.local_save_s))
+    known = resumed(earlier.stalls)
     # the early insurance's interval (1 s / EARLY_OVERHEAD) from the run's first call, not a save to measure
     assert known and known[0][1] == "local" and known[0][0] >= 13 + 1.0 / EARLY_OVERHEAD - 1, known
+
+
+def test_a_background_saves_stall_not_its_write_is_what_a_resumed_run_and_status_take_as_its_cost(
+        tmp_path: Path) -> None:
+    """A background save writes behind the training for seconds after a call that held it a fraction of one: the
+    deadline needs the write's time (a stop's save is blocking), ``rt.should_save`` the stall. A resumed run, and
+    status's advice, took the write's time as the stall until the run had measured three saves of its own."""
+    from slurmrt.checkpoint.advice import saving
+
+    log = tmp_path / "events-5.jsonl"
+    events = EventLog(log, job="5", restart=0, rank=0)
+    events.emit(Event.INIT, nnodes=2)
+    for step, (write, stall) in enumerate(((9.0, 0.5), (12.0, 0.3), (15.0, 0.4), (18.0, 0.1))):
+        events.emit(Event.SAVE, step=step, seconds=write, stall=stall, blocking=False)
+    events.emit(Event.SAVE, step=9, seconds=2.0, stall=2.5, blocking=True, tier="local")
+    events.emit(Event.SAVE, step=10, seconds=3.0, blocking=True, tier="local")  # an older log's: its whole time
+    events.emit(Event.SAVE, step=11, seconds=30.0, blocking=False)  # an older log's background save: unknown
+    earlier = measured_earlier(log)
+    assert earlier.save_s == 30.0  # the deadline's: the longest of the last three writes
+    assert earlier.stalls == {"shared": [0.3, 0.4, 0.1], "local": [2.5, 3.0]}
+    said = saving([json.loads(line) for line in log.read_text().splitlines()], node_h=1.0)
+    assert said is not None
+    assert (said["shared_save_s"], said["local_save_s"]) == (pytest.approx(0.8 / 3), pytest.approx(2.75))

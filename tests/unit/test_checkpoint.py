@@ -486,3 +486,36 @@ def test_pruning_after_the_broadcast_never_deletes_the_next_save_another_rank_is
     assert complete_steps(tmp_path) == [2]
     assert (next_save / "rank_00001.pt").read_bytes() == b"rank 1's part"
     assert not earlier.exists()
+
+
+def test_a_saves_result_says_how_long_it_held_the_training_a_background_write_apart(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The clock moves only where the test moves it: the snapshot, on the training thread, takes 1 s; the write
+    100 s. A blocking save holds the training for both; a background one for the snapshot alone, its write going
+    on after the call returned (it waits for the test to let it begin)."""
+    import threading
+
+    from slurmrt import _clock
+
+    now = [0.0]
+    monkeypatch.setattr(_clock, "mono", lambda: now[0])
+    begin = threading.Event()
+
+    def snapshot() -> None:
+        now[0] += 1.0
+
+    def write(snap: None, directory: Path) -> None:
+        assert begin.wait(timeout=60)
+        now[0] += 100.0
+        (directory / "x").write_text("x")
+
+    store = _store(tmp_path)
+    begin.set()
+    blocking = store.save(Staged(snapshot, write), 1)
+    assert blocking.stall == pytest.approx(101.0) and blocking.seconds == pytest.approx(100.0)
+    begin.clear()
+    store.save(Staged(snapshot, write), 2, blocking=False)
+    begin.set()  # the call has returned: the write may begin
+    background = store.wait()
+    assert background is not None and background.stall == pytest.approx(1.0)
+    assert background.seconds == pytest.approx(100.0)

@@ -242,6 +242,20 @@ def test_a_frozen_rank_0s_hang_is_recovery_whether_or_not_a_background_save_was_
     assert account(frozen(save=True, started=False)).seconds["recovery"] == pytest.approx(261 - 150)
 
 
+def test_a_background_saves_stall_is_checkpoint_stall_and_its_write_behind_the_training_is_not() -> None:
+    """Run 1 makes a background save at 400 s: its call holds the training 3 s (the copy to host memory, the wait for
+    the save before it), then the write goes on behind the training for 40 s and commits at 443 s. The 3 s are
+    checkpoint stall, as a blocking save's are; the 40 s of the write are not. A log from before saves said their
+    stall counts a background save's as before, as nothing."""
+    save = ev(443, 1, "save", step=250, seconds=40.0, blocking=False, started=T0.timestamp() + 400)
+    ledger = account([*EVENTS[:8], {**save, "stall": 3.0}, *EVENTS[8:]]).seconds
+    assert ledger["checkpoint_stall"] == pytest.approx(2.0 + 3.0 + 8.0)
+    assert account([*EVENTS[:8], save, *EVENTS[8:]]).seconds["checkpoint_stall"] == pytest.approx(2.0 + 8.0)
+    # a stall said longer than the time from the save's call to its commit ends at the commit
+    said = account([*EVENTS[:8], {**save, "stall": 90.0}, *EVENTS[8:]]).seconds["checkpoint_stall"]
+    assert said == pytest.approx(2.0 + 43.0 + 8.0)
+
+
 def test_badput_that_would_exceed_its_run_is_cut_to_the_run() -> None:
     """Records that overlap (a blocking save said to take longer than its run had lasted, two at once) must not
     count a second twice: each category stays within the run, productive never below zero, the sum the wall."""

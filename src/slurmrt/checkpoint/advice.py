@@ -14,11 +14,11 @@ def saving(events: list[dict[str, Any]], *, node_h: float) -> dict[str, Any] | N
     """The figures behind :func:`advice` (``slurmrt status --json``): the measured save stalls (the mean of the last
     three per tier), the failure history, and the intervals ``rt.should_save`` would choose, in seconds and, when
     the job measured its step, in steps; None when it measured no save."""
-    from ..record.events import Event
+    from ..record.events import Event, stall
 
     def seconds(tier: str) -> float | None:
-        return expected_stall([float(e["seconds"]) for e in events if e.get("event") == Event.SAVE.value
-                               and e.get("tier", "shared") == tier and isinstance(e.get("seconds"), (int, float))])
+        held = (stall(e) for e in events if e.get("event") == Event.SAVE.value and e.get("tier", "shared") == tier)
+        return expected_stall([s for s in held if s is not None])
 
     shared, local = seconds("shared"), seconds("local")
     if shared is None:

@@ -59,6 +59,9 @@ class SaveResult:
     started: float
     #: The step was committed by this run already (a periodic save, then the stop at that step): that one is kept.
     kept: bool = False
+    #: Seconds the save held the training (its call, a wait for the save before it included); a background save's
+    #: write goes on after it. None where it was not measured.
+    stall: float | None = None
 
 
 class PendingSave:

@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -190,13 +190,13 @@ class Cadence:
     """The answers of ``rt.should_save(step)`` on one rank (see the module's docstring).
 
     ``comm`` opens slurmrt's work group (for the broadcast at check steps); ``events`` is the event log (rank 0 reads
-    the history from it once); ``costs`` gives the earlier runs' measured (shared, local) save times; ``step_s`` the
+    the history from it once); ``stalls`` gives each tier's last stalls in the earlier runs' log; ``step_s`` the
     measured step time; ``local``: whether the job has a local tier; ``join`` waits for a background save in flight:
     it holds the work group until it is joined (:mod:`slurmrt._comm`), so the check's broadcast comes after it."""
 
     def __init__(self, *, rank: int, comm: Callable[[], Comm], events: Path | None, current: tuple[int, int],
                  nodes: int, node_h: float, local: bool, step_s: Callable[[], float | None],
-                 costs: tuple[float | None, float | None] = (None, None),
+                 stalls: Mapping[str, list[float]] | None = None,
                  join: Callable[[], None] = lambda: None) -> None:
         self._rank, self._comm, self._events, self._current, self._join = rank, comm, events, current, join
         self._nodes, self._node_h, self._local, self._step_s = nodes, node_h, local, step_s
@@ -205,8 +205,8 @@ class Cadence:
         self._base = 0  # what the steps of the epochs before this one add
         self._history: History | None = None
         #: each tier's last STALLS stalls (the earlier runs' figure until this run measures): :meth:`_stall`
-        self._stalls: dict[str, list[float]] = {"shared": [c for c in costs[:1] if c is not None],
-                                                "local": [c for c in costs[1:] if c is not None]}
+        self._stalls: dict[str, list[float]] = {tier: list((stalls or {}).get(tier, []))[-STALLS:]
+                                                for tier in ("shared", "local")}
         self._since: dict[str, float] = {}  # rank 0: when each tier's newest save of this run ended
         self._started: float | None = None  # rank 0: the first call's time (this run's time counts into the history)
         self._faults = 0  # the faults this run lived through (in-process restarts)

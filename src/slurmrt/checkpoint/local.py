@@ -123,7 +123,8 @@ class LocalTier:
         if problems:
             raise CheckpointError(f"local checkpoint of step {step} failed: {'; '.join(problems)}", step=step)
         self._prune(step)
-        return SaveResult(step, self.directory / f"step_{step:09d}", _clock.mono() - t0, int(info["size"]), started)
+        took = _clock.mono() - t0  # always blocking: its whole time is the training's stall
+        return SaveResult(step, self.directory / f"step_{step:09d}", took, int(info["size"]), started, stall=took)
 
     def _write_own(self, directory: Path, rank: int, world: int, step: int, state: Any) -> dict[str, Any]:
         """torch.save straight into the file, hashed as it is written (as the shared tier writes a part)."""

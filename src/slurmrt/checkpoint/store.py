@@ -28,6 +28,7 @@ import os
 import secrets
 import shutil
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -115,7 +116,7 @@ class CheckpointStore:
                 "interleave with the training thread's. Save it with blocking=True, or pass "
                 "slurmrt.Staged(snapshot, write): snapshot() on the training thread, write(snapshot, directory) "
                 "in the background with no collective", step=step)
-        taken = _clock.wall()  # the training is at ``step`` now: the result's ``started``, whenever it is written
+        taken, called = _clock.wall(), _clock.mono()  # the training is at ``step``: ``started``, whenever written
         self.wait()
         self._seq += 1
         if self._nonce is None:
@@ -128,11 +129,13 @@ class CheckpointStore:
         else:
             work = state
         if blocking:
-            return self._save(work, step, tmp, local, taken=taken)
+            return replace(self._save(work, step, tmp, local, taken=taken), stall=_clock.mono() - called)
         if not callable(work):
             work = self._stager.stage(work)
         local = copy.deepcopy(local) if local is not None else None
-        self.pending = PendingSave(lambda: self._save(work, step, tmp, local, background=True, taken=taken))
+        stall = _clock.mono() - called  # the training goes on now: the write is the background thread's
+        self.pending = PendingSave(lambda: replace(self._save(work, step, tmp, local, background=True, taken=taken),
+                                                   stall=stall))
         return self.pending
 
     def wait(self) -> SaveResult | None:

@@ -22,7 +22,7 @@ from .. import _figures as figures
 from .._errors import UnsafePathError
 from .._safefs import NotOwnError, lock, open_append, open_regular
 
-__all__ = ["COPY_ENV", "Event", "EventFollower", "EventLog", "malformed", "read_events", "timestamp"]
+__all__ = ["COPY_ENV", "Event", "EventFollower", "EventLog", "malformed", "read_events", "stall", "timestamp"]
 
 logger = logging.getLogger(__name__)
 
@@ -233,7 +233,7 @@ _FIELDS: tuple[tuple[tuple[str, ...], Any, str], ...] = (
      f"a whole number from 0 to {figures.MAX_COUNT}"),
     (("rank", "first_rank"), lambda v: figures.count(v, -1) is not None, "a rank (-1 or more)"),
     (("code",), lambda v: figures.count(v, -255) is not None, "an exit code"),
-    (("seconds", "step_s", "save_s", "worst_step_s", "idle_s", "allowed_s", "process_s"),
+    (("seconds", "step_s", "save_s", "worst_step_s", "idle_s", "allowed_s", "process_s", "stall"),
      lambda v: figures.seconds(v) is not None, f"a duration (finite, 0 to {figures.MAX_SECONDS:.0f} s)"),
     (("end_time", "fault_time"), lambda v: figures.epoch(v) is not None,
      "a time (seconds since the epoch, before 2200)"),
@@ -300,3 +300,12 @@ class EventFollower:
 
 def timestamp(event: dict[str, Any]) -> float:
     return datetime.fromisoformat(event["time"]).timestamp()
+
+
+def stall(save: dict[str, Any]) -> float | None:
+    """The seconds a ``save`` event's save held the training: its ``stall``; in a log written before it was
+    recorded, a blocking save's ``seconds`` (a background save's are its write, behind the training: None)."""
+    held = figures.seconds(save.get("stall"))
+    if held is None and save.get("blocking") is True:
+        held = figures.seconds(save.get("seconds"))
+    return held

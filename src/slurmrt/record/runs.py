@@ -14,7 +14,7 @@ from typing import Any, TypeGuard
 
 from .. import _figures as figures
 from .._safefs import NotOwnError, open_regular
-from .events import Event, malformed, read_events, timestamp
+from .events import Event, malformed, read_events, stall, timestamp
 
 __all__ = ["Measured", "Run", "measured", "measured_earlier", "run_of", "runs", "runs_of"]
 
@@ -151,32 +151,44 @@ def _number(value: Any) -> TypeGuard[float]:
 @dataclass(frozen=True)
 class Measured:
     """What the earlier runs of a job measured: the step time rank 0 reported last, the longest of its last three
-    saves (shared tier; ``local_save_s``: the local tier's), and the longest duration of each phase (``rt.phase``).
-    None (or empty) where nothing was."""
+    saves (shared tier: the time a stop's save takes), each tier's last three stalls (what the saves held the
+    training: ``rt.should_save``'s costs), and the longest duration of each phase (``rt.phase``). None (or empty)
+    where nothing was."""
 
     step_s: float | None = None
     save_s: float | None = None
     phases: dict[str, float] = field(default_factory=dict)
-    local_save_s: float | None = None
+    stalls: dict[str, list[float]] = field(default_factory=dict)
 
 
 def measured_earlier(path: Path | None, *, tail_bytes: int = 256 * 1024) -> Measured:
     """:class:`Measured`, from one read of the last ``tail_bytes`` of the event log."""
     # Shape: one pass over the tail, one case per kind of event measured
     step_s: float | None = None
-    saves: dict[str, list[float]] = {"shared": [], "local": []}
+    saves: list[float] = []
+    stalls: dict[str, list[float]] = {"shared": [], "local": []}
     phases: dict[str, float] = {}
     for e in _tail(path, tail_bytes):
         kind, value, seconds, name = e.get("event"), e.get("step_s"), e.get("seconds"), e.get("name")
         tier = _tier(e) if kind == Event.SAVE.value else None
         if kind in (Event.PROGRESS.value, Event.DECISION.value) and _number(value):
             step_s = float(value)
-        elif tier is not None and _number(seconds):
-            saves[tier].append(float(seconds))  # the deadline's input is the shared tier's
+        elif tier is not None:
+            _save(e, tier, saves, stalls)
         elif kind == Event.PHASE.value and isinstance(name, str) and _number(seconds):
             phases[name] = max(phases.get(name, 0.0), float(seconds))
-    shared, local = (max(found[-3:]) if found else None for found in saves.values())
-    return Measured(step_s, shared, phases, local)
+    return Measured(step_s, max(saves[-3:]) if saves else None, phases,
+                    {tier: found[-3:] for tier, found in stalls.items() if found})
+
+
+def _save(save: dict[str, Any], tier: str, saves: list[float], stalls: dict[str, list[float]]) -> None:
+    """A save event into the shared tier's save times (the deadline's input: a save's whole time), and its tier's
+    stalls."""
+    seconds, held = save.get("seconds"), stall(save)
+    if tier == "shared" and _number(seconds):
+        saves.append(float(seconds))
+    if held is not None:
+        stalls[tier].append(held)
 
 
 def _tier(save: dict[str, Any]) -> str | None:

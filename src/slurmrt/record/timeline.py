@@ -19,7 +19,7 @@ from typing import Any
 
 from .. import _figures as figures
 from .._text import shorten
-from .events import Event, timestamp
+from .events import Event, stall, timestamp
 from .inprocess import InProcessCost, in_process_cost, local_served
 from .runs import Run, runs
 
@@ -57,8 +57,9 @@ class RunLife:
     points: list[tuple[float, int]] = field(default_factory=list)
     #: (commit time, step, seconds the save took)
     checkpoints: list[tuple[float, int, float]] = field(default_factory=list)
-    #: (commit time, seconds) of each blocking save: the time it held training, never before the run's start. It is
-    #: checkpoint stall, and no part of the lost work even when the save was not the one kept.
+    #: (end, seconds) of each save's stall: the time it held training (a background save's too, before its write),
+    #: never before the run's start. It is checkpoint stall, and no part of the lost work even when the save was
+    #: not the one kept.
     stalls: list[tuple[float, float]] = field(default_factory=list)
     resumed_from: int | None = None
     #: Seconds its process ran before init() recorded it (interpreter, imports); ``start`` is that much earlier.
@@ -287,10 +288,11 @@ def _steps(run: Run, life: RunLife) -> list[tuple[float, int]]:
             continue
         at = timestamp(e)
         if kind == Event.SAVE.value:
-            took = figures.seconds(e.get("seconds")) or 0.0
-            if e.get("blocking") is True:  # the stall ends at the commit
-                life.stalls.append((at, min(took, max(0.0, at - life.start))))
-            at = _taken(e, at, life.start)
+            took, held, began = figures.seconds(e.get("seconds")) or 0.0, stall(e), _taken(e, at, life.start)
+            if held is not None:  # from the save's call to its commit at most (an old log: back from the commit)
+                ended, since = (min(at, began + held), began) if began < at else (at, life.start)
+                life.stalls.append((ended, min(held, max(0.0, ended - since))))
+            at = began
             life.checkpoints.append((at, step, took))
         steps.append((at, step))
         if kind == Event.DECISION.value:

@@ -90,7 +90,7 @@ def build_run(topology: Topology, options: Options, executor: Executor, *,
     cadence = Cadence(rank=topology.rank, comm=lambda: hooks.groups().work, events=events.path,
                       current=(topology.restart_count, topology.attempt), nodes=topology.nnodes,
                       node_h=options.mtbf_node_h, local=options.local_checkpoint_dir is not None,
-                      step_s=budget.steps.estimate, costs=(earlier.save_s, earlier.local_save_s),
+                      step_s=budget.steps.estimate, stalls=earlier.stalls,
                       join=checkpoints.settle)
     state = RunState()
     hangs = HangMonitor(topology, HangSection.of(options), executor, state=state, signals=signals,

@@ -89,6 +89,8 @@ class Reporter:
             logger.info("checkpoint step %d committed%s: %.2f s, %d bytes", result.step,
                         " (local tier)" if tier == "local" else "", result.seconds, result.bytes)
             extra: dict[str, Any] = {"tier": tier} if tier != "shared" else {}
+            if result.stall is not None:
+                extra["stall"] = round(result.stall, 4)
             self.events.emit(Event.SAVE, step=result.step, seconds=round(result.seconds, 4), bytes=result.bytes,
                              blocking=blocking, path=str(result.path), started=round(result.started, 3), **extra)
 
