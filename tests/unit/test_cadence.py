@@ -15,14 +15,14 @@ import pytest
 from slurmrt import _clock
 from slurmrt._comm import SoloComm
 from slurmrt.checkpoint.cadence import (
-    EARLY_OVERHEAD,
-    EARLY_S,
     LOCAL_OVERHEAD,
+    MOST_OVERHEAD,
     WARMUP_STEPS,
     Cadence,
     History,
     Intervals,
     daly,
+    insured,
     intervals,
 )
 from slurmrt.record.events import Event, EventLog
@@ -96,29 +96,35 @@ def test_with_a_local_tier_local_saves_come_more_often_than_shared_ones() -> Non
     plan = intervals(History(), shared_cost_s=30.0, local_cost_s=2.0, node_h=5000, nodes=128)
     assert plan.local_s is not None and plan.local_s < plan.shared_s / 3
     assert intervals(History(), shared_cost_s=30.0, local_cost_s=None, node_h=5000, nodes=128).local_s is None
-    # a local save as slow as the shared one is pointless: shared saves only, once the early insurance (10 % of the
-    # training time in local saves, test below) has ended
+    # a local save as slow as the shared one is pointless: shared saves only, once the early insurance (test below)
+    # has ended
     dear = intervals(History(), shared_cost_s=5.0, local_cost_s=50.0, node_h=5000, nodes=128)
-    assert dear.local_s == pytest.approx(50.0 / EARLY_OVERHEAD)
-    assert intervals(History(exposure_s=EARLY_S), shared_cost_s=5.0, local_cost_s=50.0, node_h=5000,
-                     nodes=128).local_s is None
+    assert dear.local_s == pytest.approx(50.0 / MOST_OVERHEAD)
+    assert intervals(History(exposure_s=1e5), shared_cost_s=5.0, local_cost_s=50.0, node_h=5000,
+                     nodes=128).local_s is None  # the insured interval (~3,100 s) longer than the shared (~1,550 s)
 
 
 def test_a_cheap_local_save_comes_at_least_as_often_as_its_overhead_allows() -> None:
     # a 2-node job under the default prior (9,000,000 s between failures): Daly alone would save locally every
-    # ~5,000 s for a 1 s stall; the floor saves every 1 s / EARLY_OVERHEAD of training in the experiment's first
-    # EARLY_S, when a first failure is likeliest and nothing measures the job's rate, then every 1 s / LOCAL_OVERHEAD
+    # ~5,000 s for a 1 s stall. Until its first failure the local interval is at most Daly's for one failure in the
+    # time trained so far (a run that lasted t says failures come about every t), its overhead from 10 % to 1 %
     plan = intervals(History(), shared_cost_s=2.0, local_cost_s=1.0, node_h=5000, nodes=2)
     assert daly(1.0, 9e6 / 0.5) > 5000
-    assert plan.local_s == pytest.approx(1.0 / EARLY_OVERHEAD) and plan.shared_s > 3000
-    assert intervals(History(exposure_s=EARLY_S - 1), shared_cost_s=2.0, local_cost_s=1.0, node_h=5000,
-                     nodes=2).local_s == pytest.approx(1.0 / EARLY_OVERHEAD)
-    later = intervals(History(exposure_s=EARLY_S), shared_cost_s=2.0, local_cost_s=1.0, node_h=5000, nodes=2)
-    assert later.local_s == pytest.approx(1.0 / LOCAL_OVERHEAD) and EARLY_OVERHEAD > LOCAL_OVERHEAD
+    assert plan.local_s == pytest.approx(1.0 / MOST_OVERHEAD) and plan.shared_s > 3000
+    for trained in (60.0, 200.0, 1000.0, 4000.0):  # the interval grows as the square root of the time trained
+        during = intervals(History(exposure_s=trained), shared_cost_s=2.0, local_cost_s=1.0, node_h=5000, nodes=2)
+        assert during.local_s == pytest.approx(daly(1.0, trained)) == pytest.approx(insured(1.0, trained))
+        assert 1.0 / MOST_OVERHEAD < during.local_s < 1.0 / LOCAL_OVERHEAD
+    assert insured(1.0, 200.0) == pytest.approx(math.sqrt(2 * 200.0), rel=0.1)  # Young's, to first order
+    later = intervals(History(exposure_s=6000), shared_cost_s=2.0, local_cost_s=1.0, node_h=5000, nodes=2)
+    assert later.local_s == pytest.approx(1.0 / LOCAL_OVERHEAD) and MOST_OVERHEAD > LOCAL_OVERHEAD
+    # a save that stalls more than the time trained (a first save, a slow tier): the most overhead, not an interval
+    # shorter than the save
+    assert insured(30.0, 5.0) == pytest.approx(30.0 / MOST_OVERHEAD) and insured(0.0, 0.0) > 0
     # the insurance holds even where a shared save stalls less than a local one (a background save's stall is not
     # its whole cost to the filesystem)
     cheap_shared = intervals(History(), shared_cost_s=0.5, local_cost_s=1.0, node_h=5000, nodes=2)
-    assert cheap_shared.local_s == pytest.approx(1.0 / EARLY_OVERHEAD)
+    assert cheap_shared.local_s == pytest.approx(1.0 / MOST_OVERHEAD)
     # from the job's first failure its own rate speaks: no floor, Daly's interval for that rate
     failed = History(exposure_s=9e6, failures=1)
     plan = intervals(failed, shared_cost_s=2.0, local_cost_s=1.0, node_h=5000, nodes=2)
@@ -432,8 +438,8 @@ def test_a_resumed_run_saves_nothing_only_to_measure_a_stall_the_log_knows(monke
     measuring = resumed({})  # the control: nothing known, each tier saved once to measure it
     assert measuring[:2] == [(13 + WARMUP_STEPS, "shared"), (13 + 2 * WARMUP_STEPS, "local")]
     known = resumed(earlier.stalls)
-    # the early insurance's interval (1 s / EARLY_OVERHEAD) from the run's first call, not a save to measure
-    assert known and known[0][1] == "local" and known[0][0] >= 13 + 1.0 / EARLY_OVERHEAD - 1, known
+    # the early insurance's interval (1 s / MOST_OVERHEAD) from the run's first call, not a save to measure
+    assert known and known[0][1] == "local" and known[0][0] >= 13 + 1.0 / MOST_OVERHEAD - 1, known
 
 
 def test_a_background_saves_stall_not_its_write_is_what_a_resumed_run_and_status_take_as_its_cost(

@@ -33,16 +33,18 @@ blocking one), or the local interval comes out no shorter than the shared, local
 alone, at Daly's interval for ``C_s`` and ``M``. ``p`` is learned too, from a prior of one in two: a failure counts
 as served when the local tier held a whole checkpoint at the resume after it, whichever tier was newer.
 
-Until the job has failed once, the local interval is also at most the local stall over an overhead share (local
-saves are then made even where a shared save stalls less): the prior is a guess until then, and a fast
-tier's saves are cheap insurance against a guess that is far off (CheckFreq, FAST '21, bounds its saves' overhead the
-same way). For the experiment's first ``EARLY_S`` of training the share is ``EARLY_OVERHEAD`` (10 %), then
-``LOCAL_OVERHEAD`` (1 %), whatever the shared save's stall (a background save's stall is not its whole cost). A fresh
-allocation's bad node, a broken driver or a data error shows itself in a job's first minutes, when nothing yet
-measures how often this job fails, and a first failure with no recent save loses all the work since the start: under
-the 1 % share alone, every minute of it for a save that stalls 0.6 s. From the first failure the job's own rate
-speaks, and the insurance ends: where the prior was right, it would cost 1 % for good. The shared tier has no such
-floor: a shared save's cost to the filesystem is more than its stall.
+Until the job has failed once, the local interval is also at most Daly's for one failure in the time the
+experiment has trained so far (local saves are then made even where a shared save stalls less), its overhead kept
+between ``MOST_OVERHEAD`` (10 %) and ``LOCAL_OVERHEAD`` (1 %) of the training time: the prior is a guess until the
+first failure, and a fast tier's saves are cheap insurance against a guess that is far off (CheckFreq, FAST '21,
+bounds its saves' overhead the same way). A run that has lasted ``t`` without a failure is evidence that failures
+come about as rarely as ``t``, not much rarer: a fresh allocation's bad node, a broken driver or a data error shows
+itself in a job's first minutes, and a first failure with no recent save loses all the work since the start (under
+the 1 % share alone, every minute of it for a save that stalls 0.6 s). For a 0.12 s local save the insurance saves
+every 1.2 s of training in its first seconds, every 3.4 s at 50 s, and every 12 s (1 %) from about 10
+minutes. From the
+first failure the job's own rate speaks, and the insurance ends: where the prior was right, it would cost 1 % for
+good. The shared tier has no such floor: a shared save's cost to the filesystem is more than its stall.
 
 Every rank must get the same answer at the same step, without a collective per step. The answer is decided at
 *check steps*: every rank calls ``should_save`` at every step; at a check step they take part in one broadcast of
@@ -62,8 +64,8 @@ from typing import Any
 from .. import _clock
 from .._comm import Comm
 
-__all__ = ["EARLY_OVERHEAD", "EARLY_S", "LOCAL_OVERHEAD", "STALLS", "Cadence", "History", "Intervals", "daly",
-           "expected_stall", "intervals", "tiers"]
+__all__ = ["LOCAL_OVERHEAD", "MOST_OVERHEAD", "STALLS", "Cadence", "History", "Intervals", "daly", "expected_stall",
+           "insured", "intervals", "tiers"]
 
 logger = logging.getLogger(__name__)
 
@@ -78,10 +80,10 @@ STALLS = 3
 #: From this many failures of its own, the job's own failure rate wins over the prior where it is shorter.
 OWN_RATE_FROM = 1
 #: Until the job's first failure, the local tier's saves block training for at least this share of its time when
-#: the prior alone would save less often: the local interval is at most the local stall over it.
+#: the prior alone would save less often: the local interval is at most the local stall over it (:func:`insured`).
 LOCAL_OVERHEAD = 0.01
-#: ... and for the experiment's first EARLY_S seconds (its runs' time, before its first failure), this share.
-EARLY_OVERHEAD, EARLY_S = 0.10, 900.0
+#: ... and for no more than this share, however short the time trained so far.
+MOST_OVERHEAD = 0.10
 
 
 def daly(cost_s: float, mtbf_s: float) -> float:
@@ -163,9 +165,16 @@ def intervals(history: History, *, shared_cost_s: float, local_cost_s: float | N
     mtbf = history.mtbf_s(node_h=node_h, nodes=nodes)
     if local_cost_s is None or history.failures:
         return tiers(shared_cost_s, local_cost_s, mtbf_s=mtbf, share=history.shared_share())
-    budget = EARLY_OVERHEAD if history.exposure_s < EARLY_S else LOCAL_OVERHEAD
     return tiers(shared_cost_s, local_cost_s, mtbf_s=mtbf, share=history.shared_share(),
-                 insured_s=max(local_cost_s, 1e-3) / budget)
+                 insured_s=insured(local_cost_s, history.exposure_s))
+
+
+def insured(local_cost_s: float, trained_s: float) -> float:
+    """The local interval before the job's first failure at most: Daly's for a local save that stalls
+    ``local_cost_s`` and one failure in the ``trained_s`` seconds the experiment has run, its overhead between
+    ``LOCAL_OVERHEAD`` and ``MOST_OVERHEAD`` (module docstring)."""
+    cost = max(local_cost_s, 1e-3)
+    return min(max(daly(cost, max(trained_s, 1e-3)), cost / MOST_OVERHEAD), cost / LOCAL_OVERHEAD)
 
 
 def tiers(shared_cost_s: float, local_cost_s: float | None, *, mtbf_s: float, share: float,
