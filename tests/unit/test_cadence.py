@@ -23,6 +23,7 @@ from slurmrt.checkpoint.cadence import (
     Intervals,
     daly,
     insured,
+    insurer,
     intervals,
 )
 from slurmrt.record.events import Event, EventLog
@@ -96,12 +97,10 @@ def test_with_a_local_tier_local_saves_come_more_often_than_shared_ones() -> Non
     plan = intervals(History(), shared_cost_s=30.0, local_cost_s=2.0, node_h=5000, nodes=128)
     assert plan.local_s is not None and plan.local_s < plan.shared_s / 3
     assert intervals(History(), shared_cost_s=30.0, local_cost_s=None, node_h=5000, nodes=128).local_s is None
-    # a local save as slow as the shared one is pointless: shared saves only, once the early insurance (test below)
-    # has ended
+    # a local save as slow as the shared one is pointless: shared saves only, the early insurance (test below)
+    # through the shared tier too
     dear = intervals(History(), shared_cost_s=5.0, local_cost_s=50.0, node_h=5000, nodes=128)
-    assert dear.local_s == pytest.approx(50.0 / MOST_OVERHEAD)
-    assert intervals(History(exposure_s=1e5), shared_cost_s=5.0, local_cost_s=50.0, node_h=5000,
-                     nodes=128).local_s is None  # the insured interval (~3,100 s) longer than the shared (~1,550 s)
+    assert dear.local_s is None and dear.shared_s == pytest.approx(5.0 / MOST_OVERHEAD)
 
 
 def test_a_cheap_local_save_comes_at_least_as_often_as_its_overhead_allows() -> None:
@@ -121,10 +120,6 @@ def test_a_cheap_local_save_comes_at_least_as_often_as_its_overhead_allows() -> 
     # a save that stalls more than the time trained (a first save, a slow tier): the most overhead, not an interval
     # shorter than the save
     assert insured(30.0, 5.0) == pytest.approx(30.0 / MOST_OVERHEAD) and insured(0.0, 0.0) > 0
-    # the insurance holds even where a shared save stalls less than a local one (a background save's stall is not
-    # its whole cost to the filesystem)
-    cheap_shared = intervals(History(), shared_cost_s=0.5, local_cost_s=1.0, node_h=5000, nodes=2)
-    assert cheap_shared.local_s == pytest.approx(1.0 / MOST_OVERHEAD)
     # from the job's first failure its own rate speaks: no floor, Daly's interval for that rate
     failed = History(exposure_s=9e6, failures=1)
     plan = intervals(failed, shared_cost_s=2.0, local_cost_s=1.0, node_h=5000, nodes=2)
@@ -163,6 +158,14 @@ class Clock:
         monkeypatch.setattr(_clock, "mono", lambda: self.now)
 
 
+def uninsured(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The insurance before the job's first failure aside (its own tests below): the prior's Daly interval alone."""
+    from slurmrt.checkpoint import cadence as module
+
+    monkeypatch.setattr(module, "MOST_OVERHEAD", 1e-12)
+    monkeypatch.setattr(module, "LOCAL_OVERHEAD", 1e-12)
+
+
 def cadence(rank: int = 0, comm: Any = None, *, events: Path | None = None, local: bool = False,
             step_s: float = 1.0, node_h: float = 5000.0, nodes: int = 4) -> Cadence:
     return Cadence(rank=rank, comm=lambda: comm or SoloComm(), events=events, current=(0, 0), nodes=nodes,
@@ -185,6 +188,7 @@ def train(c: Cadence, clock: Clock, steps: int, *, stall: dict[str, float], star
 def test_the_first_save_comes_early_to_measure_it_then_the_interval_is_dalys(monkeypatch: pytest.MonkeyPatch
                                                                                 ) -> None:
     clock = Clock(monkeypatch)
+    uninsured(monkeypatch)
     c = cadence(node_h=50.0, nodes=4)  # M = 45,000 s
     saves = train(c, clock, 2000, stall={"shared": 10.0})
     assert saves[0] == (WARMUP_STEPS, "shared")  # nothing measured: one save to measure it
@@ -197,6 +201,7 @@ def test_the_first_save_comes_early_to_measure_it_then_the_interval_is_dalys(mon
 def test_the_interval_adapts_when_the_save_cost_and_the_failure_rate_change(monkeypatch: pytest.MonkeyPatch,
                                                                             tmp_path: Path) -> None:
     clock = Clock(monkeypatch)
+    uninsured(monkeypatch)
     c = cadence(node_h=50.0, nodes=4)
     cheap = train(c, clock, 3000, stall={"shared": 5.0})
     dear = train(c, clock, 6000, stall={"shared": 20.0}, start=3000)
@@ -218,6 +223,7 @@ def test_the_interval_adapts_when_the_save_cost_and_the_failure_rate_change(monk
 def test_the_stall_is_the_mean_of_the_last_three_saves_so_one_slow_save_does_not_stretch_the_interval(
         monkeypatch: pytest.MonkeyPatch) -> None:
     Clock(monkeypatch)  # the clock stands still: the prior's M is 45,000 s throughout
+    uninsured(monkeypatch)
     c = cadence(node_h=50.0, nodes=4)
     for stall in (5.0, 5.0, 20.0):  # one slow save (a busy filesystem) after two usual ones
         c.saved("shared", stall)
@@ -289,6 +295,7 @@ def test_every_rank_gets_rank_0s_answer_at_the_same_step_with_one_exchange_per_c
 def test_after_an_in_process_restart_every_rank_asks_at_the_same_step_and_the_fault_counts(
         monkeypatch: pytest.MonkeyPatch) -> None:
     clock = Clock(monkeypatch)
+    uninsured(monkeypatch)  # the prior's interval before the fault, the job's own rate after it
     pair = Pair()
     ranks = [cadence(0, pair.comm(0), node_h=10.0, nodes=2), cadence(1, pair.comm(1))]
 
@@ -305,6 +312,8 @@ def test_after_an_in_process_restart_every_rank_asks_at_the_same_step_and_the_fa
     before = ranks[0].plan
     for c in ranks:
         c.restart()
+    pair.sent.clear()  # the restart's new work group: what rank 0 sent at step 47 alone went with the old one
+    pair.calls = [0, 0]
     answers: list[list[tuple[int, str | None]]] = [[], []]
     for step in range(45, 400):  # both go on from the same checkpoint (step 44)
         clock.now += 1.0
@@ -463,3 +472,49 @@ def test_a_background_saves_stall_not_its_write_is_what_a_resumed_run_and_status
     said = saving([json.loads(line) for line in log.read_text().splitlines()], node_h=1.0)
     assert said is not None
     assert (said["shared_save_s"], said["local_save_s"]) == (pytest.approx(0.8 / 3), pytest.approx(2.75))
+
+
+def test_before_the_first_failure_the_insurance_goes_through_the_tier_that_insures_for_less() -> None:
+    # The goodput benchmark's tiers: a background shared save stalls 5 ms and writes in 80 ms; a blocking local one
+    # stalls 100 ms. Insured through the shared tier, at the interval its whole write allows (the filesystem's share
+    # of the time bounded as the stall's is): the same work at risk for a twentieth of the stall.
+    assert insurer(60.0, shared_cost_s=0.005, shared_write_s=0.08, local_cost_s=0.1) == "shared"
+    plan = intervals(History(exposure_s=60.0), shared_cost_s=0.005, local_cost_s=0.1, shared_write_s=0.08,
+                     node_h=5000, nodes=2)
+    assert plan.local_s is None and plan.shared_s == pytest.approx(insured(0.08, 60.0))
+    assert plan.shared_s >= 0.08 / MOST_OVERHEAD  # the filesystem writes for this job 10 % of the time at most
+    # The model's tiers at scale: a shared save stages in 4 s but writes for 100 s at 1 GB/s per node; a local one
+    # stalls 10 s. Insured through the local tier: the shared tier's insured interval would put far more work at risk.
+    assert insurer(3600.0, shared_cost_s=4.0, shared_write_s=100.0, local_cost_s=10.0) == "local"
+    plan = intervals(History(exposure_s=3600.0), shared_cost_s=4.0, local_cost_s=10.0, shared_write_s=100.0,
+                     node_h=5000, nodes=2)
+    assert plan.local_s == pytest.approx(insured(10.0, 3600.0)) and plan.shared_s > plan.local_s
+    # without a local tier, the shared one insures: its whole write bounds the interval, else its stall
+    alone = intervals(History(exposure_s=3600.0), shared_cost_s=4.0, local_cost_s=None, shared_write_s=60.0,
+                      node_h=5000, nodes=2)
+    assert alone.local_s is None and alone.shared_s == pytest.approx(insured(60.0, 3600.0))
+    assert alone.shared_s == pytest.approx(daly(60.0, 3600.0)) and alone.shared_s < daly(4.0, 9e6) / 5
+    unknown = intervals(History(exposure_s=3600.0), shared_cost_s=4.0, local_cost_s=None, node_h=5000, nodes=2)
+    assert unknown.shared_s == pytest.approx(insured(4.0, 3600.0))
+    # from the first failure the job's own rate speaks, and the insurance ends
+    failed = intervals(History(exposure_s=3600.0, failures=1, shared_failures=1), shared_cost_s=4.0,
+                       local_cost_s=None, shared_write_s=60.0, node_h=5000, nodes=2)
+    assert failed.shared_s == pytest.approx(daly(4.0, 3600.0))
+
+
+def test_a_jobs_saves_before_its_first_failure_go_to_the_tier_that_insures_for_less(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """1 s steps; a shared save stalls 1 s and writes for 10 s (or 200 s, a slow filesystem); a local one stalls
+    12 s. Under the default prior, nothing but the insurance calls for a save."""
+
+    def saves(write_s: float) -> list[tuple[int, str]]:
+        c = Cadence(rank=0, comm=SoloComm, events=None, current=(0, 0), nodes=2, node_h=5000.0, local=True,
+                    step_s=lambda: 1.0, stalls={"shared": [1.0], "local": [12.0]}, write_s=lambda: write_s)
+        return train(c, Clock(monkeypatch), 1500, stall={"shared": 1.0, "local": 12.0})
+
+    fast = saves(10.0)
+    gaps = [b - a for (a, _), (b, _) in zip(fast, fast[1:], strict=False)]
+    assert {tier for _, tier in fast} == {"shared"} and len(fast) > 8
+    assert all(10.0 / MOST_OVERHEAD - 2 <= g <= insured(10.0, 1600.0) + 2 for g in gaps), gaps
+    slow = saves(200.0)
+    assert {tier for _, tier in slow} == {"local"} and len(slow) > 8

@@ -14,19 +14,16 @@ def saving(events: list[dict[str, Any]], *, node_h: float) -> dict[str, Any] | N
     """The figures behind :func:`advice` (``slurmrt status --json``): the measured save stalls (the mean of the last
     three per tier), the failure history, and the intervals ``rt.should_save`` would choose, in seconds and, when
     the job measured its step, in steps; None when it measured no save."""
-    from ..record.events import Event, stall
+    from ..record.events import Event
 
-    def seconds(tier: str) -> float | None:
-        held = (stall(e) for e in events if e.get("event") == Event.SAVE.value and e.get("tier", "shared") == tier)
-        return expected_stall([s for s in held if s is not None])
-
-    shared, local = seconds("shared"), seconds("local")
+    shared, local, written = _measured(events)
     if shared is None:
         return None
     nodes = max((int(e["nnodes"]) for e in events if e.get("event") == Event.INIT.value
                  and isinstance(e.get("nnodes"), int)), default=1)
     history = History.of(events)
-    plan = intervals(history, shared_cost_s=shared, local_cost_s=local, node_h=node_h, nodes=nodes)
+    plan = intervals(history, shared_cost_s=shared, local_cost_s=local, node_h=node_h, nodes=nodes,
+                     shared_write_s=written)
     steps = [float(e["step_s"]) for e in events if e.get("event") == Event.PROGRESS.value
              and isinstance(e.get("step_s"), (int, float)) and e["step_s"] > 0]
     step_s = steps[-1] if steps else None
@@ -40,6 +37,23 @@ def saving(events: list[dict[str, Any]], *, node_h: float) -> dict[str, Any] | N
             "prior_node_h": node_h, "nodes": nodes, "step_s": step_s,
             "shared_every_s": plan.shared_s, "shared_every_steps": in_steps(plan.shared_s),
             "local_every_s": plan.local_s, "local_every_steps": in_steps(plan.local_s)}
+
+
+def _measured(events: list[dict[str, Any]]) -> tuple[float | None, float | None, float | None]:
+    """Each tier's expected stall (shared, local), and a shared save's whole time, its write included: the mean of
+    the last three of each; None where none was measured."""
+    from ..record.events import Event, stall
+
+    saves = [e for e in events if e.get("event") == Event.SAVE.value]
+
+    def of(tier: str) -> list[dict[str, Any]]:
+        return [e for e in saves if e.get("tier", "shared") == tier]
+
+    def stalls(tier: str) -> float | None:
+        return expected_stall([s for s in map(stall, of(tier)) if s is not None])
+
+    writes = [float(e["seconds"]) for e in of("shared") if isinstance(e.get("seconds"), (int, float))]
+    return stalls("shared"), stalls("local"), expected_stall(writes)
 
 
 def advice(events: list[dict[str, Any]], *, node_h: float) -> list[str]:

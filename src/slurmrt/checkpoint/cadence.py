@@ -12,12 +12,12 @@ run, the earlier runs' saves from the event log). ``M`` is learned from the expe
 in-job attempts before this one: the time they ran over the failures that cut them (a hang, a lost node or rank, a
 killed run), plus a prior of one failure in ``mtbf_node_h`` node-hours shared by the job's nodes (so a job of twice
 the nodes fails twice as often). The current run's own time counts too, as it grows: a run that lasts is evidence.
-Once the job has seen ``OWN_RATE_FROM`` failure of its own, its own rate (time run over failures) wins where it is
-shorter: a prior of thousands of node-hours would otherwise outweigh a bad batch of nodes failing every few minutes,
-and the two errors do not cost the same (saving too often costs a stall per save; too rarely, the work since the
-last one). One failure is enough: a job that failed once in its first minutes saves often for a while, and less as
-it lasts (its own rate counts the current run's time), where waiting for a second failure lost all the work since
-the first save twice.
+Once the job has seen ``history.OWN_RATE_FROM`` failure of its own, its own rate (time run over failures) wins
+where it is shorter: a prior of thousands of node-hours would otherwise outweigh a bad batch of nodes failing every
+few minutes, and the two errors do not cost the same (saving too often costs a stall per save; too rarely, the work
+since the last one). One failure is enough: a job that failed once in its first minutes saves often for a while,
+and less as it lasts (its own rate counts the current run's time), where waiting for a second failure lost all the
+work since the first save twice.
 A preemption or a time limit is not a failure: a stop saves first and loses nothing.
 
 With a local tier (``local_checkpoint_dir``) there are two intervals, chosen together. A save of either tier resets
@@ -33,18 +33,22 @@ blocking one), or the local interval comes out no shorter than the shared, local
 alone, at Daly's interval for ``C_s`` and ``M``. ``p`` is learned too, from a prior of one in two: a failure counts
 as served when the local tier held a whole checkpoint at the resume after it, whichever tier was newer.
 
-Until the job has failed once, the local interval is also at most Daly's for one failure in the time the
-experiment has trained so far (local saves are then made even where a shared save stalls less), its overhead kept
-between ``MOST_OVERHEAD`` (10 %) and ``LOCAL_OVERHEAD`` (1 %) of the training time: the prior is a guess until the
-first failure, and a fast tier's saves are cheap insurance against a guess that is far off (CheckFreq, FAST '21,
-bounds its saves' overhead the same way). A run that has lasted ``t`` without a failure is evidence that failures
-come about as rarely as ``t``, not much rarer: a fresh allocation's bad node, a broken driver or a data error shows
-itself in a job's first minutes, and a first failure with no recent save loses all the work since the start (under
-the 1 % share alone, every minute of it for a save that stalls 0.6 s). For a 0.12 s local save the insurance saves
-every 1.2 s of training in its first seconds, every 3.4 s at 50 s, and every 12 s (1 %) from about 10
-minutes. From the
-first failure the job's own rate speaks, and the insurance ends: where the prior was right, it would cost 1 % for
-good. The shared tier has no such floor: a shared save's cost to the filesystem is more than its stall.
+Until the job has failed once, one tier's interval is also at most Daly's for one failure in the time the
+experiment has trained so far (:func:`insured`), its saves' share of the training time kept between
+``MOST_OVERHEAD`` (10 %) and ``LOCAL_OVERHEAD`` (1 %): the prior is a guess until the first failure, and a run that
+has lasted ``t`` without one is evidence that failures come about as rarely as ``t``, not much rarer. A fresh
+allocation's bad node, a broken driver or a data error shows itself in a job's first minutes, and a first failure
+with no recent save loses all the work since the start (under a 1 % share alone, every minute of it for a save
+that stalls 0.6 s); CheckFreq (FAST '21) bounds its saves' overhead the same way. For a 0.12 s save the insurance
+saves every 1.2 s of training in its first seconds, every 3.4 s at 50 s, and every 12 s (1 %) from about 10
+minutes. The tier is the one that insures for less (:func:`insurer`): each at its insured interval, the one whose
+stall and half an interval of lost work cost less per second of training. A shared save's interval is bounded by
+its whole time, the write behind the training included: its share of the filesystem's time stays within the same
+10 % to 1 %, where its stall alone (a background save's copy to host memory) would let it write all the time. So where
+a background shared save writes about as fast as a blocking local save and stalls less, the insurance goes through
+the shared tier; where its write is much slower (a busy parallel filesystem), through the local one; without a local
+tier, through the shared one. From the first failure the job's own rate
+speaks, and the insurance ends: where the prior was right, it would cost 1 % for good.
 
 Every rank must get the same answer at the same step, without a collective per step. The answer is decided at
 *check steps*: every rank calls ``should_save`` at every step; at a check step they take part in one broadcast of
@@ -56,29 +60,25 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from .. import _clock
 from .._comm import Comm
+from .history import History
 
 __all__ = ["LOCAL_OVERHEAD", "MOST_OVERHEAD", "STALLS", "Cadence", "History", "Intervals", "daly", "expected_stall",
-           "insured", "intervals", "tiers"]
+           "insured", "insurer", "intervals", "tiers"]
 
 logger = logging.getLogger(__name__)
 
-#: The share of failures the local tier is assumed not to serve, until the history says (weight: one failure).
-SHARED_SHARE_PRIOR = 0.5
 #: With no save measured yet (a fresh experiment), the first check after this many steps saves to the shared
 #: tier, and the next to the local tier if any: their stalls are then known, and a checkpoint exists early (a
 #: broken save shows in minutes, not hours).
 WARMUP_STEPS = 3
 #: A tier's stall is the mean of its last this many saves.
 STALLS = 3
-#: From this many failures of its own, the job's own failure rate wins over the prior where it is shorter.
-OWN_RATE_FROM = 1
 #: Until the job's first failure, the local tier's saves block training for at least this share of its time when
 #: the prior alone would save less often: the local interval is at most the local stall over it (:func:`insured`).
 LOCAL_OVERHEAD = 0.01
@@ -96,61 +96,6 @@ def daly(cost_s: float, mtbf_s: float) -> float:
 
 
 @dataclass(frozen=True)
-class History:
-    """The experiment's failures before this run: seconds run, failures, and of those, the ones whose next run did
-    not resume from the local tier."""
-
-    exposure_s: float = 0.0
-    failures: int = 0
-    shared_failures: int = 0
-
-    @classmethod
-    def of(cls, events: Iterable[dict[str, Any]], *, current: tuple[int, int] | None = None) -> History:
-        """From the event log's events; ``current``: this run's (restart, attempt), left out (it has not ended),
-        but the tier it resumed from still says whether the local tier served the failure before it."""
-        from ..record.timeline import build
-
-        lives = build(events).runs
-        exposure, failures, shared = 0.0, 0, 0
-        for life, following in zip(lives, [*lives[1:], None], strict=True):
-            if (life.restart, life.attempt) == current:
-                continue
-            exposure += max(0.0, life.end - life.start)
-            if life.cut_short or life.left:
-                failures += 1
-                shared += following is None or not following.local_served
-            cost = life.in_process_cost  # the faults the run lived through: failures as much as a requeue's
-            failures += cost.restarts
-            shared += cost.restarts - cost.from_local
-        return cls(exposure, failures, shared)
-
-    def mtbf_s(self, *, node_h: float, nodes: int) -> float:
-        """Mean time between failures of the job: its history, with a prior of one failure in ``node_h`` node-hours
-        over ``nodes`` nodes; from ``OWN_RATE_FROM`` failures, its own rate where that is shorter."""
-        with_prior = (node_h * 3600 / max(1, nodes) + self.exposure_s) / (1 + self.failures)
-        own = self.own_s()
-        return min(with_prior, own) if own is not None else with_prior
-
-    def own_s(self) -> float | None:
-        """The job's own mean time between failures (time run over failures), once it has seen
-        ``OWN_RATE_FROM`` failure(s); else None."""
-        return max(self.exposure_s, 1.0) / self.failures if self.failures >= OWN_RATE_FROM else None
-
-    def lasting(self, seconds: float) -> History:
-        """This history with ``seconds`` more run without a failure (the current run, so far)."""
-        return replace(self, exposure_s=self.exposure_s + max(0.0, seconds))
-
-    def failing(self, count: int, *, local: bool) -> History:
-        """This history with ``count`` more failures, served by the local tier if ``local``."""
-        return replace(self, failures=self.failures + count,
-                       shared_failures=self.shared_failures + (0 if local else count))
-
-    def shared_share(self) -> float:
-        """The share of failures the local tier did not serve."""
-        return (SHARED_SHARE_PRIOR + self.shared_failures) / (1 + self.failures)
-
-
-@dataclass(frozen=True)
 class Intervals:
     """Seconds of training between two shared saves, and between two local ones (None: no local saves)."""
 
@@ -158,22 +103,43 @@ class Intervals:
     local_s: float | None = None
 
 
-def intervals(history: History, *, shared_cost_s: float, local_cost_s: float | None, node_h: float, nodes: int
-              ) -> Intervals:
+def intervals(history: History, *, shared_cost_s: float, local_cost_s: float | None, node_h: float, nodes: int,
+              shared_write_s: float | None = None) -> Intervals:
     """The two intervals for the job's history (see the module's docstring): :func:`tiers` for its failure rate and
-    the share of its failures the local tier did not serve, the local one insured before its first failure."""
-    mtbf = history.mtbf_s(node_h=node_h, nodes=nodes)
-    if local_cost_s is None or history.failures:
-        return tiers(shared_cost_s, local_cost_s, mtbf_s=mtbf, share=history.shared_share())
-    return tiers(shared_cost_s, local_cost_s, mtbf_s=mtbf, share=history.shared_share(),
-                 insured_s=insured(local_cost_s, history.exposure_s))
+    the share of its failures the local tier did not serve; before its first failure, insured through the tier that
+    insures for less (:func:`insurer`). ``shared_write_s``: a shared save's whole time, its write behind the
+    training included (the shared tier's insured interval bounds the filesystem's share, not only the stall's)."""
+    mtbf, share = history.mtbf_s(node_h=node_h, nodes=nodes), history.shared_share()
+    if history.failures:
+        return tiers(shared_cost_s, local_cost_s, mtbf_s=mtbf, share=share)
+    trained, written = history.exposure_s, max(shared_cost_s, shared_write_s or 0.0)
+    if local_cost_s is not None and insurer(trained, shared_cost_s=shared_cost_s, shared_write_s=written,
+                                            local_cost_s=local_cost_s) == "local":
+        return tiers(shared_cost_s, local_cost_s, mtbf_s=mtbf, share=share, insured_s=insured(local_cost_s, trained))
+    plan = tiers(shared_cost_s, local_cost_s, mtbf_s=mtbf, share=share)
+    return replace(plan, shared_s=min(plan.shared_s, insured(written, trained)))
 
 
-def insured(local_cost_s: float, trained_s: float) -> float:
-    """The local interval before the job's first failure at most: Daly's for a local save that stalls
-    ``local_cost_s`` and one failure in the ``trained_s`` seconds the experiment has run, its overhead between
+def insurer(trained_s: float, *, shared_cost_s: float, shared_write_s: float, local_cost_s: float | None) -> str:
+    """The tier whose saves insure a job that has not failed yet for less: each at its :func:`insured` interval
+    (the shared tier's for its whole write), the one whose stall and half-interval of work lost cost less per
+    second of training, for one failure in the ``trained_s`` seconds trained so far."""
+    trained = max(trained_s, 1e-3)
+
+    def cost(stall: float, bound: float) -> float:
+        every = insured(bound, trained)
+        return max(stall, 1e-3) / every + every / (2 * trained)
+
+    if local_cost_s is None:
+        return "shared"
+    return "local" if cost(local_cost_s, local_cost_s) <= cost(shared_cost_s, shared_write_s) else "shared"
+
+
+def insured(cost_s: float, trained_s: float) -> float:
+    """The interval before the job's first failure at most, for a tier's save that costs ``cost_s``: Daly's for one
+    failure in the ``trained_s`` seconds the experiment has run, the save's share of the training time between
     ``LOCAL_OVERHEAD`` and ``MOST_OVERHEAD`` (module docstring)."""
-    cost = max(local_cost_s, 1e-3)
+    cost = max(cost_s, 1e-3)
     return min(max(daly(cost, max(trained_s, 1e-3)), cost / MOST_OVERHEAD), cost / LOCAL_OVERHEAD)
 
 
@@ -201,13 +167,17 @@ class Cadence:
     ``comm`` opens slurmrt's work group (for the broadcast at check steps); ``events`` is the event log (rank 0 reads
     the history from it once); ``stalls`` gives each tier's last stalls in the earlier runs' log; ``step_s`` the
     measured step time; ``local``: whether the job has a local tier; ``join`` waits for a background save in flight:
-    it holds the work group until it is joined (:mod:`slurmrt._comm`), so the check's broadcast comes after it."""
+    it holds the work group until it is joined (:mod:`slurmrt._comm`), so the check's broadcast comes after it;
+    ``write_s`` gives a shared save's whole time in this run (its write behind the training included), None before
+    one is done; ``written``: the earlier runs' figure for it, until then."""
 
     def __init__(self, *, rank: int, comm: Callable[[], Comm], events: Path | None, current: tuple[int, int],
                  nodes: int, node_h: float, local: bool, step_s: Callable[[], float | None],
                  stalls: Mapping[str, list[float]] | None = None,
-                 join: Callable[[], None] = lambda: None) -> None:
+                 join: Callable[[], None] = lambda: None, write_s: Callable[[], float | None] = lambda: None,
+                 written: float | None = None) -> None:
         self._rank, self._comm, self._events, self._current, self._join = rank, comm, events, current, join
+        self._write_s, self._written = write_s, written
         self._nodes, self._node_h, self._local, self._step_s = nodes, node_h, local, step_s
         self._check: int | None = None  # the next check step: the same on every rank
         self._last: int | None = None  # the last step asked about, counted on (:meth:`_counted`)
@@ -273,7 +243,7 @@ class Cadence:
             return unmeasured, step + WARMUP_STEPS
         self.plan = intervals(self._failures(now), shared_cost_s=self._stall("shared") or 0.0,
                               local_cost_s=self._stall("local") if self._local else None, node_h=self._node_h,
-                              nodes=self._nodes)
+                              nodes=self._nodes, shared_write_s=self._write_s() or self._written)
         return self._due(self.plan, step, now)
 
     def _due(self, plan: Intervals, step: int, now: float) -> tuple[str | None, int]:
