@@ -47,8 +47,8 @@ its whole time, the write behind the training included: its share of the filesys
 10 % to 1 %, where its stall alone (a background save's copy to host memory) would let it write all the time. So where
 a background shared save writes about as fast as a blocking local save and stalls less, the insurance goes through
 the shared tier; where its write is much slower (a busy parallel filesystem), through the local one; without a local
-tier, through the shared one. From the first failure the job's own rate
-speaks, and the insurance ends: where the prior was right, it would cost 1 % for good.
+tier, through the shared one. From the first failure the job's own rate speaks, and the insurance ends: where the
+prior was right, it would cost 1 % for good.
 
 Every rank must get the same answer at the same step, without a collective per step. The answer is decided at
 *check steps*: every rank calls ``should_save`` at every step; at a check step they take part in one broadcast of
@@ -79,10 +79,10 @@ logger = logging.getLogger(__name__)
 WARMUP_STEPS = 3
 #: A tier's stall is the mean of its last this many saves.
 STALLS = 3
-#: Until the job's first failure, the local tier's saves block training for at least this share of its time when
-#: the prior alone would save less often: the local interval is at most the local stall over it (:func:`insured`).
+#: Until the job's first failure, the insuring tier's saves take at least this share of the training time (a
+#: shared save's whole write counted) when the prior alone would save less often (:func:`insured`) ...
 LOCAL_OVERHEAD = 0.01
-#: ... and for no more than this share, however short the time trained so far.
+#: ... and no more than this share, however short the time trained so far.
 MOST_OVERHEAD = 0.10
 
 
