@@ -509,7 +509,7 @@ def test_a_jobs_saves_before_its_first_failure_go_to_the_tier_that_insures_for_l
 
     def saves(write_s: float) -> list[tuple[int, str]]:
         c = Cadence(rank=0, comm=SoloComm, events=None, current=(0, 0), nodes=2, node_h=5000.0, local=True,
-                    step_s=lambda: 1.0, stalls={"shared": [1.0], "local": [12.0]}, write_s=lambda: write_s)
+                    step_s=lambda: 1.0, stalls={"shared": [1.0], "local": [12.0]}, writes=lambda: [write_s])
         return train(c, Clock(monkeypatch), 1500, stall={"shared": 1.0, "local": 12.0})
 
     fast = saves(10.0)

@@ -168,16 +168,16 @@ class Cadence:
     the history from it once); ``stalls`` gives each tier's last stalls in the earlier runs' log; ``step_s`` the
     measured step time; ``local``: whether the job has a local tier; ``join`` waits for a background save in flight:
     it holds the work group until it is joined (:mod:`slurmrt._comm`), so the check's broadcast comes after it;
-    ``write_s`` gives a shared save's whole time in this run (its write behind the training included), None before
-    one is done; ``written``: the earlier runs' figure for it, until then."""
+    ``writes`` gives this run's last shared saves' whole times (their writes behind the training included);
+    ``written``: the earlier runs' figure, until this run has one."""
 
     def __init__(self, *, rank: int, comm: Callable[[], Comm], events: Path | None, current: tuple[int, int],
                  nodes: int, node_h: float, local: bool, step_s: Callable[[], float | None],
                  stalls: Mapping[str, list[float]] | None = None,
-                 join: Callable[[], None] = lambda: None, write_s: Callable[[], float | None] = lambda: None,
+                 join: Callable[[], None] = lambda: None, writes: Callable[[], list[float]] = list,
                  written: float | None = None) -> None:
         self._rank, self._comm, self._events, self._current, self._join = rank, comm, events, current, join
-        self._write_s, self._written = write_s, written
+        self._writes, self._written = writes, written
         self._nodes, self._node_h, self._local, self._step_s = nodes, node_h, local, step_s
         self._check: int | None = None  # the next check step: the same on every rank
         self._last: int | None = None  # the last step asked about, counted on (:meth:`_counted`)
@@ -243,7 +243,7 @@ class Cadence:
             return unmeasured, step + WARMUP_STEPS
         self.plan = intervals(self._failures(now), shared_cost_s=self._stall("shared") or 0.0,
                               local_cost_s=self._stall("local") if self._local else None, node_h=self._node_h,
-                              nodes=self._nodes, shared_write_s=self._write_s() or self._written)
+                              nodes=self._nodes, shared_write_s=expected_stall(self._writes()) or self._written)
         return self._due(self.plan, step, now)
 
     def _due(self, plan: Intervals, step: int, now: float) -> tuple[str | None, int]:
@@ -298,7 +298,8 @@ class Cadence:
 
 def expected_stall(stalls: list[float]) -> float | None:
     """A tier's stall to expect, Daly's ``C``: the mean of its last ``STALLS`` saves (one slow save is not it); None
-    when none was measured. ``rt.should_save`` and ``slurmrt status``'s advice both take it from here."""
+    when none was measured. ``rt.should_save`` and ``slurmrt status``'s advice both take it from here, and a shared
+    save's whole time (its write included, the insurance's bound) the same way."""
     last = stalls[-STALLS:]
     return sum(last) / len(last) if last else None
 

@@ -66,7 +66,7 @@ class CheckpointSession:
         self.local_state: Any = None
         self.loaded = False  #: True once load_latest() was called
         self._last_bytes: int | None = None  #: the last save's size: the next one's expected total
-        self._writes: list[float] = []  #: the last shared saves' whole times (:meth:`write_s`)
+        self._writes: list[float] = []  #: the last shared saves' whole times (:meth:`writes`)
         self._certified: int | None = None  #: the newest certified step (the health check's): never pruned
 
     def _get_store(self) -> CheckpointStore:
@@ -197,10 +197,9 @@ class CheckpointSession:
         self._token = f"{self._first_token}-p{generation}"
         self.resumed_step, self.local_state, self.loaded = None, None, False
 
-    def write_s(self) -> float | None:
-        """A shared save's whole time in this run, its write behind the training included: the mean of the last
-        three; None before one is done."""
-        return sum(self._writes) / len(self._writes) if self._writes else None
+    def writes(self) -> list[float]:
+        """The whole times of this run's last shared saves, their writes behind the training included."""
+        return list(self._writes)
 
     def _saved(self, result: SaveResult, *, blocking: bool, periodic: bool) -> None:
         self._last_bytes = result.bytes or self._last_bytes

@@ -91,7 +91,7 @@ def build_run(topology: Topology, options: Options, executor: Executor, *,
                       current=(topology.restart_count, topology.attempt), nodes=topology.nnodes,
                       node_h=options.mtbf_node_h, local=options.local_checkpoint_dir is not None,
                       step_s=budget.steps.estimate, stalls=earlier.stalls,
-                      join=checkpoints.settle, write_s=checkpoints.write_s, written=earlier.save_s)
+                      join=checkpoints.settle, writes=checkpoints.writes, written=earlier.save_s)
     state = RunState()
     hangs = HangMonitor(topology, HangSection.of(options), executor, state=state, signals=signals,
                         kill_switch=switch, watch_interval_s=options.watch_interval_s)
