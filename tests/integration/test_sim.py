@@ -276,6 +276,10 @@ def test_a_hung_task_is_found_named_and_its_node_kept_out_of_the_requeued_run(tm
     assert f"{bad} excluded: run 1 gets" in out.stdout
     final = json.loads((tmp_path / "out" / "rank1.json").read_text())
     assert final["hostname"] != bad and final["restart_count"] == 1
+    # A recovery that worked says INFO: the store's host found frozen (task 0), the frozen rank woken by Slurm's
+    # SIGTERM to take its step down. Only a line that needs a person is a WARNING or an ERROR.
+    loud = [line for line in (out.stdout + out.stderr).splitlines() if " ERROR " in line or " WARNING " in line]
+    assert not loud, loud
 
 
 def test_a_node_failing_the_health_check_is_excluded_and_the_job_runs_elsewhere(tmp_path: Path) -> None:

@@ -388,3 +388,30 @@ def test_sigterm_is_told_apart_from_a_warning_signal(job: Path) -> None:
     _signal_self(rt, signal.SIGTERM)
     assert rt.stop.terminated
     rt.finish()
+
+
+def test_a_signal_that_wakes_a_rank_stalled_past_its_allowance_is_said_at_info(
+        job: Path, clock: FakeClock, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A frozen rank (the hang rehearsal's SIGSTOP, a process stuck in the kernel) wakes only when Slurm takes its
+    step down: SIGCONT, then SIGTERM. That SIGTERM is the hang's answer at work, in a recovery that worked: INFO.
+    A signal that reaches a rank in step is a stop's news: WARNING."""
+    monkeypatch.setenv("SLURMRT_WATCH_INTERVAL_S", "1e9")  # the watcher polls once, at the start: the test drives
+    monkeypatch.setenv("SLURMRT_HANG_FLOOR_S", "5")
+    rt = slurmrt.init(deadline=False)
+    with caplog.at_level("INFO", logger="slurmrt.runtime.report"):
+        for step in range(10):
+            clock.advance(0.1)
+            rt.should_stop(step)
+        _signal_self(rt, signal.SIGUSR1)
+        clock.advance(0.1)
+        rt.should_stop(10)
+        warned = [r for r in caplog.records if "received SIGUSR1" in r.message]
+        assert [r.levelname for r in warned] == ["WARNING"], warned
+        caplog.clear()
+        clock.advance(60)  # frozen: no step boundary for 60 s, past the allowance (the floor, 5 s)
+        _signal_self(rt, signal.SIGTERM)
+        rt.should_stop(11)
+    said = [r for r in caplog.records if "received SIGTERM" in r.message]
+    assert [r.levelname for r in said] == ["INFO"] and "stalled past the watchdog's allowance" in said[0].message
+    assert not [r for r in caplog.records if r.levelno >= 30 and "received" in r.message], caplog.records
+    rt.finish()

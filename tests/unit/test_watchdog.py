@@ -73,6 +73,17 @@ def test_a_step_hang_is_found_at_ten_times_the_slowest_recent_step_but_not_befor
     assert fast.dog.allowance(Activity("step", now[0])) == 180.0, "the floor: sub-second steps get 3 minutes"
 
 
+def test_overdue_says_what_the_next_poll_would_find_without_firing(now: list[float]) -> None:
+    loop = Loop(now, floor_s=1.0)
+    loop.steps(20, 0.5)
+    now[0] += 4.9
+    assert not loop.dog.overdue()
+    now[0] += 0.2  # past 10 x 0.5 s, and no poll since
+    assert loop.dog.overdue() and loop.hangs == [], "asking fires nothing: the poll answers the hang"
+    loop.activity = None  # the run closed
+    assert not loop.dog.overdue()
+
+
 def test_with_steps_under_a_second_the_default_finds_a_hang_within_five_minutes(now: list[float]) -> None:
     loop = Loop(now)  # the defaults
     loop.steps(100, 0.9)

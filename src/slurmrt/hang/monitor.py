@@ -66,9 +66,11 @@ class HangMonitor:
             terminating=lambda: signal.SIGTERM in self._signals.first_seen,
             cancel=functools.partial(cancel_and_exit, self._switch.path, self.topology.requeue_id)
             if self._switch is not None else None)
-        return Watchdog(budget, phases, heartbeat=lambda: state.heartbeat, activity=lambda: state.activity,
-                        on_hang=self._response.hung, floor_s=s.hang_floor_s, startup_s=s.startup_timeout_s,
-                        fixed_s=s.hang_timeout_s, probe=self._probe)
+        watchdog = Watchdog(budget, phases, heartbeat=lambda: state.heartbeat, activity=lambda: state.activity,
+                            on_hang=self._response.hung, floor_s=s.hang_floor_s, startup_s=s.startup_timeout_s,
+                            fixed_s=s.hang_timeout_s, probe=self._probe)
+        state.overdue = watchdog.overdue
+        return watchdog
 
     def _last_step(self) -> int | None:
         agreement = self._state.agreement

@@ -297,7 +297,9 @@ class HangResponse:
             if answered is not None:
                 self._answered(answered)
                 self._exit(self._chosen_code(answered))  # the kill switch's 0, a requeue's code
-            logger.error("%s: naming rank 0's node, whose process hosts the store", err)
+            # INFO, as the suspects' line: what was found. The decision's line says ERROR only when the job cannot
+            # go on by itself.
+            logger.info("%s: naming rank 0's node, whose process hosts the store", err)
             return census, {state.rank: state}, True
 
     def _suspects(self, census: Census | None, states: dict[int, RankState], store_lost: bool

@@ -89,6 +89,11 @@ class Watchdog:
         last = max(self._heartbeat(), activity.since) if activity.kind == "step" else activity.since
         return _clock.mono() - last
 
+    def overdue(self) -> bool:
+        """Whether the activity has outlived its allowance now (whether or not :meth:`poll` saw it yet)."""
+        activity = self._activity()
+        return activity is not None and self.idle(activity) > self.allowance(activity)
+
     def poll(self) -> None:
         activity = self._activity()
         if activity is None or self.fired is not None:

@@ -39,9 +39,11 @@ class Reporter:
                              kill_switch=kill_switch, experiment=experiment,
                              job_nodes=_job_nodes(), process_s=_process_s(), ran=what_ran())
 
-    def new_signals(self, recorder: SignalRecorder) -> None:
+    def new_signals(self, recorder: SignalRecorder, *, stalled: bool = False) -> None:
         """Report the signals ``recorder`` saw since the last call; the caller compares ``len(first_seen)`` with
-        :attr:`signals_reported` first, which costs nothing."""
+        :attr:`signals_reported` first, which costs nothing. ``stalled``: they came while the training thread was
+        past the watchdog's allowance: a frozen or stuck rank that Slurm woke to take its step down, as the answer
+        to the hang it was part of (INFO: that recovery is at work; the hang's own lines follow)."""
         seen = dict(recorder.first_seen)
         self.signals_reported = len(seen)
         # Every rank records its own signal, but only one per node waits for the disk (fsync): a signal reaches
@@ -49,7 +51,11 @@ class Reporter:
         # warning's lead time, on the training threads. Rank 0's decision event is the durable record of the stop.
         durable = self.topology.local_rank == 0
         for sig, when in seen.items():
-            logger.warning("rank %d received %s", self.topology.rank, sig.name)
+            if stalled:
+                logger.info("rank %d received %s while stalled past the watchdog's allowance: Slurm takes down "
+                            "the step of a hang", self.topology.rank, sig.name)
+            else:
+                logger.warning("rank %d received %s", self.topology.rank, sig.name)
             self.events.emit(Event.SIGNAL, durable=durable, signal=sig.name, received=when,
                              count=recorder.count.get(sig, 1))
 

@@ -11,6 +11,7 @@ both, here, so that neither imports the other.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from .. import _clock
@@ -61,3 +62,6 @@ class RunState:
     agreement: Agreement | None = None
     #: Nodes a restart must leave out besides the suspects, by the options (a straggler's).
     exclude: tuple[str, ...] = ()
+    #: Whether the watchdog would find the training thread past its allowance now (the hang monitor's, when it
+    #: watches): a rank frozen or stuck that a signal wakes. Asked only when a signal arrived.
+    overdue: Callable[[], bool] = lambda: False
