@@ -414,4 +414,5 @@ def test_a_signal_that_wakes_a_rank_stalled_past_its_allowance_is_said_at_info(
     said = [r for r in caplog.records if "received SIGTERM" in r.message]
     assert [r.levelname for r in said] == ["INFO"] and "stalled past the watchdog's allowance" in said[0].message
     assert not [r for r in caplog.records if r.levelno >= 30 and "received" in r.message], caplog.records
+    assert not [r for r in caplog.records if "received SIGUSR1" in r.message], "each signal is said once"
     rt.finish()

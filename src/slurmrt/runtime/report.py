@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 from typing import Any
 
 from .. import _clock
@@ -28,6 +29,7 @@ class Reporter:
         self.topology = topology
         self._lead = topology.rank == 0
         self.signals_reported = 0
+        self._reported: set[signal.Signals] = set()  #: each signal is said and recorded once, when it first came
         self._said_start: float | None = None  # Slurm's start of this run, once said in a progress event
 
     def started(self, *, kill_switch: str | None, connections: str | None, experiment: str | None) -> None:
@@ -44,8 +46,10 @@ class Reporter:
         :attr:`signals_reported` first, which costs nothing. ``stalled``: they came while the training thread was
         past the watchdog's allowance: a frozen or stuck rank that Slurm woke to take its step down, as the answer
         to the hang it was part of (INFO: that recovery is at work; the hang's own lines follow)."""
-        seen = dict(recorder.first_seen)
-        self.signals_reported = len(seen)
+        # A copy first: the recording handler may add to first_seen between two bytecodes of this thread.
+        seen = {sig: when for sig, when in dict(recorder.first_seen).items() if sig not in self._reported}
+        self._reported.update(seen)
+        self.signals_reported = len(self._reported)
         # Every rank records its own signal, but only one per node waits for the disk (fsync): a signal reaches
         # every rank of a job at once, and thousands of serialised fsyncs on one shared file would come inside the
         # warning's lead time, on the training threads. Rank 0's decision event is the durable record of the stop.

@@ -122,7 +122,9 @@ class StopController:
     # -- the per-step path -----------------------------------------------------------------------------------------
     def should_stop(self, step: int, *, before: str | None = None) -> bool:
         now = _clock.mono()
-        stalled = self._stalled_at_signal()  # asked before this boundary counts as progress
+        if len(self._signals.first_seen) != self._report.signals_reported:  # no call on the per-step path
+            # Asked before this boundary counts as progress: a frozen rank that Slurm wakes is past its allowance.
+            self._report.new_signals(self._signals, stalled=self.state.overdue())
         if self._last_tick is not None:
             self.budget.step_done(now - self._last_tick)
             self.steps_done += 1
@@ -131,8 +133,6 @@ class StopController:
         if now >= self._next_progress:
             self._progress(step, now)
         self._saves.poll()
-        if stalled is not None:
-            self._report.new_signals(self._signals, stalled=stalled)
         agreement = self.state.agreement or self._start_agreement()
         stop = agreement.should_stop(step)
         if stop and self.decision is None:
@@ -144,13 +144,6 @@ class StopController:
         # made slow rounds look like slow steps, which shrank the window and made training wait again.
         self._last_tick = _clock.mono()
         return stop
-
-    def _stalled_at_signal(self) -> bool | None:
-        """None when no signal came since the last report (no call on the per-step path); else whether it found the
-        training thread past the watchdog's allowance (a frozen rank that Slurm wakes to take its step down)."""
-        if len(self._signals.first_seen) == self._report.signals_reported:
-            return None
-        return self.state.overdue()
 
     def _progress(self, step: int, now: float) -> None:
         assert self.settings.progress_s is not None
