@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ._errors import ConfigError
-from ._tree import Tree, wait_released
+from ._tree import PeerLoss, Tree, wait_released
 
 __all__ = ["Comm", "GlooComm", "Groups", "SoloComm", "open_groups", "problems", "wait_released"]
 
@@ -164,8 +164,9 @@ def open_groups(world_size: int = 1) -> Groups:
         from torch.distributed import ProcessGroupGloo
 
         device = ProcessGroupGloo.create_default_device()
-        control = Tree(rank, size, device=device)
-        return Groups(control, GlooComm(group, rank, size, Tree(rank, size, device=device)))
+        loss = PeerLoss()  # a peer lost in one tree ends the other's waits too (see slurmrt._tree)
+        control = Tree(rank, size, device=device, loss=loss)
+        return Groups(control, GlooComm(group, rank, size, Tree(rank, size, device=device, loss=loss)))
     if world_size > 1:
         raise ConfigError(
             f"the launch has {world_size} processes but torch.distributed is not initialized: should_stop(), save() "

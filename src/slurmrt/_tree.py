@@ -15,6 +15,13 @@ share one).
 
 MAX is idempotent, which is what makes the folded ranks' second hop correct and lets the same pair group serve both.
 
+The trees made together share a :class:`PeerLoss`: the first hop that fails on a lost peer ends every other hop
+still waiting in any of them. gloo alone does not always end them: a send that meets the closed connection before
+gloo's event loop has read its end (``writev`` fails with EPIPE or ECONNRESET) is queued to be written later, and
+the error the loop then raises reaches the pair's pending receives but not that queued send, whose wait lasts the
+whole gloo timeout (30 minutes here). Seen on a rank woken from SIGSTOP after its peer had exited: its check's
+broadcast waited in ``UnboundBuffer::waitSend`` while the agreement's round on the other tree had failed at once.
+
 The same pairs gather every rank's bytes to rank 0 (:meth:`Tree.gather`, a save's file lists for its manifest) along
 a binomial tree: the folded ranks first hand theirs to rank ``r - P``, then at hop ``k`` each rank still holding
 bytes whose bit ``k`` is set hands all it holds to the rank without that bit, and is done. Rank 0 has everything
@@ -31,7 +38,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["Tree", "gather_schedule", "partners", "wait_released"]
+from ._errors import AgreementError
+
+__all__ = ["PeerLoss", "PeerLostError", "Tree", "gather_schedule", "partners", "wait_released"]
 
 #: gloo's own default timeout: a peer that is alive but silent (a hang) is the hang monitor's business.
 TIMEOUT = datetime.timedelta(minutes=30)
@@ -43,6 +52,33 @@ _kept: list[Tree] = []
 
 _generation = 0
 _generation_lock = threading.Lock()
+
+
+class PeerLostError(AgreementError):
+    """A hop given up because another hop of the trees made with it failed on a lost peer; says that peer's error.
+    An :class:`~slurmrt.AgreementError`: the ranks can no longer agree, as when the agreement's own round fails."""
+
+
+class PeerLoss:
+    """The first error of a lost peer among the trees made together (see the module): set once, never cleared."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self.error: BaseException | None = None
+
+    def record(self, err: BaseException) -> None:
+        if not self._event.is_set():
+            self.error = err
+            self._event.set()
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    def raise_it(self) -> None:
+        """Raise :class:`PeerLostError` with the error first seen (its text names the connection that closed)."""
+        err = self.error
+        raise PeerLostError(f"a peer was lost, seen by another of slurmrt's groups: {type(err).__name__}: {err}"
+                            ) from err
 
 
 def partners(rank: int, size: int) -> list[int]:
@@ -77,7 +113,7 @@ class Tree:
     """This rank's pairs. Made collectively: every rank of the default group, at the same point of its program."""
 
     def __init__(self, rank: int, size: int, store: Any = None, *, timeout: datetime.timedelta = TIMEOUT,
-                 device: Any = None) -> None:
+                 device: Any = None, loss: PeerLoss | None = None) -> None:
         import torch.distributed as dist
         from torch.distributed import PrefixStore, ProcessGroupGloo
 
@@ -88,6 +124,7 @@ class Tree:
         if store is None:
             store = dist.distributed_c10d._get_default_store()
         self.rank, self.size = rank, size
+        self.loss = loss if loss is not None else PeerLoss()
         self._schedule = partners(rank, size)
         if device is None:
             device = ProcessGroupGloo.create_default_device()
@@ -121,7 +158,8 @@ class Tree:
         peer is gone."""
         for peer in self._schedule:
             pair = self._pairs[peer]
-            if not _run(lambda: pair.allreduce([tensor], self._options), tensor, abandon):  # noqa: B023 - at once
+            if not _run(lambda: pair.allreduce([tensor], self._options), tensor, abandon,  # noqa: B023 - at once
+                        self.loss):
                 return False
         return True
 
@@ -158,7 +196,7 @@ class Tree:
         options = dist.BroadcastOptions()
         options.rootRank = 0 if root == min(self.rank, peer) else 1  # a pair's ranks: the lower rank is its 0
         pair = self._pairs[peer]
-        _run(lambda: pair.broadcast([tensor], options), tensor)
+        _run(lambda: pair.broadcast([tensor], options), tensor, loss=self.loss)
 
     def close(self, *, destroy: bool = True) -> None:
         """Shut the pairs down; with ``destroy`` False (a peer may be gone), keep them as they are until exit."""
@@ -177,18 +215,31 @@ class Tree:
         self._pairs.clear()
 
 
-def _run(issue: Callable[[], Any], tensor: Any, abandon: threading.Event | None = None) -> bool:
+def _run(issue: Callable[[], Any], tensor: Any, abandon: threading.Event | None = None,
+         loss: PeerLoss | None = None) -> bool:
     """Issue one operation of a pair on ``tensor`` and wait for it by polling; False (the tensor kept alive) if
-    ``abandon`` is set first. Raises what gloo raises when a peer is gone."""
+    ``abandon`` is set first. Raises what gloo raises when a peer is gone, recorded in ``loss``; and
+    :class:`PeerLostError` (the tensor kept alive) once ``loss`` holds another hop's."""
+    # Shape: one wait polled for its three ends (done, abandoned, a peer lost elsewhere), then gloo's own error
+    if loss is not None and loss.is_set():
+        loss.raise_it()
     work = issue()  # the only reference: once dropped below, gloo's worker no longer holds the tensor
     pause = 0.00005
     while not work.is_completed():
         if abandon is not None and abandon.is_set():
             _abandoned.append(tensor)
             return False
+        if loss is not None and loss.is_set():
+            _abandoned.append(tensor)
+            loss.raise_it()
         time.sleep(pause)
         pause = min(pause * 2, 0.002)
-    work.wait()  # completed: returns at once, or raises the hop's error
+    try:
+        work.wait()  # completed: returns at once, or raises the hop's error
+    except Exception as err:
+        if loss is not None:
+            loss.record(err)
+        raise
     del work
     wait_released(tensor)
     return True
