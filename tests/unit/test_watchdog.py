@@ -368,6 +368,7 @@ def test_a_hang_whose_every_suspect_srun_saw_killed_is_recorded_as_a_lost_peer(
 
     from slurmrt.hang import response as _hang
     from slurmrt.hang.census import Census
+    from slurmrt.hang.ended import SeenEnded
     from slurmrt.recovery.injob import EndedReader
 
     topo = _rank0_of_two()
@@ -380,8 +381,9 @@ def test_a_hang_whose_every_suspect_srun_saw_killed_is_recorded_as_a_lost_peer(
     monkeypatch.setenv("PATH", str(tmp_path))  # no scontrol: the requeue fails, and says so
     response = _hang.HangResponse(topo, _executor(topo, log), kill_switch_seen=lambda: False, last_step=lambda: 5,
                                   census=lambda: census, census_wait_s=3600.0, terminating=lambda: True)
-    response._tasks = EndedReader(None, tasks_are_ranks=False)  # what slurmrt run would have told: srun's view
-    response._tasks.last = seen
+    reader = EndedReader(None, tasks_are_ranks=False)  # what slurmrt run would have told: srun's view
+    reader.last = seen
+    response._seen = SeenEnded(lambda: reader)
     with pytest.raises(SystemExit):
         response.hung(Hang(Activity("step", 0.0), 200.0, 180.0))
     assert exits == [5]
@@ -552,6 +554,59 @@ def test_a_stalled_rank_told_that_a_peer_ended_responds_at_once(tmp_path, monkey
     assert hang["activity"] == "lost_peer" and "srun saw rank 1 (Segmentation fault, on n2) end" in hang["where"]
     (suspects,) = [e for e in events if e["event"] == "suspects"]
     assert [s["rank"] for s in suspects["suspects"]] == [1]
+
+
+def test_a_rank_stalled_in_a_step_joins_the_answer_a_peer_made(tmp_path, monkeypatch: pytest.MonkeyPatch,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    """Seen in the goodput benchmark: rank 1 was frozen (SIGSTOP) early in a run, when its step allowance was longer
+    than Slurm's kill wait. Rank 0 answered the hang (exit 5, its exit recorded) and was gone with the store. Woken,
+    rank 1 waited in gloo on a send to the gone peer (slurmrt._tree) and was killed at the kill wait, with no stacks
+    and no line. Stalled in a step, a rank that srun saw a peer end on slurmrt's answer joins that answer at once;
+    stalled elsewhere (a save, a phase: collectives of its own), it keeps to its allowance."""
+    import dataclasses
+    import json
+    import logging
+
+    from slurmrt._safefs import private_dir
+    from slurmrt.hang import response as _hang
+    from slurmrt.hang.census import Census
+    from slurmrt.record.events import EventLog
+    from slurmrt.recovery import injob
+    from slurmrt.recovery.executor import Executor
+    from slurmrt.recovery.plan import Trigger
+
+    class Gone:  # the store, hosted by rank 0's process, which has exited
+        def __getattr__(self, name: str) -> Any:
+            def call(*args: Any) -> Any:
+                raise RuntimeError("Connection reset by peer")
+            return call
+
+    topo0 = _rank0_of_two()
+    topo1 = dataclasses.replace(topo0, rank=1, node_rank=1, hostname="n2")
+    log, run_dir = tmp_path / "events.jsonl", private_dir(tmp_path / "run")
+    exits = _no_exit(monkeypatch)
+    _in_job_executor(topo0, log, run_dir).recover(Trigger.HANG, nodes=["n2"], step=5, detail="rank 1 hung")
+    injob.write_ended(run_dir, 0, {0: ("n1", "Exited with exit code 5")})
+    executor = Executor(_in_job_executor(topo1, log, run_dir).facts, EventLog(log, job="7", restart=0, rank=1),
+                        node="n2")
+
+    def response() -> Any:
+        return _hang.HangResponse(topo1, executor, kill_switch_seen=lambda: False, last_step=lambda: 5,
+                                  census=lambda: Census(Gone(), prefix="c/", rank=1, world=2), census_wait_s=3600.0)
+
+    response().peer_ended(12.0)  # stalled in a save or a phase: its own allowance decides
+    assert exits == []
+    caplog.set_level(logging.INFO, logger="slurmrt")
+    with pytest.raises(SystemExit):
+        response().peer_ended(12.0, in_step=True)
+    assert exits == [5]
+    events = [json.loads(line) for line in log.read_text().splitlines()]
+    (hang,) = [e for e in events if e["event"] == "hang"]
+    assert hang["rank"] == 1 and hang["activity"] == "stalled" and hang["stacks"]
+    assert [e["rank"] for e in events if e["event"] == "exit"] == [0]  # no second answer
+    said = [r for r in caplog.records if r.name.startswith("slurmrt")]
+    assert all(r.levelno <= logging.INFO for r in said), [r.getMessage() for r in said]
+    assert any("response was made already" in r.getMessage() for r in said)
 
 
 def test_a_clean_up_error_raised_on_the_way_out_of_a_lost_peer_is_still_a_lost_peer() -> None:

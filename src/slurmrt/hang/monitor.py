@@ -119,7 +119,8 @@ class HangMonitor:
 
     def _probe(self, idle_s: float) -> None:
         """The training thread is stalled: did another rank find the job hung? Then answer its census, and exit. Did
-        srun see a peer's task end (under ``slurmrt run``)? Then that peer is lost: respond now."""
+        srun see a peer's task end (under ``slurmrt run``)? Then that peer is lost, or (stalled in a step) its answer
+        is made: respond now."""
         census = self.census()
         try:
             opened = census is not None and census.is_open()
@@ -128,7 +129,8 @@ class HangMonitor:
         if self._response is not None:
             if opened:
                 self._response.joined(idle_s)
-            self._response.peer_ended(idle_s)
+            activity = self._state.activity
+            self._response.peer_ended(idle_s, in_step=activity is not None and activity.kind == "step")
 
     def uncaught(self, err: BaseException | None) -> None:
         """The program ends on ``err``: when it says a peer is gone, name the peer and requeue without its node."""

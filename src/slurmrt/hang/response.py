@@ -32,6 +32,7 @@ from ..recovery.plan import Trigger, plan
 from ..recovery.policy import ExitCode
 from ..stop.decision import Reason, StopDecision
 from .census import Census, CensusError, RankState, main_thread_state, name_suspects
+from .ended import SeenEnded, describe
 from .stacks import pattern, stacks_file, write
 from .watchdog import Hang
 
@@ -76,12 +77,6 @@ def _says_peer_gone(err: BaseException) -> bool:
         s in text for s in ("Connection closed by peer", "Connection reset by peer", "Broken pipe"))
 
 
-#: How srun says a task ended on an answer of slurmrt's own (a stop, a requeue, a hang's response), which every rank
-#: takes: not a lost peer.
-_ANSWERED = frozenset(f"Exited with exit code {int(c)}" for c in ExitCode if c not in (ExitCode.FINISHED,
-                                                                                       ExitCode.FAILED))
-
-
 @dataclass
 class HangResponse:
     topology: Topology
@@ -105,8 +100,12 @@ class HangResponse:
     #: Nodes to leave out besides the suspects' (a straggler's, with straggler="exclude" or "replace").
     also_exclude: Callable[[], list[str]] = lambda: []
     _once: threading.Lock = field(default_factory=threading.Lock)
-    #: The tasks srun saw end (rank: node, how), read at most twice a second: made at the first reading.
-    _tasks: injob.EndedReader | None = None
+    #: The tasks srun saw end (rank: node, how), read at most twice a second.
+    _seen: SeenEnded = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._seen = SeenEnded(lambda: injob.EndedReader(self.executor.facts.in_job,
+                                                         tasks_are_ranks=self.topology.mode is LaunchMode.SRUN))
 
     def hung(self, hang: Hang) -> NoReturn:
         """The watchdog fired on this rank."""
@@ -158,16 +157,24 @@ class HangResponse:
                       activity="lost_peer", idle=0.0,
                       victim=f"{type(err).__name__}: {str(err)[:200]}")
 
-    def peer_ended(self, idle_s: float) -> None:
-        """The training thread is stalled (in a collective that does not fail: NCCL waits on the GPU), and srun saw
-        a peer's task end on a signal or an error, not on an answer of slurmrt's own: that peer is lost. Returns
-        when srun saw none."""
-        ended = self._ended()
-        lost = {r: ended[r] for r in ended if r != self.topology.rank and ended[r][1] not in _ANSWERED}
+    def peer_ended(self, idle_s: float, *, in_step: bool = False) -> None:
+        """The training thread is stalled (in a collective that does not fail: NCCL waits on the GPU; gloo, at times,
+        on a send to a peer that is gone: :mod:`slurmrt._tree`). When srun saw a peer's task end on a signal or an
+        error, that peer is lost: respond. When, stalled inside a step (``in_step``), srun saw a peer end on an
+        answer of slurmrt's own, the job's answer is made and the step comes down: this rank, which can only be
+        waiting for that peer, joins the answer now rather than at its own allowance (a rank woken from SIGSTOP,
+        whose allowance may be longer than Slurm's kill wait). Returns when srun saw neither."""
+        me = self.topology.rank
+        lost = self._seen.lost(me)
         if lost:
-            what = ", ".join(f"rank {r} ({how}, on {node})" for r, (node, how) in sorted(lost.items()))
+            what = describe(lost)
             self._respond(Trigger.RANK_LOST, f"a peer was lost: srun saw {what} end while this rank waited "
                           f"{idle_s:.0f} s", activity="lost_peer", idle=idle_s, victim=f"srun saw {what} end")
+        answered = self._seen.answered(me) if in_step else {}
+        if answered:
+            self._respond(Trigger.HANG, f"srun saw {describe(answered)} end on an answer of slurmrt's own while this "
+                          f"rank waited {idle_s:.0f} s in a step: joining it", activity="stalled", idle=idle_s,
+                          idle_s=round(idle_s, 1))
 
     def _respond(self, trigger: Trigger, what: str, *, idle: float, victim: str | None = None,
                  **detail: Any) -> NoReturn:
@@ -181,7 +188,7 @@ class HangResponse:
         census, states, store_lost = self._gather(state)
         self._exit_if_not_a_node(states, idle, step)
         suspects, why, nodes, lead = self._suspects(census, states, store_lost)
-        if trigger is Trigger.HANG and self._lost(suspects, states):
+        if trigger is Trigger.HANG and self._seen.all_lost(suspects, states):
             trigger = Trigger.RANK_LOST  # every suspect's task was seen to end: a lost peer, and recorded as one
         if not self._leads(lead):
             if census is not None and not store_lost:
@@ -291,7 +298,7 @@ class HangResponse:
             if not census.is_open():
                 census.open()
             census.answer(state)
-            return census, census.collect(lambda: self._wait(self.census_wait_s), self._ended), False
+            return census, census.collect(lambda: self._wait(self.census_wait_s), self._seen), False
         except CensusError as err:
             answered = self._answered_already()  # a frozen rank that woke after the answer: nobody to name
             if answered is not None:
@@ -316,32 +323,10 @@ class HangResponse:
         nodes = {r: states[r].node for r in suspects if r in states}
         with contextlib.suppress(CensusError):
             nodes.update(census.nodes(r for r in suspects if r not in nodes))
-        return suspects, why + self._seen_ending(suspects, states), nodes, min(states) == t.rank
-
-    def _seen_ended(self, suspects: list[int], states: dict[int, RankState]) -> dict[int, tuple[str, str]]:
-        """The suspects that never answered and whose task srun saw end, as ``slurmrt run`` told it: (node, how)."""
-        seen = self._tasks.last if self._tasks is not None else {}
-        return {r: seen[r] for r in suspects if r not in states and r in seen}
-
-    def _seen_ending(self, suspects: list[int], states: dict[int, RankState]) -> str:
-        ended = [f"rank {r} end ({how}, on {node})" for r, (node, how) in self._seen_ended(suspects, states).items()]
-        return "; srun saw " + ", ".join(ended) if ended else ""
-
-    def _lost(self, suspects: list[int], states: dict[int, RankState]) -> bool:
-        """Whether srun saw every suspect's task end, on a signal or an error (not an answer of slurmrt's own)."""
-        ended = self._seen_ended(suspects, states)
-        return bool(suspects) and len(ended) == len(set(suspects)) and \
-            all(how not in _ANSWERED for _, how in ended.values())
+        return suspects, why + self._seen.saying(suspects, states), nodes, min(states) == t.rank
 
     def _wait(self, seconds: float) -> float:
         return min(seconds, HURRIED_S) if self.terminating() else seconds
-
-    def _ended(self) -> dict[int, tuple[str, str]]:
-        """The ranks whose task srun saw end, as ``slurmrt run`` tells (:mod:`slurmrt.recovery.tasks`), and how."""
-        if self._tasks is None:
-            self._tasks = injob.EndedReader(self.executor.facts.in_job,
-                                            tasks_are_ranks=self.topology.mode is LaunchMode.SRUN)
-        return self._tasks()
 
     def _exit(self, code: ExitCode) -> NoReturn:
         exit_now(code)
