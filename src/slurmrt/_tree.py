@@ -64,12 +64,14 @@ class PeerLoss:
 
     def __init__(self) -> None:
         self._event = threading.Event()
+        self._lock = threading.Lock()  # the training thread and the agreement's may fail at once
         self.error: BaseException | None = None
 
     def record(self, err: BaseException) -> None:
-        if not self._event.is_set():
-            self.error = err
-            self._event.set()
+        with self._lock:
+            if not self._event.is_set():
+                self.error = err
+                self._event.set()
 
     def is_set(self) -> bool:
         return self._event.is_set()
