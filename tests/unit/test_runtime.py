@@ -390,6 +390,36 @@ def test_sigterm_is_told_apart_from_a_warning_signal(job: Path) -> None:
     rt.finish()
 
 
+def test_sigterm_after_srun_saw_a_peer_end_is_said_at_info_naming_it(
+        job: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Under `slurmrt run`, a task killed makes srun take the step down: SIGTERM to the survivors, whose recovery
+    then works (the benchmark's every crash showed it). That SIGTERM is said at INFO with the task srun saw end,
+    not as a stop's WARNING; the warning signal before it stays a WARNING."""
+    from slurmrt._safefs import private_dir
+    from slurmrt.recovery import injob
+    from slurmrt.recovery.facts import ATTEMPT_ENV, DIR_ENV
+
+    run_dir = private_dir(tmp_path / "run")
+    for key, value in {"SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0",
+                       "SLURM_STEP_NUM_TASKS": "1", "SLURM_STEP_NODELIST": "n1", "SLURM_STEP_TASKS_PER_NODE": "1",
+                       "SLURMD_NODENAME": "n1", DIR_ENV: str(run_dir), ATTEMPT_ENV: "0"}.items():
+        monkeypatch.setenv(key, value)
+    rt = slurmrt.init(deadline=False)
+    with caplog.at_level("INFO", logger="slurmrt.runtime.report"):
+        rt.should_stop(0)
+        _signal_self(rt, signal.SIGUSR1)
+        rt.should_stop(1)
+        injob.write_ended(run_dir, 0, {1: ("n2", "Killed")})  # slurmrt run's record of srun's line
+        _signal_self(rt, signal.SIGTERM)
+        rt.should_stop(2)
+    said = {r.message.split(":")[0]: r for r in caplog.records if "received" in r.message}
+    assert said["rank 0 received SIGUSR1"].levelname == "WARNING"
+    term = said["rank 0 received SIGTERM"]
+    assert term.levelname == "INFO" and "srun takes the step down after it saw rank 1 (Killed, on n2) end" in \
+        term.message, term.message
+    rt.finish()
+
+
 def test_a_signal_that_wakes_a_rank_stalled_past_its_allowance_is_said_at_info(
         job: Path, clock: FakeClock, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """A frozen rank (the hang rehearsal's SIGSTOP, a process stuck in the kernel) wakes only when Slurm takes its

@@ -70,6 +70,7 @@ class HangMonitor:
                             on_hang=self._response.hung, floor_s=s.hang_floor_s, startup_s=s.startup_timeout_s,
                             fixed_s=s.hang_timeout_s, probe=self._probe)
         state.overdue = watchdog.overdue
+        state.peers_ended = self._response.peers_ended
         return watchdog
 
     def _last_step(self) -> int | None:

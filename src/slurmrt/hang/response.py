@@ -176,6 +176,11 @@ class HangResponse:
                           f"rank waited {idle_s:.0f} s in a step: joining it", activity="stalled", idle=idle_s,
                           idle_s=round(idle_s, 1))
 
+    def peers_ended(self) -> str | None:
+        """The peers srun saw end so far, in words, or None (none, or no ``slurmrt run`` to tell)."""
+        ended = {r: e for r, e in self._seen().items() if r != self.topology.rank}
+        return describe(ended) if ended else None
+
     def _respond(self, trigger: Trigger, what: str, *, idle: float, victim: str | None = None,
                  **detail: Any) -> NoReturn:
         if not self._once.acquire(blocking=False):

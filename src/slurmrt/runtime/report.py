@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+from collections.abc import Callable
 from typing import Any
 
 from .. import _clock
@@ -41,11 +42,14 @@ class Reporter:
                              kill_switch=kill_switch, experiment=experiment,
                              job_nodes=_job_nodes(), process_s=_process_s(), ran=what_ran())
 
-    def new_signals(self, recorder: SignalRecorder, *, stalled: bool = False) -> None:
+    def new_signals(self, recorder: SignalRecorder, *, stalled: bool = False,
+                    peers_ended: Callable[[], str | None] = lambda: None) -> None:
         """Report the signals ``recorder`` saw since the last call; the caller compares ``len(first_seen)`` with
         :attr:`signals_reported` first, which costs nothing. ``stalled``: they came while the training thread was
         past the watchdog's allowance: a frozen or stuck rank that Slurm woke to take its step down, as the answer
-        to the hang it was part of (INFO: that recovery is at work; the hang's own lines follow)."""
+        to the hang it was part of (INFO: that recovery is at work; the hang's own lines follow). ``peers_ended``
+        names the peers srun saw end: a SIGTERM then is srun taking the step down after them, the start of their
+        recovery (INFO too)."""
         # A copy first: the recording handler may add to first_seen between two bytecodes of this thread.
         seen = {sig: when for sig, when in dict(recorder.first_seen).items() if sig not in self._reported}
         self._reported.update(seen)
@@ -55,9 +59,13 @@ class Reporter:
         # warning's lead time, on the training threads. Rank 0's decision event is the durable record of the stop.
         durable = self.topology.local_rank == 0
         for sig, when in seen.items():
+            ended = peers_ended() if sig is signal.SIGTERM and not stalled else None
             if stalled:
                 logger.info("rank %d received %s while stalled past the watchdog's allowance: Slurm takes down "
                             "the step of a hang", self.topology.rank, sig.name)
+            elif ended:
+                logger.info("rank %d received SIGTERM: srun takes the step down after it saw %s end",
+                            self.topology.rank, ended)
             else:
                 logger.warning("rank %d received %s", self.topology.rank, sig.name)
             self.events.emit(Event.SIGNAL, durable=durable, signal=sig.name, received=when,

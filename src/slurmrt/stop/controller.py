@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
 from .. import _clock
@@ -38,7 +38,8 @@ class Reports(Protocol):
 
     signals_reported: int
 
-    def new_signals(self, recorder: SignalRecorder, *, stalled: bool = False) -> None: ...
+    def new_signals(self, recorder: SignalRecorder, *, stalled: bool = False,
+                    peers_ended: Callable[[], str | None] = ...) -> None: ...
 
     def decision(self, decision: StopDecision, *, steps_measured: int, step_s: float | None, save_s: float | None,
                  margin_s: float, worst_step_s: float | None = None) -> None: ...
@@ -124,7 +125,7 @@ class StopController:
         now = _clock.mono()
         if len(self._signals.first_seen) != self._report.signals_reported:  # no call on the per-step path
             # Asked before this boundary counts as progress: a frozen rank that Slurm wakes is past its allowance.
-            self._report.new_signals(self._signals, stalled=self.state.overdue())
+            self._report.new_signals(self._signals, stalled=self.state.overdue(), peers_ended=self.state.peers_ended)
         if self._last_tick is not None:
             self.budget.step_done(now - self._last_tick)
             self.steps_done += 1

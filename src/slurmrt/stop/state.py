@@ -65,3 +65,6 @@ class RunState:
     #: Whether the watchdog would find the training thread past its allowance now (the hang monitor's, when it
     #: watches): a rank frozen or stuck that a signal wakes. Asked only when a signal arrived.
     overdue: Callable[[], bool] = lambda: False
+    #: The peers srun saw end, in words ("rank 1 (Killed, on n2)"), or None (the hang monitor's, under ``slurmrt
+    #: run``): why Slurm takes the step down when SIGTERM comes. Asked only when a signal arrived.
+    peers_ended: Callable[[], str | None] = lambda: None
