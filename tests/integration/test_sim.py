@@ -282,6 +282,29 @@ def test_a_hung_task_is_found_named_and_its_node_kept_out_of_the_requeued_run(tm
     assert not loud, loud
 
 
+def test_a_frozen_rank_woken_after_the_answer_joins_it_rather_than_wait_for_its_own_allowance(tmp_path: Path) -> None:
+    # The goodput benchmark: rank 1, frozen early in a run, had a step allowance longer than its freeze and Slurm's
+    # kill wait together; rank 0 answered the hang and exited 5; woken (SIGCONT, SIGTERM), rank 1 waited in gloo for
+    # a send to the gone peer, wrote nothing and was killed at the kill wait. Here rank 1's allowance is fixed at 10
+    # minutes, the kill wait is 5, and woken rank 1 blocks where no collective fails (--block-on-cont). Under slurmrt
+    # run, srun's line for rank 0 (exit 5, an answer) tells the stalled rank the answer is made: it joins it (exit 5,
+    # its stacks written) instead of being killed.
+    out = sim(tmp_path, "-N", "3", "--ntasks-per-node", "1", "--spare-nodes", "1", "--requeue", "--kill-wait", "300",
+              "--hang-task", "1", "--at", "0", "--after-checkpoint", "--", sys.executable, str(WORKER),
+              "--out", str(tmp_path / "out"), "--steps", "100000", "--resume-steps", "20", "--step-time", "0.05",
+              "--save-every", "10", "--rank-env", "1:SLURMRT_HANG_TIMEOUT_S=600", "--block-on-cont", "1",
+              env={"SLURMRT_CHECKPOINT_DIR": str(tmp_path / "ckpt"), "SLURMRT_HANG_FLOOR_S": "3",
+                   "SLURMRT_WATCH_INTERVAL_S": "0.5"}, timeout=900)
+    output = out.stdout + out.stderr
+    assert out.returncode == 0, output[-5000:]
+    assert "task 1: Killed" not in output, output[-5000:]
+    (stacks,) = (tmp_path / "ckpt").glob("stacks-*-0.0-rank1.txt")  # the woken rank wrote its stacks, saying why
+    first = stacks.read_text().splitlines()[0]
+    assert "srun saw rank 0 (Exited with exit code 5, on n1) end on an answer of slurmrt's own" in first, first
+    loud = [line for line in output.splitlines() if " ERROR " in line or " WARNING " in line]
+    assert not loud, loud
+
+
 def test_a_node_failing_the_health_check_is_excluded_and_the_job_runs_elsewhere(tmp_path: Path) -> None:
     out = sim(tmp_path, "-N", "2", "--ntasks-per-node", "1", "--requeue", "--unhealthy-node", "1", "--",
               sys.executable, str(WORKER), "--out", str(tmp_path / "out"), "--steps", "20", "--step-time", "0.02",

@@ -40,7 +40,19 @@ def main() -> None:
     p.add_argument("--compute", type=int, default=0,
                    help="Python loop iterations of work per step, in the timed section (a slowed node shows there)")
     p.add_argument("--checkpoint-dir", help="passed to init() in code, as the README's quickstart does")
+    p.add_argument("--rank-env", action="append", default=[], metavar="R:KEY=VALUE",
+                   help="set KEY=VALUE in rank R's environment before init() (SLURM_PROCID): one rank's own settings")
+    p.add_argument("--block-on-cont", type=int, metavar="RANK",
+                   help="on SIGCONT (woken from a freeze), RANK's main thread blocks for ever, where no collective "
+                        "fails (as NCCL's wait on the GPU)")
     args = p.parse_args()
+    for item in args.rank_env:
+        rank, _, setting = item.partition(":")
+        key, _, value = setting.partition("=")
+        if os.environ.get("SLURM_PROCID") == rank:
+            os.environ[key] = value
+    if args.block_on_cont is not None and os.environ.get("SLURM_PROCID") == str(args.block_on_cont):
+        signal.signal(signal.SIGCONT, lambda signum, frame: threading.Event().wait())
     rt = slurmrt.init(**({"checkpoint_dir": args.checkpoint_dir} if args.checkpoint_dir else {}))
     out = Path(args.out)
     if rt.in_job_restarts:  # a step `slurmrt run` started in the same run of the job, after an in-job restart
