@@ -286,15 +286,15 @@ def test_a_frozen_rank_woken_after_the_answer_joins_it_rather_than_wait_for_its_
     # The goodput benchmark: rank 1, frozen early in a run, had a step allowance longer than its freeze and Slurm's
     # kill wait together; rank 0 answered the hang and exited 5; woken (SIGCONT, SIGTERM), rank 1 waited in gloo for
     # a send to the gone peer, wrote nothing and was killed at the kill wait. Here rank 1's allowance is fixed at 10
-    # minutes, the kill wait is 5, and woken rank 1 blocks where no collective fails (--block-on-cont). Under slurmrt
+    # minutes, the kill wait is 2, and woken rank 1 blocks where no collective fails (--block-on-cont). Under slurmrt
     # run, srun's line for rank 0 (exit 5, an answer) tells the stalled rank the answer is made: it joins it (exit 5,
     # its stacks written) instead of being killed.
-    out = sim(tmp_path, "-N", "3", "--ntasks-per-node", "1", "--spare-nodes", "1", "--requeue", "--kill-wait", "300",
+    out = sim(tmp_path, "-N", "3", "--ntasks-per-node", "1", "--spare-nodes", "1", "--requeue", "--kill-wait", "120",
               "--hang-task", "1", "--at", "0", "--after-checkpoint", "--", sys.executable, str(WORKER),
               "--out", str(tmp_path / "out"), "--steps", "100000", "--resume-steps", "20", "--step-time", "0.05",
               "--save-every", "10", "--rank-env", "1:SLURMRT_HANG_TIMEOUT_S=600", "--block-on-cont", "1",
               env={"SLURMRT_CHECKPOINT_DIR": str(tmp_path / "ckpt"), "SLURMRT_HANG_FLOOR_S": "3",
-                   "SLURMRT_WATCH_INTERVAL_S": "0.5"}, timeout=900)
+                   "SLURMRT_WATCH_INTERVAL_S": "0.5"}, timeout=280)
     output = out.stdout + out.stderr
     assert out.returncode == 0, output[-5000:]
     assert "task 1: Killed" not in output, output[-5000:]
