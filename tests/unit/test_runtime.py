@@ -404,7 +404,8 @@ def test_sigterm_after_srun_saw_a_peer_end_is_said_at_info_naming_it(
                        "SLURM_STEP_NUM_TASKS": "1", "SLURM_STEP_NODELIST": "n1", "SLURM_STEP_TASKS_PER_NODE": "1",
                        "SLURMD_NODENAME": "n1", DIR_ENV: str(run_dir), ATTEMPT_ENV: "0"}.items():
         monkeypatch.setenv(key, value)
-    rt = slurmrt.init(deadline=False)
+    log = tmp_path / "events.jsonl"
+    rt = slurmrt.init(deadline=False, event_log=log)
     with caplog.at_level("INFO", logger="slurmrt.runtime.report"):
         rt.should_stop(0)
         _signal_self(rt, signal.SIGUSR1)
@@ -418,6 +419,8 @@ def test_sigterm_after_srun_saw_a_peer_end_is_said_at_info_naming_it(
     assert term.levelname == "INFO" and "srun takes the step down after it saw rank 1 (Killed, on n2) end" in \
         term.message, term.message
     rt.finish()
+    said_in_log = {e["signal"]: e for e in map(json.loads, log.read_text().splitlines()) if e["event"] == "signal"}
+    assert said_in_log["SIGTERM"]["after"] == "rank 1 (Killed, on n2)" and "after" not in said_in_log["SIGUSR1"]
 
 
 def test_a_signal_that_wakes_a_rank_stalled_past_its_allowance_is_said_at_info(

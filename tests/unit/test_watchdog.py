@@ -383,7 +383,7 @@ def test_a_hang_whose_every_suspect_srun_saw_killed_is_recorded_as_a_lost_peer(
                                   census=lambda: census, census_wait_s=3600.0, terminating=lambda: True)
     reader = EndedReader(None, tasks_are_ranks=False)  # what slurmrt run would have told: srun's view
     reader.last = seen
-    response._seen = SeenEnded(lambda: reader)
+    response._seen = SeenEnded(reader)
     with pytest.raises(SystemExit):
         response.hung(Hang(Activity("step", 0.0), 200.0, 180.0))
     assert exits == [5]

@@ -24,26 +24,20 @@ Ended = dict[int, tuple[str, str]]
 
 
 class SeenEnded:
-    """The tasks srun saw end, read through ``read`` (made on first use: :class:`~slurmrt.recovery.injob.EndedReader`,
-    which reads at most twice a second and keeps its last reading in ``last``)."""
+    """The tasks srun saw end, through ``read``: :class:`~slurmrt.recovery.injob.EndedReader`, which reads at most
+    twice a second and keeps its last reading in ``last``."""
 
-    def __init__(self, read: Callable[[], Callable[[], Ended]]) -> None:
-        self._make = read
-        self._read: Callable[[], Ended] | None = None
+    def __init__(self, read: Callable[[], Ended]) -> None:
+        self._read = read
 
     def __call__(self) -> Ended:
-        return self._reader()()
+        return self._read()
 
     @property
     def last(self) -> Ended:
         """The last reading, without reading again (nothing before the first)."""
-        last: Ended = getattr(self._reader(), "last", {})
+        last: Ended = getattr(self._read, "last", {})
         return last
-
-    def _reader(self) -> Callable[[], Ended]:
-        if self._read is None:
-            self._read = self._make()
-        return self._read
 
     def lost(self, me: int) -> Ended:
         """The peers (not ``me``) that srun saw end on a signal or an error: lost."""

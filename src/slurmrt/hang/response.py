@@ -104,8 +104,8 @@ class HangResponse:
     _seen: SeenEnded = field(init=False)
 
     def __post_init__(self) -> None:
-        self._seen = SeenEnded(lambda: injob.EndedReader(self.executor.facts.in_job,
-                                                         tasks_are_ranks=self.topology.mode is LaunchMode.SRUN))
+        self._seen = SeenEnded(injob.EndedReader(self.executor.facts.in_job,
+                                                 tasks_are_ranks=self.topology.mode is LaunchMode.SRUN))
 
     def hung(self, hang: Hang) -> NoReturn:
         """The watchdog fired on this rank."""

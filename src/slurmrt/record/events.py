@@ -41,7 +41,7 @@ class Event(str, enum.Enum):
     """Every event slurmrt writes. Rank 0 writes all but ``SIGNAL``, which each rank writes for itself."""
 
     INIT = "init"  # mode, world_size, nnodes, nodelist, master, restart_count, kill_switch, experiment, ran (what ran)
-    SIGNAL = "signal"  # signal, received, count
+    SIGNAL = "signal"  # signal, received, count; stalled, or after (the peers srun saw end): said at INFO
     PROGRESS = "progress"  # step, step_s, once slurm_start (rank 0, every progress_s)
     DECISION = "decision"  # step, reasons, save, end_time, step_s, save_s, worst_step_s
     # step, seconds, bytes, blocking, path, started (the save's call: the training at its step), tier ("local"; absent:

@@ -68,8 +68,9 @@ class Reporter:
                             self.topology.rank, ended)
             else:
                 logger.warning("rank %d received %s", self.topology.rank, sig.name)
+            why = {"stalled": True} if stalled else {"after": ended} if ended else {}  # why it was not a WARNING
             self.events.emit(Event.SIGNAL, durable=durable, signal=sig.name, received=when,
-                             count=recorder.count.get(sig, 1))
+                             count=recorder.count.get(sig, 1), **why)
 
     def decision(self, decision: StopDecision, *, steps_measured: int, step_s: float | None, save_s: float | None,
                  margin_s: float, worst_step_s: float | None = None) -> None:
